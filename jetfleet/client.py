@@ -1,0 +1,98 @@
+"""The thin client: build jobs and publish them to ``jf.submit.<target>``."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from urllib.parse import urljoin
+
+import msgspec
+from nats.js import JetStreamContext
+
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.publish import publish_durably
+from jetfleet.schemas import Job, Rejection
+from jetfleet.settings import Settings
+
+_encoder = msgspec.json.Encoder()
+IN_FLIGHT = 256
+
+
+def new_job_id() -> str:
+    """A fresh, unique job id."""
+    return uuid.uuid4().hex
+
+
+def resolve_url(settings: Settings, target: str, url_or_path: str) -> str:
+    """A full URL as given, or a path resolved against the target's base_url."""
+    if url_or_path.startswith(("http://", "https://")):
+        return url_or_path
+    base = settings.target(target).base_url
+    return urljoin(base if base.endswith("/") else base + "/", url_or_path.lstrip("/"))
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    """What happened to one submission: published (and maybe refused by admission)."""
+
+    job_id: str
+    published: bool
+    rejection: Rejection | None = None
+
+
+async def submit_jobs(
+    js: JetStreamContext,
+    settings: Settings,
+    target: str,
+    jobs: Sequence[Job],
+    progress: Callable[[int], None] | None = None,
+) -> list[SubmitResult]:
+    """Publish ``jobs`` to ``target``, many at once, each exactly once per job id.
+
+    Every job is published, even one admission will refuse: the scheduler keeps the
+    refusal on ``jf.rejected`` so it is counted and never lost. The refusal is also
+    returned here so the caller can say at once what to fix.
+    """
+    return await submit_raw(js, settings, target, [_encoder.encode(j) for j in jobs],
+                            [j.id for j in jobs], progress)
+
+
+async def submit_raw(
+    js: JetStreamContext,
+    settings: Settings,
+    target: str,
+    payloads: Sequence[bytes],
+    job_ids: Sequence[str] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> list[SubmitResult]:
+    """Publish raw payloads to ``jf.submit.<target>`` (the bytes are not re-encoded)."""
+    subject = subjects.submit(target)
+    gate = asyncio.Semaphore(IN_FLIGHT)
+    done = 0
+
+    async def one(index: int, payload: bytes) -> SubmitResult:
+        nonlocal done
+        job_id = job_ids[index] if job_ids else new_job_id()
+        verdict = admit(subject, payload, settings)
+        async with gate:
+            # The job id as message id: a retried or repeated submission is one job.
+            await publish_durably(js, subject, payload, msg_id=f"sub-{job_id}")
+        done += 1
+        if progress is not None:
+            progress(done)
+        rejection = verdict if isinstance(verdict, Rejection) else None
+        return SubmitResult(job_id=job_id, published=True, rejection=rejection)
+
+    return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
+
+
+def jobs_for(target: str, settings: Settings, urls: Iterable[str], **fields: object) -> list[Job]:
+    """Jobs for ``urls`` (full URLs or paths under the target) with shared ``fields``."""
+    return [
+        msgspec.convert({"id": new_job_id(), "url": resolve_url(settings, target, u), **fields},
+                        Job)
+        for u in urls
+    ]

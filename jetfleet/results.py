@@ -1,0 +1,22 @@
+"""Reading committed results back out."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+from nats.js import JetStreamContext
+
+from jetfleet import subjects
+from jetfleet.schemas import CommittedResult
+from jetfleet.stream_reader import read_stream
+
+_decoder = msgspec.json.Decoder(CommittedResult)
+
+
+async def iter_results(js: JetStreamContext, target: str | None = None
+                       ) -> AsyncIterator[CommittedResult]:
+    """Every committed result (of ``target``, or of all targets), oldest first."""
+    filter_ = subjects.results(target) if target else "jf.results.>"
+    async for msg in read_stream(js, subjects.STREAM_RESULTS, filter_):
+        yield _decoder.decode(msg.data)

@@ -1,0 +1,273 @@
+"""Typed, frozen settings, built once from ``jetfleet.toml`` and the environment.
+
+Sources, later ones winning: defaults, the TOML file (``--config`` or ``JETFLEET_CONFIG``),
+then the environment: ``NATS_URL``, ``REDIS_URL`` and ``JETFLEET_<SECTION>__<KEY>`` (for
+example ``JETFLEET_FLEET__DEDUPE_TTL_S=86400``). Every error names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import msgspec
+
+from jetfleet.errors import ConfigError
+from jetfleet.subjects import TARGET_NAME_RE
+
+_T = TypeVar("_T")
+
+DEFAULT_USER_AGENT = "jetfleet/0.1 (+set fleet.user_agent to your contact address)"
+
+
+class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One site the fleet may send work to."""
+
+    base_url: str
+    rate: float = 1.0
+    """Fleet-wide requests per second to this target (enforced by the rate limiter)."""
+    burst: int = 1
+    """How many requests may go at once after an idle spell."""
+    max_in_flight: int = 16
+    """Server-enforced cap on jobs of this target leased at once across the fleet."""
+    max_attempts: int = 3
+    timeout_s: float = 30.0
+    max_body_bytes: int = 5_000_000
+    user_agent: str = ""
+    obey_robots: bool = True
+
+
+class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where NATS is and how to keep the connection honest."""
+
+    url: str = "nats://127.0.0.1:4222"
+    connect_timeout_s: float = 5.0
+    # nats-py pings every 120 s by default: a dead server would go unnoticed for minutes.
+    ping_interval_s: float = 10.0
+    replicas: int = 1
+
+
+class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where the shared rate-limit state lives."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+
+
+class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Queue and commit policy shared by every service."""
+
+    max_job_bytes: int = 64 * 1024
+    ack_wait_s: float = 60.0
+    """Visibility timeout: JetStream redelivers an unacked job after this long."""
+    lease_ttl_s: float = 30.0
+    retry_base_s: float = 1.0
+    retry_max_backoff_s: float = 60.0
+    dedupe_ttl_s: float = 7 * 24 * 3600.0
+    """How long an idempotency key is remembered after its commit."""
+    retention_s: float = 7 * 24 * 3600.0
+    """How long submissions, results, rejections and dead letters are kept."""
+    user_agent: str = DEFAULT_USER_AGENT
+    handlers: tuple[str, ...] = ()
+    """Names of user handlers (beyond http.get and noop) that jobs may ask for."""
+
+
+class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The HTTP gateway."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str = ""
+    """Bearer token operators need for state-changing calls; empty refuses them."""
+
+
+class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One worker process."""
+
+    id: str = ""
+    identity: str = ""
+    region: str = ""
+    concurrency: int = 8
+    targets: tuple[str, ...] = ()
+    """Targets this worker pulls from; empty means every declared target."""
+
+
+class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Everything a jetfleet process is configured with."""
+
+    nats: NatsSettings = NatsSettings()
+    redis: RedisSettings = RedisSettings()
+    fleet: FleetSettings = FleetSettings()
+    gateway: GatewaySettings = GatewaySettings()
+    worker: WorkerSettings = WorkerSettings()
+    targets: dict[str, TargetSettings] = {}
+
+    def target(self, name: str) -> TargetSettings:
+        """The declared target ``name``; raises ConfigError if it is not declared."""
+        try:
+            return self.targets[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown target {name!r}: declare it as [targets.{name}] in jetfleet.toml"
+            ) from None
+
+
+_HINTS = {
+    "base_url": "an absolute http(s) URL such as https://example.org/",
+    "rate": "a positive number of requests per second",
+    "burst": "a whole number >= 1",
+    "max_in_flight": "a whole number >= 1",
+    "max_attempts": "a whole number >= 1",
+    "timeout_s": "a positive number of seconds",
+    "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0",
+    "port": "a TCP port number",
+}
+
+
+def load_settings(
+    path: str | Path | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Build the settings from a TOML file and the environment, and validate them.
+
+    Args:
+        path: the TOML file; None uses ``JETFLEET_CONFIG`` from ``env`` if set.
+        env: the environment (``os.environ`` by the CLI; tests pass their own).
+
+    Raises:
+        ConfigError: naming the bad key and what to put there.
+    """
+    env = dict(env or {})
+    path = path or env.get("JETFLEET_CONFIG") or None
+    raw: dict[str, Any] = {}
+    if path is not None:
+        raw = _read_toml(Path(path))
+    _apply_env(raw, env)
+    settings = _convert(raw, str(path or "environment"))
+    validate(settings)
+    return settings
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist: fix --config/JETFLEET_CONFIG")
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+
+
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
+    if env.get("NATS_URL"):
+        raw.setdefault("nats", {})["url"] = env["NATS_URL"]
+    if env.get("REDIS_URL"):
+        raw.setdefault("redis", {})["url"] = env["REDIS_URL"]
+    for name, value in env.items():
+        match = re.fullmatch(r"JETFLEET_([A-Z]+)__([A-Z0-9_]+)", name)
+        if match:
+            section, key = match.group(1).lower(), match.group(2).lower()
+            if section == "worker" and key == "targets":
+                raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
+            else:
+                raw.setdefault(section, {})[key] = value
+
+
+def _convert(raw: dict[str, Any], source: str) -> Settings:
+    raw_targets = raw.pop("targets", {})
+    if not isinstance(raw_targets, dict):
+        raise ConfigError(f"config ({source}): targets must be a table of [targets.NAME] tables")
+    # Targets are converted one by one so an error can name the target (msgspec hides keys).
+    targets = {
+        name: _convert_part(body, TargetSettings, source, f"targets.{name}")
+        for name, body in raw_targets.items()
+    }
+    settings = _convert_part(raw, Settings, source, "")
+    return msgspec.structs.replace(settings, targets=targets)
+
+
+def _convert_part(raw: Any, kind: type[_T], source: str, prefix: str) -> _T:
+    try:
+        # strict=False lets "5" from an environment variable become 5.
+        return msgspec.convert(raw, kind, strict=False)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = re.search(r"at `\$\.?([^`]*)`", text)
+        key = ".".join(p for p in (prefix, match.group(1) if match else "") if p)
+        leaf = key.rsplit(".", 1)[-1]
+        if "unknown field" in text:
+            field = re.search(r"unknown field `([^`]+)`", text)
+            bad = f"{key}.{field.group(1)}" if key and field else (field.group(1) if field else "")
+            raise ConfigError(
+                f"config ({source}): unknown key {bad!r}: remove it or fix its spelling"
+            ) from None
+        hint = _HINTS.get(leaf, "a value of the documented type (docs/configuration.md)")
+        first = text.split(" - at ")[0]
+        raise ConfigError(f"config ({source}): {key}: {first}; set it to {hint}") from None
+
+
+def validate(settings: Settings) -> None:
+    """Check the rules a type cannot express; raise ConfigError naming the key."""
+    for name, target in settings.targets.items():
+        _validate_target(name, target)
+    _require(settings.fleet.max_job_bytes >= 1024, "fleet.max_job_bytes", "at least 1024")
+    _require(settings.fleet.ack_wait_s > 0, "fleet.ack_wait_s", "a positive number of seconds")
+    _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
+    _require(
+        settings.fleet.ack_wait_s > settings.fleet.lease_ttl_s,
+        "fleet.ack_wait_s",
+        f"more than fleet.lease_ttl_s ({settings.fleet.lease_ttl_s:g} s), so JetStream "
+        "redelivers only after a lease is gone",
+    )
+    _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    _require(1 <= settings.nats.replicas <= 5, "nats.replicas", "1, 3 or 5")
+    for name in settings.worker.targets:
+        _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
+    _validate_dedupe_ttl(settings)
+
+
+def _validate_target(name: str, target: TargetSettings) -> None:
+    key = f"targets.{name}"
+    _require(
+        bool(TARGET_NAME_RE.match(name)),
+        key,
+        "a name of lowercase letters, digits, '-' or '_' (it becomes a NATS subject token)",
+    )
+    url = urlsplit(target.base_url)
+    _require(
+        url.scheme in ("http", "https") and bool(url.netloc),
+        f"{key}.base_url",
+        _HINTS["base_url"],
+    )
+    _require(target.rate > 0, f"{key}.rate", _HINTS["rate"])
+    _require(target.burst >= 1, f"{key}.burst", _HINTS["burst"])
+    _require(target.max_in_flight >= 1, f"{key}.max_in_flight", _HINTS["max_in_flight"])
+    _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
+    _require(target.timeout_s > 0, f"{key}.timeout_s", _HINTS["timeout_s"])
+    _require(target.max_body_bytes >= 1, f"{key}.max_body_bytes", "a positive byte count")
+
+
+def retry_horizon_s(settings: Settings) -> float:
+    """The longest a job can keep being retried: attempts x max backoff, worst target."""
+    attempts = max([t.max_attempts for t in settings.targets.values()] or [3])
+    return attempts * settings.fleet.retry_max_backoff_s
+
+
+def _validate_dedupe_ttl(settings: Settings) -> None:
+    horizon = retry_horizon_s(settings)
+    needed = horizon + settings.fleet.ack_wait_s
+    if settings.fleet.dedupe_ttl_s < needed:
+        attempts = round(horizon / settings.fleet.retry_max_backoff_s)
+        raise ConfigError(
+            f"fleet.dedupe_ttl_s = {settings.fleet.dedupe_ttl_s:g} s is shorter than the retry "
+            f"horizon plus the visibility timeout: {attempts} attempts x "
+            f"{settings.fleet.retry_max_backoff_s:g} s max backoff + "
+            f"{settings.fleet.ack_wait_s:g} s ack_wait = {needed:g} s; a late retry could then "
+            f"repeat a committed side effect. Set fleet.dedupe_ttl_s to at least {needed:g}."
+        )
+
+
+def _require(ok: bool, key: str, what: str) -> None:
+    if not ok:
+        raise ConfigError(f"config: {key} is invalid: set it to {what}")

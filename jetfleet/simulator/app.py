@@ -1,0 +1,138 @@
+"""TargetSimulator: a local aiohttp website standing in for a crawl target."""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from jetfleet.simulator.config import SimulatorConfig
+from jetfleet.simulator.counters import RequestCounters
+from jetfleet.simulator.routes import TargetRoutes
+
+# How long stop() waits for cancelled handlers to unwind before tearing down anyway.
+_STOP_GRACE_S = 1.0
+
+
+class TargetSimulator:
+    """A simulated target website for tests, the demo and benchmarks.
+
+    Use it as ``async with TargetSimulator(cfg) as sim:`` (started on a free port of
+    127.0.0.1) or call ``start`` and ``stop`` yourself.
+
+    Args:
+        config: Knobs; defaults to ``SimulatorConfig()``.
+    """
+
+    def __init__(self, config: SimulatorConfig | None = None) -> None:
+        self._counters = RequestCounters()
+        self._routes = TargetRoutes(config or SimulatorConfig(), self._counters)
+        self._runner: web.AppRunner | None = None
+        self._base_url: str | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+        """Starts serving.
+
+        Args:
+            host: Address to bind.
+            port: Port to bind; 0 picks a free one.
+
+        Returns:
+            The base URL, e.g. ``http://127.0.0.1:54321``.
+
+        Raises:
+            RuntimeError: If already started.
+        """
+        if self._runner is not None:
+            raise RuntimeError("simulator already started")
+        # handler_cancellation lets a client giving up on /hang end its handler too.
+        runner = web.AppRunner(
+            self._routes.build_app(),
+            handler_cancellation=True,
+            shutdown_timeout=_STOP_GRACE_S,
+            access_log=None,
+        )
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        bound_host, bound_port = runner.addresses[0][:2]
+        shown_host = f"[{bound_host}]" if ":" in bound_host else bound_host
+        self._runner = runner
+        self._base_url = f"http://{shown_host}:{bound_port}"
+        return self._base_url
+
+    async def stop(self) -> None:
+        """Stops serving; requests still in flight are dropped unanswered.
+
+        Safe to call when not started or already stopped.
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._base_url = None
+        pending = self._routes.cancel_inflight()
+        if pending:
+            await asyncio.wait(pending, timeout=_STOP_GRACE_S)
+        await runner.cleanup()
+
+    @property
+    def base_url(self) -> str:
+        """The base URL served, e.g. ``http://127.0.0.1:54321``.
+
+        Raises:
+            RuntimeError: If not started.
+        """
+        if self._base_url is None:
+            raise RuntimeError("simulator not started")
+        return self._base_url
+
+    @property
+    def config(self) -> SimulatorConfig:
+        """The knobs in force now (latency may have changed at runtime)."""
+        return self._routes.config
+
+    def set_latency(self, latency_s: float) -> None:
+        """Changes the delay added to every counted request, as ``POST /__sim/config`` does.
+
+        Raises:
+            ValueError: If ``latency_s`` is not a finite number >= 0.
+        """
+        self._routes.set_latency(latency_s)
+
+    def counts(self) -> dict[str, Any]:
+        """Returns the counters as a plain dict, the same as ``GET /__sim/counts``.
+
+        Keys: ``total``, ``by_client``, ``by_path_kind``, ``windows`` (unix second, as
+        a string, to count) and ``max_per_second`` (sliding one-second maximum).
+        """
+        return self._counters.snapshot()
+
+    def max_in_any_window(self, seconds: float) -> int:
+        """Returns the most counted requests seen in any sliding window of ``seconds``.
+
+        Raises:
+            ValueError: If ``seconds`` is not positive.
+        """
+        return self._counters.max_in_any_window(seconds)
+
+    def reset(self) -> None:
+        """Zeroes the counters, as ``POST /__sim/reset`` does."""
+        self._counters.reset()
+
+    async def __aenter__(self) -> TargetSimulator:
+        if self._runner is None:
+            await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

@@ -1,0 +1,103 @@
+"""Request counters: totals, per client, per route kind, and per time window."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from typing import Any
+
+# Enough per-second buckets to cover a ten-minute benchmark run.
+MAX_WINDOWS = 600
+# Bounds memory under a long benchmark while still covering any test's burst.
+MAX_TIMESTAMPS = 100_000
+
+
+class RequestCounters:
+    """Counts requests seen by the simulator.
+
+    Two clocks are kept on purpose: wall-clock seconds name the per-second windows so
+    they can be lined up with other logs, while sliding-window maxima use a monotonic
+    clock so they survive wall-clock jumps.
+
+    Args:
+        clock: Monotonic clock, in seconds, for sliding-window maxima.
+        wall_clock: Wall clock, in unix seconds, for naming per-second windows.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._total = 0
+        self._by_client: Counter[str] = Counter()
+        self._by_kind: Counter[str] = Counter()
+        self._windows: dict[int, int] = {}
+        self._timestamps: deque[float] = deque(maxlen=MAX_TIMESTAMPS)
+
+    def record(self, client_id: str, kind: str) -> None:
+        """Counts one request.
+
+        Args:
+            client_id: Who sent it (worker header, user agent or remote address).
+            kind: Which kind of route it hit, e.g. ``"page"`` or ``"hang"``.
+        """
+        self._total += 1
+        self._by_client[client_id] += 1
+        self._by_kind[kind] += 1
+        second = int(self._wall_clock())
+        self._windows[second] = self._windows.get(second, 0) + 1
+        while len(self._windows) > MAX_WINDOWS:
+            del self._windows[min(self._windows)]
+        self._timestamps.append(self._clock())
+
+    def reset(self) -> None:
+        """Zeroes every counter."""
+        self._total = 0
+        self._by_client.clear()
+        self._by_kind.clear()
+        self._windows.clear()
+        self._timestamps.clear()
+
+    def max_in_any_window(self, seconds: float) -> int:
+        """Returns the most requests seen in any sliding window of the given length.
+
+        The window is half-open (``[t, t + seconds)``), so a client spacing requests
+        exactly ``1 / rate`` apart never shows more than ``rate`` in one second.
+
+        Args:
+            seconds: Window length; must be positive.
+
+        Returns:
+            The maximum count over the recorded timestamps (the last 100,000 at most).
+
+        Raises:
+            ValueError: If ``seconds`` is not positive.
+        """
+        if not seconds > 0:
+            raise ValueError(f"seconds must be > 0, got {seconds!r}")
+        stamps = sorted(self._timestamps)
+        best = 0
+        start = 0
+        for end, stamp in enumerate(stamps):
+            while stamp - stamps[start] >= seconds:
+                start += 1
+            best = max(best, end - start + 1)
+        return best
+
+    def snapshot(self) -> dict[str, Any]:
+        """Returns the counters as a JSON-ready dict.
+
+        Window keys are strings (unix seconds) so the dict is identical before and
+        after a JSON round trip.
+        """
+        return {
+            "total": self._total,
+            "by_client": dict(self._by_client),
+            "by_path_kind": dict(self._by_kind),
+            "windows": {str(second): count for second, count in sorted(self._windows.items())},
+            "max_per_second": self.max_in_any_window(1.0),
+        }

@@ -1,0 +1,88 @@
+"""HTML bodies the simulated target serves."""
+
+from __future__ import annotations
+
+import random
+from html import escape
+
+CONTENT_ID = "content"
+CHALLENGE_ID = "challenge"
+
+_WORDS = (
+    "alpha", "basalt", "cobalt", "delta", "ember", "fjord", "granite", "harbor", "island",
+    "juniper", "kestrel", "lagoon", "meadow", "nectar", "orchid", "prairie", "quartz",
+    "river", "summit", "tundra", "umber", "valley", "willow", "xenon", "yarrow", "zephyr",
+)  # fmt: skip
+
+ROBOTS_TXT = "User-agent: *\nDisallow: /private/\nAllow: /\n"
+
+
+def _sentence(rng: random.Random, words: int) -> str:
+    text = " ".join(rng.choice(_WORDS) for _ in range(words))
+    return text[0].upper() + text[1:] + "."
+
+
+def _links(n: int, pages: int) -> list[int]:
+    # Spread links across the page space so a crawler following them fans out.
+    if pages <= 0:
+        return []
+    return sorted({(n + 1) % pages, (n * 7 + 3) % pages, (n * 31 + 11) % pages} - {n})
+
+
+def _document(title: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{escape(title)}</title>\n</head>\n<body>\n{body}</body>\n</html>\n"
+    )
+
+
+def page_html(n: int, pages: int, *, with_content: bool = True) -> str:
+    """Renders page ``n``; the same ``n`` always gives the same bytes.
+
+    Args:
+        n: Page number.
+        pages: How many pages exist, so links stay in range.
+        with_content: Whether to include ``<div id="content">``; without it the page
+            looks like a site that removed the element a crawler selects.
+
+    Returns:
+        The HTML document.
+    """
+    # A per-page seed keeps content stable across runs and processes.
+    rng = random.Random(n)
+    title = f"Page {n}: {_sentence(rng, 3)[:-1]}"
+    paragraphs = "".join(f"<p>{_sentence(rng, rng.randint(8, 16))}</p>\n" for _ in range(3))
+    links = "".join(f'<li><a href="/page/{k}">Page {k}</a></li>\n' for k in _links(n, pages))
+    container = f'<div id="{CONTENT_ID}">' if with_content else '<div id="main">'
+    body = (
+        f"<h1>{escape(title)}</h1>\n{container}\n{paragraphs}</div>\n"
+        f'<ul class="links">\n{links}</ul>\n'
+    )
+    return _document(title, body)
+
+
+def missing_html(path: str) -> str:
+    """Renders a 404 page for ``path``."""
+    return _document("Not found", f"<h1>Not found</h1>\n<p>{escape(path)} does not exist.</p>\n")
+
+
+def blocked_html() -> str:
+    """Renders a 403 block page, as a bot-protection front end would."""
+    return _document(
+        "Access denied",
+        '<h1>Access denied</h1>\n<p class="block">Your requests have been blocked.</p>\n',
+    )
+
+
+def challenge_html() -> str:
+    """Renders an unsolvable challenge page; a crawler must back off when it sees one."""
+    return _document(
+        "Just a moment...",
+        f'<div id="{CHALLENGE_ID}">\n<h1>Checking your browser</h1>\n'
+        "<p>Please wait while we verify you are human.</p>\n</div>\n",
+    )
+
+
+def error_html(status: int) -> str:
+    """Renders a bare error page for ``status``."""
+    return _document(f"Error {status}", f"<h1>Error {status}</h1>\n")

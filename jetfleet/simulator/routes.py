@@ -1,0 +1,252 @@
+"""The simulated target's routes, middleware and shared state."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from typing import Any
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from jetfleet.simulator.config import SimulatorConfig
+from jetfleet.simulator.counters import RequestCounters
+from jetfleet.simulator.pages import (
+    ROBOTS_TXT,
+    blocked_html,
+    challenge_html,
+    error_html,
+    missing_html,
+    page_html,
+)
+
+WORKER_HEADER = "X-Jetfleet-Worker"
+SIM_PREFIX = "/__sim/"
+# Route kind for requests no route matched (unknown paths, wrong methods).
+OTHER_KIND = "other"
+
+DEFAULT_SLOW_DELAY_S = 1.0
+MAX_SLOW_DELAY_S = 60.0
+# A hung request must still end eventually so a forgotten client cannot pin a task forever.
+HANG_CAP_S = 300.0
+DEFAULT_RETRY_AFTER_S = 2
+
+_CONFIG_KEYS = frozenset({"latency_s"})
+
+
+def client_id(request: web.Request) -> str:
+    """Names the client of ``request``: worker header, else user agent, else address."""
+    return (
+        request.headers.get(WORKER_HEADER)
+        or request.headers.get("User-Agent")
+        or request.remote
+        or "unknown"
+    )
+
+
+def parse_delay(raw: str | None) -> float:
+    """Parses the ``delay`` query parameter of ``/slow``, capped at 60 s.
+
+    Args:
+        raw: The parameter as sent, or None when absent (1 s).
+
+    Returns:
+        The delay in seconds.
+
+    Raises:
+        ValueError: If it is not a finite number >= 0.
+    """
+    if raw is None:
+        return DEFAULT_SLOW_DELAY_S
+    delay = float(raw)
+    if not math.isfinite(delay) or delay < 0:
+        raise ValueError(f"delay must be a finite number >= 0, got {raw!r}")
+    return min(delay, MAX_SLOW_DELAY_S)
+
+
+def parse_retry_after(raw: str | None) -> int:
+    """Parses the ``retry_after`` query parameter of ``/ratelimited``.
+
+    Args:
+        raw: The parameter as sent, or None when absent (2 s).
+
+    Returns:
+        Whole seconds, as ``Retry-After`` only allows an integer.
+
+    Raises:
+        ValueError: If it is not an integer >= 0.
+    """
+    if raw is None:
+        return DEFAULT_RETRY_AFTER_S
+    seconds = int(raw)
+    if seconds < 0:
+        raise ValueError(f"retry_after must be >= 0, got {raw!r}")
+    return seconds
+
+
+def _html(text: str, status: int = 200) -> web.Response:
+    return web.Response(text=text, status=status, content_type="text/html")
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response({"error": message}, status=400)
+
+
+def _page_number(request: web.Request) -> int:
+    return int(request.match_info["n"])
+
+
+class TargetRoutes:
+    """Serves the simulated website and its ``/__sim`` control endpoints.
+
+    Args:
+        config: Initial knobs; latency can change later through ``set_latency``.
+        counters: Where counted requests are recorded.
+    """
+
+    def __init__(self, config: SimulatorConfig, counters: RequestCounters) -> None:
+        self._config = config
+        self._counters = counters
+        self._inflight: set[asyncio.Task[Any]] = set()
+
+    @property
+    def config(self) -> SimulatorConfig:
+        """The knobs in force now."""
+        return self._config
+
+    def set_latency(self, latency_s: float) -> None:
+        """Changes the delay added to every counted request from now on.
+
+        Raises:
+            ValueError: If ``latency_s`` is not a finite number >= 0.
+        """
+        self._config = dataclasses.replace(self._config, latency_s=latency_s)
+
+    def cancel_inflight(self) -> set[asyncio.Task[Any]]:
+        """Cancels every counted request still being handled; returns their tasks.
+
+        Shutdown would otherwise wait on ``/hang`` and ``/slow`` handlers; cancelling
+        them drops their connections unanswered, as a dying server does.
+        """
+        tasks = set(self._inflight)
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    def build_app(self) -> web.Application:
+        """Builds the aiohttp application."""
+
+        @web.middleware
+        async def count_and_delay(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await self._count_and_delay(request, handler)
+
+        app = web.Application(middlewares=[count_and_delay])
+        app.router.add_get("/page/{n:\\d+}", self._page, name="page")
+        app.router.add_get("/missing/{n:\\d+}", self._missing, name="missing")
+        app.router.add_get("/slow/{n:\\d+}", self._slow, name="slow")
+        app.router.add_get("/hang/{n:\\d+}", self._hang, name="hang")
+        app.router.add_get("/ratelimited/{n:\\d+}", self._ratelimited, name="ratelimited")
+        app.router.add_get("/blocked/{n:\\d+}", self._blocked, name="blocked")
+        app.router.add_get("/challenge/{n:\\d+}", self._challenge, name="challenge")
+        app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
+        app.router.add_get("/error/{n:\\d+}", self._error, name="error")
+        app.router.add_get("/robots.txt", self._robots, name="robots")
+        app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
+        app.router.add_post(SIM_PREFIX + "reset", self._reset)
+        app.router.add_get(SIM_PREFIX + "config", self._get_config)
+        app.router.add_post(SIM_PREFIX + "config", self._post_config)
+        return app
+
+    async def _count_and_delay(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith(SIM_PREFIX):
+            return await handler(request)
+        # Count on arrival, before any delay, so hung and slow requests show up at once.
+        kind = request.match_info.route.name or OTHER_KIND
+        self._counters.record(client_id(request), kind)
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
+        try:
+            if self._config.latency_s > 0:
+                await asyncio.sleep(self._config.latency_s)
+            return await handler(request)
+        finally:
+            if task is not None:
+                self._inflight.discard(task)
+
+    async def _page(self, request: web.Request) -> web.Response:
+        n = _page_number(request)
+        if n >= self._config.pages:
+            return _html(missing_html(request.path), status=404)
+        return _html(page_html(n, self._config.pages))
+
+    async def _missing(self, request: web.Request) -> web.Response:
+        return _html(missing_html(request.path), status=404)
+
+    async def _slow(self, request: web.Request) -> web.Response:
+        try:
+            delay = parse_delay(request.query.get("delay"))
+        except ValueError as exc:
+            return _bad_request(str(exc))
+        await asyncio.sleep(delay)
+        return _html(page_html(_page_number(request), self._config.pages))
+
+    async def _hang(self, request: web.Request) -> web.Response:
+        await asyncio.sleep(HANG_CAP_S)
+        return _html(error_html(504), status=504)
+
+    async def _ratelimited(self, request: web.Request) -> web.Response:
+        try:
+            retry_after = parse_retry_after(request.query.get("retry_after"))
+        except ValueError as exc:
+            return _bad_request(str(exc))
+        response = _html(error_html(429), status=429)
+        response.headers["Retry-After"] = str(retry_after)
+        return response
+
+    async def _blocked(self, request: web.Request) -> web.Response:
+        return _html(blocked_html(), status=403)
+
+    async def _challenge(self, request: web.Request) -> web.Response:
+        return _html(challenge_html(), status=503)
+
+    async def _noselector(self, request: web.Request) -> web.Response:
+        return _html(page_html(_page_number(request), self._config.pages, with_content=False))
+
+    async def _error(self, request: web.Request) -> web.Response:
+        return _html(error_html(500), status=500)
+
+    async def _robots(self, request: web.Request) -> web.Response:
+        return web.Response(text=ROBOTS_TXT, content_type="text/plain")
+
+    async def _get_counts(self, request: web.Request) -> web.Response:
+        return web.json_response(self._counters.snapshot())
+
+    async def _reset(self, request: web.Request) -> web.Response:
+        self._counters.reset()
+        return web.json_response(self._counters.snapshot())
+
+    async def _get_config(self, request: web.Request) -> web.Response:
+        return web.json_response(dataclasses.asdict(self._config))
+
+    async def _post_config(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _bad_request("body must be JSON")
+        if not isinstance(body, dict):
+            return _bad_request("body must be a JSON object")
+        unknown = set(body) - _CONFIG_KEYS
+        if unknown:
+            return _bad_request(f"unknown keys: {sorted(unknown)}")
+        if "latency_s" in body:
+            latency = body["latency_s"]
+            # bool is an int subclass; "true" seconds is a client bug, not a latency.
+            if isinstance(latency, bool) or not isinstance(latency, (int, float)):
+                return _bad_request("latency_s must be a number")
+            try:
+                self.set_latency(float(latency))
+            except ValueError as exc:
+                return _bad_request(str(exc))
+        return web.json_response(dataclasses.asdict(self._config))

@@ -1,0 +1,92 @@
+"""Fleet status computed from durable state (streams, consumers), never from counters a
+service keeps in memory, so any process can answer and a restart changes nothing."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from jetfleet import subjects
+from jetfleet.settings import Settings
+
+FIELDS = ("submitted", "queued", "leased", "committed", "dead", "rejected")
+
+
+class TargetCounts(msgspec.Struct):
+    """The six counts of one target (or of the whole fleet)."""
+
+    submitted: int = 0
+    queued: int = 0
+    leased: int = 0
+    committed: int = 0
+    dead: int = 0
+    rejected: int = 0
+
+    def add(self, other: TargetCounts) -> None:
+        """Add ``other`` into this one."""
+        for field in FIELDS:
+            setattr(self, field, getattr(self, field) + getattr(other, field))
+
+
+class FleetStatus(msgspec.Struct):
+    """What ``jetfleet status --json`` prints."""
+
+    totals: TargetCounts
+    targets: dict[str, TargetCounts]
+    admitting: int = 0
+    """Submissions the scheduler has not decided yet (not attributed to a target)."""
+
+
+async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
+    """Read the counts of every target from the streams and consumers."""
+    submitted = await _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>")
+    in_work = await _per_target(js, subjects.STREAM_WORK, "jf.work.>")
+    committed = await _per_target(js, subjects.STREAM_RESULTS, "jf.results.>")
+    dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
+    rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
+    names = sorted(set(settings.targets) | set(submitted) | set(rejected))
+    targets: dict[str, TargetCounts] = {}
+    for name in names:
+        leased = await _leased(js, name) if name in settings.targets else 0
+        targets[name] = TargetCounts(
+            submitted=submitted[name],
+            queued=max(0, in_work[name] - leased),
+            leased=leased,
+            committed=committed[name],
+            dead=dead[name],
+            rejected=rejected[name],
+        )
+    totals = TargetCounts()
+    for counts in targets.values():
+        totals.add(counts)
+    return FleetStatus(totals=totals, targets=targets, admitting=await _admitting(js))
+
+
+async def _per_target(js: JetStreamContext, stream: str, filter_: str) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    try:
+        info = await js.stream_info(stream, subjects_filter=filter_)
+    except NotFoundError:
+        return counts
+    for subject, n in (info.state.subjects or {}).items():
+        counts[subjects.target_of(subject)] += n
+    return counts
+
+
+async def _leased(js: JetStreamContext, target: str) -> int:
+    try:
+        info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer(target))
+    except NotFoundError:
+        return 0
+    return info.num_ack_pending or 0
+
+
+async def _admitting(js: JetStreamContext) -> int:
+    try:
+        info = await js.consumer_info(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER)
+    except NotFoundError:
+        return 0
+    return (info.num_pending or 0) + (info.num_ack_pending or 0)

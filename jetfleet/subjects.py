@@ -1,0 +1,93 @@
+"""Every subject, stream, consumer and bucket name jetfleet uses, in one place.
+
+Subjects are ``jf.<family>.<target>[.<tier>]``: one subject family per target, so one
+target's backlog or ban cannot stall another (DESIGN.md section 2).
+"""
+
+from __future__ import annotations
+
+import re
+
+PREFIX = "jf"
+
+# Streams.
+STREAM_SUBMIT = "JF_SUBMIT"
+STREAM_WORK = "JF_WORK"
+STREAM_RESULTS = "JF_RESULTS"
+STREAM_DLQ = "JF_DLQ"
+STREAM_REJECTED = "JF_REJECTED"
+STREAM_OUTCOMES = "JF_OUTCOMES"
+
+# KV buckets.
+BUCKET_COMMITTED = "jf-committed"  # idempotency key -> commit record
+BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
+BUCKET_FENCES = "jf-fences"  # job id -> highest fence accepted by the sink
+BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
+
+# Consumers.
+CONSUMER_SCHEDULER = "scheduler"
+
+# Request/reply subjects (served by queue groups).
+SINK_REPORT = f"{PREFIX}.sink.report"  # + .<target>
+QUEUE_SINK = "sink"
+
+TIERS = ("high", "normal", "bulk")
+DEFAULT_TIER = "normal"
+
+# A target name is a single subject token and part of consumer names.
+TARGET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+# What a rejected submission is filed under when its subject names no usable token.
+UNPARSABLE_TARGET = "_invalid"
+
+
+def submit(target: str) -> str:
+    """The subject a client publishes a job for ``target`` to."""
+    return f"{PREFIX}.submit.{target}"
+
+
+def work(target: str, tier: str) -> str:
+    """The work subject of ``target`` at priority ``tier``."""
+    return f"{PREFIX}.work.{target}.{tier}"
+
+
+def work_filter(target: str) -> str:
+    """The filter matching every tier of ``target``'s work."""
+    return f"{PREFIX}.work.{target}.>"
+
+
+def results(target: str) -> str:
+    """Where committed results of ``target`` are kept."""
+    return f"{PREFIX}.results.{target}"
+
+
+def dlq(target: str) -> str:
+    """Where dead letters of ``target`` are kept."""
+    return f"{PREFIX}.dlq.{target}"
+
+
+def rejected(target: str) -> str:
+    """Where rejected submissions are kept, filed under their (possibly unknown) target."""
+    return f"{PREFIX}.rejected.{target}"
+
+
+def outcome(target: str) -> str:
+    """Where outcome events of ``target`` are published."""
+    return f"{PREFIX}.outcome.{target}"
+
+
+def sink_report(target: str) -> str:
+    """The request subject a worker reports an attempt's end to the sink on."""
+    return f"{SINK_REPORT}.{target}"
+
+
+def work_consumer(target: str) -> str:
+    """The durable pull consumer shared by every worker assigned to ``target``."""
+    return f"work-{target}"
+
+
+def target_of(subject: str) -> str:
+    """The target token of a ``jf.<family>.<target>...`` subject, or UNPARSABLE_TARGET."""
+    parts = subject.split(".")
+    if len(parts) >= 3 and TARGET_NAME_RE.match(parts[2]):
+        return parts[2]
+    return UNPARSABLE_TARGET

@@ -1,0 +1,201 @@
+"""The JetStream topology, declared in one place and created idempotently.
+
+Creating is safe to repeat from every replica. An existing stream or consumer whose
+settings differ from these is never changed silently (nats-py's ``add_consumer`` is
+create-OR-update): the difference is logged and returned, and only ``update=True``
+(``jetfleet topology apply``) changes it. See docs/topology.md for every setting and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import NotFoundError
+
+from jetfleet import subjects
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# Publish retries that reuse a Nats-Msg-Id inside this window cannot duplicate a message.
+MIN_DUPLICATE_WINDOW_S = 120.0
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One setting of a live stream or consumer that differs from the declared one."""
+
+    what: str
+    field: str
+    live: object
+    declared: object
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.field} is {self.live!r}, declared {self.declared!r}"
+
+
+def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
+    """Every stream jetfleet uses, configured from ``settings``."""
+    fleet = settings.fleet
+    window = max(MIN_DUPLICATE_WINDOW_S, 2 * fleet.ack_wait_s)
+
+    def stream(
+        name: str, subject: str, retention: js_api.RetentionPolicy, max_age: float
+    ) -> js_api.StreamConfig:
+        return js_api.StreamConfig(
+            name=name,
+            subjects=[subject],
+            retention=retention,
+            storage=js_api.StorageType.FILE,
+            num_replicas=settings.nats.replicas,
+            max_age=max_age,
+            duplicate_window=window,
+            allow_direct=True,
+        )
+
+    limits, work_queue = js_api.RetentionPolicy.LIMITS, js_api.RetentionPolicy.WORK_QUEUE
+    keep = fleet.retention_s
+    return [
+        stream(subjects.STREAM_SUBMIT, "jf.submit.>", limits, keep),
+        # WorkQueue: a message is gone once acked or terminated; one consumer per target.
+        stream(subjects.STREAM_WORK, "jf.work.>", work_queue, 0),
+        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, keep),
+        stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
+        stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
+        stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),
+    ]
+
+
+def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfig]]:
+    """Every durable consumer, as (stream, config)."""
+    configs = [
+        (
+            subjects.STREAM_SUBMIT,
+            js_api.ConsumerConfig(
+                durable_name=subjects.CONSUMER_SCHEDULER,
+                ack_policy=js_api.AckPolicy.EXPLICIT,
+                ack_wait=30.0,
+                max_ack_pending=2000,
+                deliver_policy=js_api.DeliverPolicy.ALL,
+            ),
+        )
+    ]
+    for name, target in sorted(settings.targets.items()):
+        configs.append(
+            (
+                subjects.STREAM_WORK,
+                js_api.ConsumerConfig(
+                    durable_name=subjects.work_consumer(name),
+                    filter_subject=subjects.work_filter(name),
+                    ack_policy=js_api.AckPolicy.EXPLICIT,
+                    ack_wait=settings.fleet.ack_wait_s,
+                    # No server-side cap and no BackOff (see docs/topology.md): attempts
+                    # are counted and dead letters decided in code, so nothing is ever
+                    # left stranded in the stream by max_deliver.
+                    max_deliver=-1,
+                    max_ack_pending=target.max_in_flight,
+                    deliver_policy=js_api.DeliverPolicy.ALL,
+                ),
+            )
+        )
+    return configs
+
+
+KV_BUCKETS = (
+    subjects.BUCKET_COMMITTED,
+    subjects.BUCKET_LEASES,
+    subjects.BUCKET_FENCES,
+    subjects.BUCKET_CONTROL,
+)
+
+_STREAM_FIELDS = ("subjects", "retention", "max_age", "duplicate_window", "num_replicas")
+_CONSUMER_FIELDS = ("filter_subject", "ack_wait", "max_deliver", "max_ack_pending", "backoff")
+
+
+async def declare(js: JetStreamContext, settings: Settings, update: bool = False) -> list[Drift]:
+    """Create every stream, consumer and KV bucket that is missing.
+
+    Args:
+        js: a JetStream context.
+        settings: the fleet's settings.
+        update: also change existing ones whose settings drifted.
+
+    Returns:
+        The drifts found (already applied when ``update`` is true).
+    """
+    drifts: list[Drift] = []
+    for config in stream_configs(settings):
+        drifts += await _ensure_stream(js, config, update)
+    for bucket in KV_BUCKETS:
+        await _ensure_bucket(js, bucket, settings)
+    for stream, config in consumer_configs(settings):
+        drifts += await _ensure_consumer(js, stream, config, update)
+    for drift in drifts:
+        log.warning("topology drift %s%s", drift, " (updated)" if update else "")
+    return drifts
+
+
+async def _ensure_stream(
+    js: JetStreamContext, config: js_api.StreamConfig, update: bool
+) -> list[Drift]:
+    assert config.name is not None
+    try:
+        info = await js.stream_info(config.name)
+    except NotFoundError:
+        await js.add_stream(config)
+        return []
+    drifts = _diff(f"stream {config.name}", info.config, config, _STREAM_FIELDS)
+    if drifts and update:
+        await js.update_stream(config)
+    return drifts
+
+
+async def _ensure_consumer(
+    js: JetStreamContext, stream: str, config: js_api.ConsumerConfig, update: bool
+) -> list[Drift]:
+    assert config.durable_name is not None
+    try:
+        info = await js.consumer_info(stream, config.durable_name)
+    except NotFoundError:
+        await js.add_consumer(stream, config)
+        return []
+    drifts = _diff(f"consumer {stream}/{config.durable_name}", info.config, config,
+                   _CONSUMER_FIELDS)
+    if drifts and update:
+        await js.add_consumer(stream, config)
+    return drifts
+
+
+async def _ensure_bucket(js: JetStreamContext, bucket: str, settings: Settings) -> None:
+    try:
+        await js.key_value(bucket)
+    except Exception:  # BucketNotFoundError; nats-py raises it from a NotFoundError
+        # Keys carry their own per-message TTL; the bucket has none (history 1).
+        await js.create_key_value(
+            bucket=bucket,
+            history=1,
+            storage=js_api.StorageType.FILE,
+            replicas=settings.nats.replicas,
+            direct=True,
+        )
+
+
+def _diff(what: str, live: object, declared: object, fields: tuple[str, ...]) -> list[Drift]:
+    drifts = []
+    for field in fields:
+        want, have = getattr(declared, field), getattr(live, field)
+        if _normalise(want) != _normalise(have):
+            drifts.append(Drift(what, field, have, want))
+    return drifts
+
+
+def _normalise(value: object) -> object:
+    # The server reports unset limits as 0/-1/None interchangeably, and floats of seconds.
+    if value in (None, 0, -1, 0.0, []):
+        return None
+    if isinstance(value, float):
+        return round(value, 3)
+    return value

@@ -1,0 +1,91 @@
+"""The built-in handlers: ``http.get`` (aiohttp) and ``noop``."""
+
+from __future__ import annotations
+
+import hashlib
+
+import aiohttp
+
+from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
+from jetfleet.worker.handlers import HandlerContext, handler
+
+# Headers worth keeping in a result; the rest is noise for the record.
+_KEPT_HEADERS = ("content-type", "content-length", "etag", "last-modified", "retry-after",
+                 "cache-control", "location")
+_RETRYABLE_STATUS = {500, 502, 504, 408}
+_BLOCK_STATUS = {403, 429, 503}
+
+
+@handler("noop")
+async def noop(ctx: HandlerContext) -> HandlerOutput:
+    """Do nothing; for benchmarks and tests of the job path itself."""
+    return NoopOutput()
+
+
+@handler("http.get")
+async def http_get(ctx: HandlerContext) -> HandlerOutput:
+    """Fetch the job's URL once, politely: identifying User-Agent, timeout, size cap.
+
+    Records status, a few headers and the body's SHA-256; keeps the body only when the job
+    asked (``store_body``). 404/410 are permanent; 5xx and timeouts are worth a retry;
+    429/403/503 are back-off signals, never obstacles to get around.
+    """
+    timeout = aiohttp.ClientTimeout(total=ctx.order.timeout_s)
+    headers = {"User-Agent": ctx.user_agent, "X-Jetfleet-Worker": ctx.worker_id}
+    try:
+        async with ctx.session.get(
+            ctx.order.job.url, headers=headers, timeout=timeout, allow_redirects=True
+        ) as response:
+            body, truncated = await _read_capped(response, ctx.target.max_body_bytes)
+            return _classify(ctx, response, body, truncated)
+    except TimeoutError:
+        raise RetryLater("timeout", detail=f"no answer within {ctx.order.timeout_s:g} s") from None
+    except aiohttp.ClientError as exc:
+        raise RetryLater("network-error", detail=str(exc)) from None
+
+
+async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return b"".join(chunks)[:cap], True
+    return b"".join(chunks), False
+
+
+def _classify(
+    ctx: HandlerContext, response: aiohttp.ClientResponse, body: bytes, truncated: bool
+) -> HandlerOutput:
+    status = response.status
+    retry_after = _retry_after(response.headers.get("Retry-After"))
+    if status in (404, 410):
+        raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
+    if status in _BLOCK_STATUS:
+        # Blocks and challenges are signals to back off (DESIGN.md section 4).
+        raise RetryLater(f"http-{status}", delay_s=retry_after, detail="target asked us to back off")
+    if status in _RETRYABLE_STATUS or status >= 500:
+        raise RetryLater(f"http-{status}", delay_s=retry_after)
+    kept = {k: v for k, v in response.headers.items() if k.lower() in _KEPT_HEADERS}
+    return HttpFetch(
+        status=status,
+        final_url=str(response.url),
+        headers=kept,
+        body_sha256=hashlib.sha256(body).hexdigest(),
+        body_bytes=len(body),
+        body=body.decode(response.charset or "utf-8", errors="replace")
+        if ctx.order.job.store_body
+        else None,
+        truncated=truncated,
+    )
+
+
+def _retry_after(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None  # an HTTP-date; the policy's backoff applies instead

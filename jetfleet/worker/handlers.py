@@ -1,0 +1,62 @@
+"""Handlers are plain async functions registered by name.
+
+A handler returns its output on success and raises a control signal otherwise:
+``RetryLater`` (worth another attempt), ``PermanentFailure`` (dead-letter now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from jetfleet.schemas import HandlerOutput, WorkOrder
+from jetfleet.settings import TargetSettings
+
+
+@dataclass(frozen=True)
+class HandlerContext:
+    """What a handler gets for one attempt. Identity state never leaves the worker."""
+
+    order: WorkOrder
+    target: TargetSettings
+    attempt: int
+    worker_id: str
+    identity: str
+    user_agent: str
+    session: aiohttp.ClientSession
+
+
+HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]
+
+_REGISTRY: dict[str, tuple[HandlerFn, str]] = {}
+
+
+def handler(name: str, version: str = "1") -> Callable[[HandlerFn], HandlerFn]:
+    """Register ``fn`` as the handler called ``name`` (jobs ask for it by that name).
+
+    Args:
+        name: the name jobs use, e.g. ``"http.get"``.
+        version: the handler's version, part of every result's version tuple.
+    """
+
+    def register(fn: HandlerFn) -> HandlerFn:
+        _REGISTRY[name] = (fn, version)
+        return fn
+
+    return register
+
+
+def get_handler(name: str) -> tuple[HandlerFn, str]:
+    """The handler registered as ``name`` and its version.
+
+    Raises:
+        KeyError: if no handler has that name in this process.
+    """
+    return _REGISTRY[name]
+
+
+def registered() -> tuple[str, ...]:
+    """Names of the handlers registered in this process."""
+    return tuple(sorted(_REGISTRY))

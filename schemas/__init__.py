@@ -1,0 +1,47 @@
+"""The wire contract: msgspec Structs for every message jetfleet puts on a subject.
+
+Rules: evolve only compatibly (new fields get defaults), carry durations never wall-clock
+deadlines (I9), and keep internal types out of here. ``WIRE_TYPES`` maps each subject
+family to the type (or tagged union) it carries; ``jetfleet schemas export`` writes the
+JSON Schema and AsyncAPI documents from it.
+"""
+
+from jetfleet.schemas.events import CommittedResult, DeadLetter, Outcome, Rejection
+from jetfleet.schemas.job import Job, WorkOrder
+from jetfleet.schemas.lease import (
+    LeaseAlreadyDone,
+    LeaseGrant,
+    LeaseRefusal,
+    LeaseReply,
+    LeaseRequest,
+    LeaseRelease,
+    LeaseRenew,
+)
+from jetfleet.schemas.output import DataOutput, HandlerOutput, HttpFetch, NoopOutput
+from jetfleet.schemas.report import AttemptRecord, Failure, Report, SinkReply, Success, Versions
+
+__all__ = [
+    "AttemptRecord",
+    "CommittedResult",
+    "DataOutput",
+    "DeadLetter",
+    "Failure",
+    "HandlerOutput",
+    "HttpFetch",
+    "Job",
+    "LeaseAlreadyDone",
+    "LeaseGrant",
+    "LeaseRefusal",
+    "LeaseRelease",
+    "LeaseRenew",
+    "LeaseReply",
+    "LeaseRequest",
+    "NoopOutput",
+    "Outcome",
+    "Rejection",
+    "Report",
+    "SinkReply",
+    "Success",
+    "Versions",
+    "WorkOrder",
+]

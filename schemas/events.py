@@ -1,0 +1,66 @@
+"""Durable records: committed results, dead letters, rejections, and outcome events."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from jetfleet.schemas.job import WorkOrder
+from jetfleet.schemas.output import HandlerOutput
+from jetfleet.schemas.report import AttemptRecord, Versions
+
+
+class CommittedResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A committed result on ``jf.results.<target>``: the one side effect of a job."""
+
+    job_id: str
+    target: str
+    url: str
+    key: str
+    handler: str
+    worker: str
+    attempt: int
+    duration_s: float
+    output: HandlerOutput
+    versions: Versions
+    identity: str = ""
+    fence: int = 0
+
+
+class DeadLetter(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A job that will not be retried, on ``jf.dlq.<target>``, with why and its history."""
+
+    order: WorkOrder
+    reason: str
+    history: list[AttemptRecord]
+    detail: str = ""
+
+
+class Rejection(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A submission refused at admission, on ``jf.rejected.<target>``, kept with its bytes."""
+
+    reason: str
+    """Machine-readable code, e.g. ``invalid-json``, ``unknown-target``."""
+    message: str
+    """What was wrong and what to fix."""
+    subject: str
+    raw: bytes
+    job_id: str = ""
+
+
+OutcomeKind = Literal["ok", "retryable", "permanent", "blocked"]
+
+
+class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One attempt's outcome, on ``jf.outcome.<target>``, for metrics and quarantine."""
+
+    job_id: str
+    target: str
+    worker: str
+    attempt: int
+    kind: OutcomeKind
+    duration_s: float
+    versions: Versions
+    identity: str = ""
+    reason: str = ""

@@ -1,0 +1,49 @@
+"""A job as submitted, and the work order the scheduler routes to a target."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Tier = Literal["high", "normal", "bulk"]
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+ShortText = Annotated[str, msgspec.Meta(max_length=256)]
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
+
+
+class Job(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+    """One logical unit of work, published to ``jf.submit.<target>``.
+
+    ``timeout_s`` is a duration; a job never carries a wall-clock deadline (I9).
+    """
+
+    id: NonEmpty
+    """Client-chosen job id; submissions with the same id are one job."""
+    url: Url
+    """Absolute URL under the target's base_url."""
+    handler: ShortText = "http.get"
+    tier: Tier = "normal"
+    max_attempts: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+    """Retry budget; 0 takes the target's, and it is capped by the target's."""
+    idempotency_key: ShortText = ""
+    """An explicit key meaning "this unit of work is done"; empty derives one from the URL."""
+    pin_identity: ShortText = ""
+    """Only a worker owning this identity may run the job."""
+    store_body: bool = False
+    timeout_s: Seconds = 0.0
+    """Per-attempt time budget; 0 takes the target's."""
+    args: dict[ShortText, str] = {}
+
+
+class WorkOrder(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A validated job as the scheduler routes it to ``jf.work.<target>.<tier>``."""
+
+    job: Job
+    target: str
+    key: str
+    """The idempotency key, canonical: the same unit of work always gets the same key."""
+    max_attempts: int
+    timeout_s: float

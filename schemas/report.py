@@ -1,0 +1,79 @@
+"""What a worker tells the sink at the end of an attempt, and what the sink answers.
+
+Carried on ``jf.sink.report.<target>`` (request/reply, queue group ``sink``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from jetfleet.schemas.job import WorkOrder
+from jetfleet.schemas.output import HandlerOutput
+
+
+class Versions(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The version tuple a result was produced with (I8)."""
+
+    jetfleet: str
+    handler: str = ""
+    browser: str = ""
+
+
+class AttemptRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One attempt in a job's history."""
+
+    attempt: int
+    worker: str
+    identity: str = ""
+    fence: int = 0
+    duration_s: float = 0.0
+    outcome: str = ""
+    reason: str = ""
+
+
+class Success(msgspec.Struct, frozen=True, tag="success", omit_defaults=True):
+    """The handler succeeded: commit ``output`` unless this unit of work is done already."""
+
+    order: WorkOrder
+    worker: str
+    attempt: int
+    duration_s: float
+    output: HandlerOutput
+    versions: Versions
+    identity: str = ""
+    fence: int = 0
+
+
+class Failure(msgspec.Struct, frozen=True, tag="failure", omit_defaults=True):
+    """The job cannot succeed (permanent, or attempts exhausted): dead-letter it."""
+
+    order: WorkOrder
+    worker: str
+    reason: str
+    history: list[AttemptRecord]
+    versions: Versions
+    detail: str = ""
+    identity: str = ""
+    fence: int = 0
+
+
+Report = Success | Failure
+
+SinkStatus = Literal[
+    "committed",
+    "suppressed:duplicate-key",
+    "rejected:fenced-out",
+    "rejected:lease-expired",
+    "dead-lettered",
+    "error",
+]
+
+
+class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The sink's verdict; the worker acks after committed/suppressed, terms after
+    dead-lettered, and leaves the message alone otherwise."""
+
+    status: SinkStatus
+    detail: str = ""

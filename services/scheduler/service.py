@@ -1,0 +1,91 @@
+"""Admit each submission from ``JF_SUBMIT``: route it to its target's work subject, or
+keep it on ``jf.rejected.<target>`` with the reason. Nothing is dropped silently."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import FetchTimeoutError
+
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.publish import publish_durably
+from jetfleet.schemas import Rejection
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_encoder = msgspec.json.Encoder()
+BATCH = 200
+
+
+class Scheduler:
+    """Pulls the shared ``scheduler`` consumer; any number of replicas may run."""
+
+    name = "scheduler"
+
+    def __init__(self, settings: Settings, nc: NatsClient) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._stopping = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        self.admitted = 0
+        self.rejected = 0
+
+    async def start(self) -> None:
+        """Start the admission loop."""
+        self._loop = asyncio.create_task(self._run())
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Finish the batch in hand, then stop."""
+        self._stopping.set()
+        if self._loop is not None:
+            await asyncio.wait_for(asyncio.shield(self._loop), timeout_s)
+
+    async def _run(self) -> None:
+        sub = None
+        while not self._stopping.is_set():
+            try:
+                if sub is None:
+                    sub = await self.js.pull_subscribe_bind(
+                        subjects.CONSUMER_SCHEDULER, stream=subjects.STREAM_SUBMIT
+                    )
+                try:
+                    msgs = await sub.fetch(BATCH, timeout=1.0)
+                except (FetchTimeoutError, NatsTimeoutError):
+                    continue
+                await asyncio.gather(*(self._admit_one(m) for m in msgs))
+            except Exception:  # keep admitting through reconnects and leader changes
+                log.exception("admission loop failed; rebinding")
+                sub = None
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+
+    async def _admit_one(self, msg: Msg) -> None:
+        verdict = admit(msg.subject, msg.data, self.settings)
+        seq = msg.metadata.sequence.stream
+        if isinstance(verdict, Rejection):
+            target = subjects.target_of(msg.subject)
+            log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)
+            await publish_durably(self.js, subjects.rejected(target), _encoder.encode(verdict),
+                                  msg_id=f"rej-{seq}", headers=_passthrough(msg))
+            self.rejected += 1
+        else:
+            subject = subjects.work(verdict.target, verdict.job.tier)
+            # The job id as message id: a redelivered submission cannot be routed twice.
+            await publish_durably(self.js, subject, _encoder.encode(verdict),
+                                  msg_id=f"job-{verdict.job.id}", headers=_passthrough(msg))
+            self.admitted += 1
+        await msg.ack()
+
+
+def _passthrough(msg: Msg) -> dict[str, str]:
+    # Trace context rides from submit to ack (one job, one trace).
+    return {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}

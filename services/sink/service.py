@@ -1,0 +1,86 @@
+"""Serve ``jf.sink.report.<target>`` in the ``sink`` queue group: commit successes,
+dead-letter failures (with reason and history) and answer the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from jetfleet import subjects
+from jetfleet.publish import publish_durably
+from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
+from jetfleet.services.sink.commit import commit
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_decoder = msgspec.json.Decoder(Report)
+_encoder = msgspec.json.Encoder()
+
+
+class Sink:
+    """The commit point; any number of replicas share the queue group."""
+
+    name = "sink"
+
+    def __init__(self, settings: Settings, nc: NatsClient) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._sub: Subscription | None = None
+        self._inflight: set[asyncio.Task[None]] = set()
+        self.counts: dict[str, int] = {}
+
+    async def start(self) -> None:
+        """Open the committed-keys bucket and start answering reports."""
+        self._committed = await self.js.key_value(subjects.BUCKET_COMMITTED)
+        self._sub = await self.nc.subscribe(
+            f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
+        )
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Stop taking reports and finish the ones in hand."""
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=timeout_s)
+
+    async def _on_report(self, msg: Msg) -> None:
+        # Handle each report in its own task so one slow commit does not hold the rest.
+        task = asyncio.create_task(self._answer(msg))
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            reply = await self._handle(_decoder.decode(msg.data))
+        except msgspec.MsgspecError as exc:
+            reply = SinkReply(status="error", detail=f"malformed report: {exc}")
+        except Exception as exc:  # the worker retries; the commit is idempotent
+            log.exception("report on %s failed", msg.subject)
+            reply = SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}")
+        self.counts[reply.status] = self.counts.get(reply.status, 0) + 1
+        if msg.reply:
+            await self.nc.publish(msg.reply, _encoder.encode(reply))
+
+    async def _handle(self, report: Success | Failure) -> SinkReply:
+        if isinstance(report, Success):
+            return await commit(self.js, self._committed, report,
+                                self.settings.fleet.dedupe_ttl_s)
+        return await self._dead_letter(report)
+
+    async def _dead_letter(self, failure: Failure) -> SinkReply:
+        order = failure.order
+        letter = DeadLetter(order=order, reason=failure.reason, history=failure.history,
+                            detail=failure.detail)
+        # Written (and acked by the stream) BEFORE the worker terminates the message.
+        await publish_durably(self.js, subjects.dlq(order.target), _encoder.encode(letter),
+                              msg_id=f"dlq-{order.job.id}",
+                              headers={"Jf-Reason": failure.reason, "Jf-Job": order.job.id})
+        log.info("dead-lettered %s: %s", order.job.id, failure.reason)
+        return SinkReply(status="dead-lettered", detail=failure.reason)

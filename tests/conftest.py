@@ -1,0 +1,120 @@
+"""Fixtures: real nats-server and redis-server processes, the target simulator, and an
+in-process stack of services. Never mocks of NATS or Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.connection import connect_nats
+from jetfleet.embedded import EmbeddedNats, EmbeddedRedis
+from jetfleet.settings import (
+    FleetSettings,
+    NatsSettings,
+    RedisSettings,
+    Settings,
+    TargetSettings,
+    WorkerSettings,
+)
+from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.topology import declare
+from tests.stack import InProcessStack
+
+
+@pytest.fixture
+def nats_url(tmp_path: Path) -> Iterator[str]:
+    """A fresh nats-server (JetStream, temporary store) per test, or NATS_URL if set."""
+    if os.environ.get("NATS_URL"):
+        yield os.environ["NATS_URL"]
+        return
+    server = EmbeddedNats(tmp_path / "nats").start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One redis-server per session (flushed per test by ``redis_client``), or REDIS_URL."""
+    if os.environ.get("REDIS_URL"):
+        yield os.environ["REDIS_URL"]
+        return
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.from_url(redis_url)
+    await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def simulator() -> AsyncIterator[TargetSimulator]:
+    async with TargetSimulator(SimulatorConfig()) as sim:
+        yield sim
+
+
+def make_settings(nats_url: str, redis_url: str, targets: dict[str, TargetSettings],
+                  **fleet: object) -> Settings:
+    """Settings for a test: fast retries, short timeouts, the given targets."""
+    fleet_defaults: dict[str, object] = {
+        "ack_wait_s": 10.0, "lease_ttl_s": 3.0, "retry_base_s": 0.05,
+        "retry_max_backoff_s": 0.2, "dedupe_ttl_s": 3600.0,
+        "user_agent": "jetfleet-tests (+loopback only)",
+    }
+    fleet_defaults.update(fleet)
+    return Settings(
+        nats=NatsSettings(url=nats_url),
+        redis=RedisSettings(url=redis_url),
+        fleet=FleetSettings(**fleet_defaults),  # type: ignore[arg-type]
+        worker=WorkerSettings(concurrency=16),
+        targets=targets,
+    )
+
+
+@pytest.fixture
+def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
+                            max_in_flight=64, timeout_s=5.0)
+    return make_settings(nats_url, redis_url, {"demo": target})
+
+
+@pytest.fixture
+async def nc(settings: Settings) -> AsyncIterator[NatsClient]:
+    client = await connect_nats(settings.nats, "tests")
+    await declare(client.jetstream(), settings)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def stack(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
+    """Scheduler, sink and one worker, in this process, over the real servers."""
+    running = InProcessStack(settings)
+    await running.start(workers=1)
+    yield running
+    await running.stop()
+
+
+async def wait_for(condition: Callable[[], Awaitable[bool]], timeout_s: float = 60.0,
+                   what: str = "condition") -> None:
+    """Poll ``condition`` until it holds; fail the test with ``what`` after ``timeout_s``."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not await condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        await asyncio.sleep(0.05)

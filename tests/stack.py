@@ -1,0 +1,59 @@
+"""An in-process stack of services over real servers, for tests."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.connection import connect_nats
+from jetfleet.services.scheduler import Scheduler
+from jetfleet.services.sink import Sink
+from jetfleet.settings import Settings
+from jetfleet.status import FleetStatus, fleet_status
+from jetfleet.topology import declare
+from jetfleet.worker import Worker
+
+
+class InProcessStack:
+    """Scheduler, sink and N workers, each on its own NATS connection as in production."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.connections: list[NatsClient] = []
+        self.scheduler: Scheduler | None = None
+        self.sink: Sink | None = None
+        self.workers: list[Worker] = []
+
+    async def _connect(self, name: str) -> NatsClient:
+        nc = await connect_nats(self.settings.nats, name)
+        self.connections.append(nc)
+        return nc
+
+    async def start(self, workers: int = 1) -> None:
+        control = await self._connect("test-control")
+        await declare(control.jetstream(), self.settings)
+        self.scheduler = Scheduler(self.settings, await self._connect("scheduler"))
+        self.sink = Sink(self.settings, await self._connect("sink"))
+        await self.scheduler.start()
+        await self.sink.start()
+        for n in range(workers):
+            await self.add_worker(f"w-{n}")
+
+    async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
+        worker = Worker(self.settings, await self._connect(worker_id), worker_id,
+                        identity=identity)
+        await worker.start()
+        self.workers.append(worker)
+        return worker
+
+    async def status(self) -> FleetStatus:
+        return await fleet_status(self.connections[0].jetstream(), self.settings)
+
+    async def stop(self) -> None:
+        for worker in self.workers:
+            await worker.drain(5.0)
+        if self.scheduler is not None:
+            await self.scheduler.drain(5.0)
+        if self.sink is not None:
+            await self.sink.drain(5.0)
+        for nc in self.connections:
+            await nc.close()
