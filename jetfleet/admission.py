@@ -18,6 +18,8 @@ from jetfleet.settings import Settings
 BUILTIN_HANDLERS = ("http.get", "noop")
 
 _decoder = msgspec.json.Decoder(Job)
+_fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_JOB_FIELDS = frozenset(Job.__struct_fields__)
 _Reject = Callable[..., Rejection]
 
 
@@ -54,10 +56,18 @@ def admit(subject: str, data: bytes, settings: Settings) -> WorkOrder | Rejectio
         )
     try:
         job = _decoder.decode(data)
+        unknown = sorted(set(_fields_decoder.decode(data)) - _JOB_FIELDS)
     except msgspec.ValidationError as exc:
         return reject("invalid-job", f"job does not match the Job schema: {exc}")
     except msgspec.DecodeError as exc:
         return reject("invalid-json", f"payload is not valid JSON: {exc}")
+    if unknown:
+        return reject(
+            "invalid-job",
+            f"unknown job field(s) {', '.join(unknown)}: remove them or fix the spelling "
+            f"(fields: {', '.join(sorted(_JOB_FIELDS))})",
+            job.id,
+        )
     return _check_job(job, target, settings, known_handlers(settings), reject)
 
 

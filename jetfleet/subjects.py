@@ -30,6 +30,8 @@ CONSUMER_SCHEDULER = "scheduler"
 # Request/reply subjects (served by queue groups).
 SINK_REPORT = f"{PREFIX}.sink.report"  # + .<target>
 QUEUE_SINK = "sink"
+LEASE = f"{PREFIX}.lease"
+QUEUE_LEASER = "leaser"
 
 TIERS = ("high", "normal", "bulk")
 DEFAULT_TIER = "normal"

@@ -1,9 +1,9 @@
 """The wire contract: msgspec Structs for every message jetfleet puts on a subject.
 
 Rules: evolve only compatibly (new fields get defaults), carry durations never wall-clock
-deadlines (I9), and keep internal types out of here. ``WIRE_TYPES`` maps each subject
-family to the type (or tagged union) it carries; ``jetfleet schemas export`` writes the
-JSON Schema and AsyncAPI documents from it.
+deadlines (I9), and keep internal types out of here. ``jetfleet.wire_catalog.CHANNELS``
+maps each subject family to the type (or tagged union) it carries; ``jetfleet schemas
+export`` writes the JSON Schema and AsyncAPI documents from it.
 """
 
 from jetfleet.schemas.events import CommittedResult, DeadLetter, Outcome, Rejection

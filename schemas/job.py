@@ -14,10 +14,12 @@ Url = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
 
 
-class Job(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unknown_fields=True):
+class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     """One logical unit of work, published to ``jf.submit.<target>``.
 
-    ``timeout_s`` is a duration; a job never carries a wall-clock deadline (I9).
+    ``timeout_s`` is a duration; a job never carries a wall-clock deadline (I9). Unknown
+    fields are refused at admission (a typo must not pass silently) but tolerated when a
+    Job is decoded inside other messages, so a new field can roll out service by service.
     """
 
     id: NonEmpty
@@ -46,4 +48,4 @@ class WorkOrder(msgspec.Struct, frozen=True, omit_defaults=True):
     key: str
     """The idempotency key, canonical: the same unit of work always gets the same key."""
     max_attempts: int
-    timeout_s: float
+    timeout_s: Annotated[float, msgspec.Meta(ge=0, le=86400)]

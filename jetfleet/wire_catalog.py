@@ -1,0 +1,213 @@
+"""The catalogue of subjects and what they carry: one ``Channel`` per subject family.
+
+This is the single list ``jetfleet schemas export`` renders the JSON Schema and AsyncAPI
+documents from, so a subject that is not listed here has no published contract.
+Addresses are the subject helpers of ``jetfleet.subjects`` called with ``{parameter}``
+placeholders, so the catalogue cannot drift from the names the code publishes to.
+"""
+
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from types import UnionType
+from typing import Literal
+
+import msgspec
+
+from jetfleet import subjects
+from jetfleet.schemas import (
+    CommittedResult,
+    DeadLetter,
+    Job,
+    LeaseRelease,
+    LeaseRenew,
+    LeaseReply,
+    LeaseRequest,
+    Outcome,
+    Rejection,
+    Report,
+    SinkReply,
+    WorkOrder,
+)
+
+ChannelKind = Literal["stream", "request", "reply", "kv"]
+Payload = type[msgspec.Struct] | UnionType
+"""A Struct type, or a tagged union of Struct types."""
+
+LEASE_ADDRESS = subjects.LEASE
+QUEUE_LEASER = subjects.QUEUE_LEASER
+
+# A reply goes to the requester's inbox, which the requester picks per request.
+DYNAMIC_ADDRESS = ""
+
+_TARGET = "{target}"
+_TIER = "{tier}"
+
+
+@dataclass(frozen=True)
+class Channel:
+    """One subject family and the payload it carries.
+
+    Attributes:
+        name: Stable short name; also the JSON Schema file name (``json/<name>.schema.json``).
+        address: The subject with ``{target}``/``{tier}`` placeholders, or
+            ``DYNAMIC_ADDRESS`` for replies (they go to the requester's inbox).
+        kind: ``stream`` (kept in a JetStream stream), ``request`` (core request/reply,
+            served by a queue group), ``reply`` (the answer to a request) or ``kv``.
+        payload: The Struct type or tagged union every message on it decodes to.
+        description: What the channel is for, who sends and who receives.
+        stream: The JetStream stream holding the subject (``stream`` kind only).
+        consumer: The durable consumer reading it, with placeholders, if there is one.
+        queue_group: The queue group serving it (``request`` kind only).
+        reply: The name of the channel answers come back on (``request`` kind only).
+    """
+
+    name: str
+    address: str
+    kind: ChannelKind
+    payload: Payload
+    description: str
+    stream: str = ""
+    consumer: str = ""
+    queue_group: str = ""
+    reply: str = ""
+
+    @property
+    def members(self) -> tuple[type[msgspec.Struct], ...]:
+        """The Struct types the payload may be: one for a plain Struct, each union member."""
+        return payload_members(self.payload)
+
+    @property
+    def parameters(self) -> tuple[str, ...]:
+        """The placeholder names in ``address``, in order (e.g. ``("target", "tier")``)."""
+        return tuple(part[1:-1] for part in self.address.split(".") if part.startswith("{"))
+
+
+def payload_members(payload: Payload) -> tuple[type[msgspec.Struct], ...]:
+    """Flatten a payload into the Struct types it may decode to.
+
+    Args:
+        payload: A Struct type or a union of Struct types.
+
+    Returns:
+        The Struct types, in declaration order.
+    """
+    if isinstance(payload, UnionType):
+        return tuple(typing.get_args(payload))
+    return (payload,)
+
+
+CHANNELS: tuple[Channel, ...] = (
+    Channel(
+        name="submit",
+        address=subjects.submit(_TARGET),
+        kind="stream",
+        payload=Job,
+        description="Clients publish jobs for a target; the scheduler admits or rejects them.",
+        stream=subjects.STREAM_SUBMIT,
+        consumer=subjects.CONSUMER_SCHEDULER,
+    ),
+    Channel(
+        name="work",
+        address=subjects.work(_TARGET, _TIER),
+        kind="stream",
+        payload=WorkOrder,
+        description=(
+            "The scheduler routes admitted jobs here by target and priority tier; the "
+            "workers assigned to a target share one durable pull consumer (WorkQueue "
+            "retention, so each order is delivered to one worker at a time)."
+        ),
+        stream=subjects.STREAM_WORK,
+        consumer=subjects.work_consumer(_TARGET),
+    ),
+    Channel(
+        name="sink-report",
+        address=subjects.sink_report(_TARGET),
+        kind="request",
+        payload=Report,
+        description=(
+            "A worker reports the end of an attempt (success to commit, or failure to "
+            "dead-letter) to the sink, which checks fence, lease and idempotency key."
+        ),
+        queue_group=subjects.QUEUE_SINK,
+        reply="sink-reply",
+    ),
+    Channel(
+        name="sink-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=SinkReply,
+        description="The sink's verdict on a report; it tells the worker whether to ack.",
+    ),
+    Channel(
+        name="results",
+        address=subjects.results(_TARGET),
+        kind="stream",
+        payload=CommittedResult,
+        description="The sink writes each committed result here: one per unit of work.",
+        stream=subjects.STREAM_RESULTS,
+    ),
+    Channel(
+        name="dlq",
+        address=subjects.dlq(_TARGET),
+        kind="stream",
+        payload=DeadLetter,
+        description="Jobs that will not be retried, with the reason and attempt history.",
+        stream=subjects.STREAM_DLQ,
+    ),
+    Channel(
+        name="rejected",
+        address=subjects.rejected(_TARGET),
+        kind="stream",
+        payload=Rejection,
+        description=(
+            "Submissions the scheduler refused at admission, kept with their raw bytes "
+            "and the reason, filed under their target (or "
+            f"{subjects.UNPARSABLE_TARGET!r} when the subject names no usable target)."
+        ),
+        stream=subjects.STREAM_REJECTED,
+    ),
+    Channel(
+        name="outcome",
+        address=subjects.outcome(_TARGET),
+        kind="stream",
+        payload=Outcome,
+        description="One event per attempt's outcome, read by quarantine and metrics.",
+        stream=subjects.STREAM_OUTCOMES,
+    ),
+    Channel(
+        name="lease",
+        address=LEASE_ADDRESS,
+        kind="request",
+        payload=LeaseRequest | LeaseRenew | LeaseRelease,
+        description="Workers ask the leaser to grant, renew or release a job's lease.",
+        queue_group=QUEUE_LEASER,
+        reply="lease-reply",
+    ),
+    Channel(
+        name="lease-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=LeaseReply,
+        description="The leaser's answer: granted (fence, ttl_s), refused, or already done.",
+    ),
+)
+
+
+def by_name(name: str) -> Channel:
+    """Look up a channel by its name.
+
+    Args:
+        name: A channel name, e.g. ``"submit"``.
+
+    Returns:
+        The channel.
+
+    Raises:
+        KeyError: No channel has that name.
+    """
+    for channel in CHANNELS:
+        if channel.name == name:
+            return channel
+    raise KeyError(name)
