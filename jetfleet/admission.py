@@ -37,8 +37,7 @@ def admit(subject: str, data: bytes, settings: Settings) -> WorkOrder | Rejectio
     target = subjects.target_of(subject)
 
     def reject(reason: str, message: str, job_id: str = "") -> Rejection:
-        return Rejection(reason=reason, message=message, subject=subject, raw=data,
-                         job_id=job_id)
+        return Rejection(reason=reason, message=message, subject=subject, raw=data, job_id=job_id)
 
     if len(data) > settings.fleet.max_job_bytes:
         return reject(
@@ -71,8 +70,9 @@ def admit(subject: str, data: bytes, settings: Settings) -> WorkOrder | Rejectio
     return _check_job(job, target, settings, known_handlers(settings), reject)
 
 
-def _check_job(job: Job, target: str, settings: Settings, handlers: tuple[str, ...],
-               reject: _Reject) -> WorkOrder | Rejection:
+def _check_job(
+    job: Job, target: str, settings: Settings, handlers: tuple[str, ...], reject: _Reject
+) -> WorkOrder | Rejection:
     config = settings.targets[target]
     if not job.url.lower().startswith(("http://", "https://")):
         return reject("invalid-url", f"url {job.url!r} must be an absolute http(s) URL", job.id)

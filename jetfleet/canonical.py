@@ -8,9 +8,12 @@ submissions of the same page, however spelled, share a key.
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
+import re
+import string
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+_UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
 
 
 def canonical_url(url: str) -> str:
@@ -19,16 +22,16 @@ def canonical_url(url: str) -> str:
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").lower()
+    if ":" in host:
+        host = f"[{host}]"  # IPv6: without brackets "[::1]:80" and "[::1:80]" read alike
     port = parts.port
     netloc = host if port in (None, _DEFAULT_PORTS.get(scheme)) else f"{host}:{port}"
-    path = quote(unquote(parts.path or "/"), safe="/:@!$&'()*+,;=-._~")
+    path = _normalise_path(parts.path or "/")
     query = urlencode(sorted(parse_qsl(parts.query, keep_blank_values=True)))
     return urlunsplit((scheme, netloc, path, query, ""))
 
 
-def idempotency_key(
-    handler: str, url: str, pin_identity: str = "", explicit: str = ""
-) -> str:
+def idempotency_key(handler: str, url: str, pin_identity: str = "", explicit: str = "") -> str:
     """The key for one unit of work, safe to use as a NATS KV key.
 
     An explicit key (for example a payment provider's) wins and is carried unchanged in
@@ -37,6 +40,40 @@ def idempotency_key(
     if explicit:
         return "x-" + _digest(explicit)
     return "u-" + _digest(f"{handler}\n{pin_identity}\n{canonical_url(url)}")
+
+
+def _normalise_path(path: str) -> str:
+    # Decode only unreserved characters: %2F is not "/", so decoding it would give two
+    # different resources one key, and the second would be suppressed as done.
+    path = re.sub(r"%(?![0-9A-Fa-f]{2})", "%25", path)
+
+    def fix(match: re.Match[str]) -> str:
+        char = chr(int(match.group(1), 16))
+        return char if char in _UNRESERVED else "%" + match.group(1).upper()
+
+    path = re.sub(r"%([0-9A-Fa-f]{2})", fix, path)
+    return quote(_remove_dot_segments(path), safe="/:@!$&'()*+,;=-._~%")
+
+
+def _remove_dot_segments(path: str) -> str:
+    # RFC 3986 section 5.2.4: "/a/../b" is "/b", and ".." never climbs above the root, so
+    # "/page/../secret" cannot pass as a URL under "/page/".
+    out: list[str] = []
+    segments = path.split("/")
+    for n, segment in enumerate(segments):
+        last = n == len(segments) - 1
+        if segment == ".":
+            if last:
+                out.append("")
+        elif segment == "..":
+            if len(out) > 1:
+                out.pop()
+            if last:
+                out.append("")
+        else:
+            out.append(segment)
+    result = "/".join(out)
+    return result if result.startswith("/") else "/" + result
 
 
 def _digest(text: str) -> str:

@@ -56,8 +56,9 @@ async def submit_jobs(
     refusal on ``jf.rejected`` so it is counted and never lost. The refusal is also
     returned here so the caller can say at once what to fix.
     """
-    return await submit_raw(js, settings, target, [_encoder.encode(j) for j in jobs],
-                            [j.id for j in jobs], progress)
+    return await submit_raw(
+        js, settings, target, [_encoder.encode(j) for j in jobs], [j.id for j in jobs], progress
+    )
 
 
 async def submit_raw(
@@ -92,7 +93,8 @@ async def submit_raw(
 def jobs_for(target: str, settings: Settings, urls: Iterable[str], **fields: object) -> list[Job]:
     """Jobs for ``urls`` (full URLs or paths under the target) with shared ``fields``."""
     return [
-        msgspec.convert({"id": new_job_id(), "url": resolve_url(settings, target, u), **fields},
-                        Job)
+        msgspec.convert(
+            {"id": new_job_id(), "url": resolve_url(settings, target, u), **fields}, Job
+        )
         for u in urls
     ]

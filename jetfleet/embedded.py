@@ -6,6 +6,7 @@ the embedded default (``jetfleet dev``/``demo``) and the tests, never production
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -24,13 +25,11 @@ MIN_NATS_VERSION = (2, 11, 0)
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     # Runs in the child between fork and exec: the kernel kills it if we die, so a
     # crashed `jetfleet dev` cannot leave servers behind.
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def _scripts_dirs() -> list[Path]:
@@ -116,7 +115,7 @@ class EmbeddedServer:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 start_new_session=True,
             )
 
@@ -200,11 +199,16 @@ class EmbeddedRedis(EmbeddedServer):
             self._spawn(
                 [
                     str(find_redis_server()),
-                    "--port", str(self.port),
-                    "--bind", "127.0.0.1",
-                    "--save", "",
-                    "--appendonly", "no",
-                    "--dir", str(self.data_dir),
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.data_dir),
                 ]
             )
             try:

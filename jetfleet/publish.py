@@ -35,8 +35,7 @@ async def publish_durably(
     last: Exception | None = None
     for try_no in range(_TRIES):
         try:
-            return await js.publish(subject, payload, headers=dict(all_headers),
-                                    timeout=timeout_s)
+            return await js.publish(subject, payload, headers=dict(all_headers), timeout=timeout_s)
         except (NoStreamResponseError, NatsTimeoutError) as exc:
             last = exc
             await asyncio.sleep(min(2.0, 0.1 * 2**try_no))

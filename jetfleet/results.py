@@ -14,8 +14,9 @@ from jetfleet.stream_reader import read_stream
 _decoder = msgspec.json.Decoder(CommittedResult)
 
 
-async def iter_results(js: JetStreamContext, target: str | None = None
-                       ) -> AsyncIterator[CommittedResult]:
+async def iter_results(
+    js: JetStreamContext, target: str | None = None
+) -> AsyncIterator[CommittedResult]:
     """Every committed result (of ``target``, or of all targets), oldest first."""
     filter_ = subjects.results(target) if target else "jf.results.>"
     async for msg in read_stream(js, subjects.STREAM_RESULTS, filter_):

@@ -127,9 +127,7 @@ _HINTS = {
 }
 
 
-def load_settings(
-    path: str | Path | None = None, env: Mapping[str, str] | None = None
-) -> Settings:
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
     """Build the settings from a TOML file and the environment, and validate them.
 
     Args:
@@ -144,26 +142,36 @@ def load_settings(
     raw: dict[str, Any] = {}
     if path is not None:
         raw = _read_toml(Path(path))
-    _apply_env(raw, env)
-    settings = _convert(raw, str(path or "environment"))
+    origins = _apply_env(raw, env)
+    settings = _convert(raw, str(path or "environment"), origins)
     validate(settings)
     return settings
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ConfigError(f"config file {path} does not exist: fix --config/JETFLEET_CONFIG")
+        raise ConfigError(
+            f"config file {path} does not exist: fix --config/JETFLEET_CONFIG"
+        ) from None
+    except IsADirectoryError:
+        raise ConfigError(f"config path {path} is a folder: point it at a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text ({exc}): save it as UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
-def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
-    if env.get("NATS_URL"):
-        raw.setdefault("nats", {})["url"] = env["NATS_URL"]
-    if env.get("REDIS_URL"):
-        raw.setdefault("redis", {})["url"] = env["REDIS_URL"]
+def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """Overlay the environment on ``raw``; return which key came from which variable."""
+    origins: dict[str, str] = {}
+    for name, section in (("NATS_URL", "nats"), ("REDIS_URL", "redis")):
+        if env.get(name):
+            raw.setdefault(section, {})["url"] = env[name]
+            origins[f"{section}.url"] = name
     for name, value in env.items():
         match = re.fullmatch(r"JETFLEET_([A-Z]+)__([A-Z0-9_]+)", name)
         if match:
@@ -172,22 +180,26 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
                 raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
             else:
                 raw.setdefault(section, {})[key] = value
+            origins[f"{section}.{key}"] = name
+    return origins
 
 
-def _convert(raw: dict[str, Any], source: str) -> Settings:
+def _convert(raw: dict[str, Any], source: str, origins: dict[str, str]) -> Settings:
     raw_targets = raw.pop("targets", {})
     if not isinstance(raw_targets, dict):
         raise ConfigError(f"config ({source}): targets must be a table of [targets.NAME] tables")
     # Targets are converted one by one so an error can name the target (msgspec hides keys).
     targets = {
-        name: _convert_part(body, TargetSettings, source, f"targets.{name}")
+        name: _convert_part(body, TargetSettings, source, f"targets.{name}", origins)
         for name, body in raw_targets.items()
     }
-    settings = _convert_part(raw, Settings, source, "")
+    settings = _convert_part(raw, Settings, source, "", origins)
     return msgspec.structs.replace(settings, targets=targets)
 
 
-def _convert_part(raw: Any, kind: type[_T], source: str, prefix: str) -> _T:
+def _convert_part(
+    raw: Any, kind: type[_T], source: str, prefix: str, origins: dict[str, str]
+) -> _T:
     try:
         # strict=False lets "5" from an environment variable become 5.
         return msgspec.convert(raw, kind, strict=False)
@@ -195,6 +207,8 @@ def _convert_part(raw: Any, kind: type[_T], source: str, prefix: str) -> _T:
         text = str(exc)
         match = re.search(r"at `\$\.?([^`]*)`", text)
         key = ".".join(p for p in (prefix, match.group(1) if match else "") if p)
+        if key in origins:
+            source = f"environment variable {origins[key]}"
         leaf = key.rsplit(".", 1)[-1]
         if "unknown field" in text:
             field = re.search(r"unknown field `([^`]+)`", text)

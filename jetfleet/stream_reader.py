@@ -14,8 +14,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 BATCH = 500
 
 
-async def read_stream(js: JetStreamContext, stream: str, filter_subject: str
-                      ) -> AsyncIterator[Msg]:
+async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) -> AsyncIterator[Msg]:
     """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order."""
     try:
         info = await js.stream_info(stream, subjects_filter=filter_subject)

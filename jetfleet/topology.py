@@ -127,8 +127,8 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         The drifts found (already applied when ``update`` is true).
     """
     drifts: list[Drift] = []
-    for config in stream_configs(settings):
-        drifts += await _ensure_stream(js, config, update)
+    for stream_config in stream_configs(settings):
+        drifts += await _ensure_stream(js, stream_config, update)
     for bucket in KV_BUCKETS:
         await _ensure_bucket(js, bucket, settings)
     for stream, config in consumer_configs(settings):
@@ -162,8 +162,9 @@ async def _ensure_consumer(
     except NotFoundError:
         await js.add_consumer(stream, config)
         return []
-    drifts = _diff(f"consumer {stream}/{config.durable_name}", info.config, config,
-                   _CONSUMER_FIELDS)
+    drifts = _diff(
+        f"consumer {stream}/{config.durable_name}", info.config, config, _CONSUMER_FIELDS
+    )
     if drifts and update:
         await js.add_consumer(stream, config)
     return drifts

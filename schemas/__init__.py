@@ -12,10 +12,10 @@ from jetfleet.schemas.lease import (
     LeaseAlreadyDone,
     LeaseGrant,
     LeaseRefusal,
-    LeaseReply,
-    LeaseRequest,
     LeaseRelease,
     LeaseRenew,
+    LeaseReply,
+    LeaseRequest,
 )
 from jetfleet.schemas.output import DataOutput, HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.schemas.report import AttemptRecord, Failure, Report, SinkReply, Success, Versions

@@ -67,12 +67,16 @@ async def simulator() -> AsyncIterator[TargetSimulator]:
         yield sim
 
 
-def make_settings(nats_url: str, redis_url: str, targets: dict[str, TargetSettings],
-                  **fleet: object) -> Settings:
+def make_settings(
+    nats_url: str, redis_url: str, targets: dict[str, TargetSettings], **fleet: object
+) -> Settings:
     """Settings for a test: fast retries, short timeouts, the given targets."""
     fleet_defaults: dict[str, object] = {
-        "ack_wait_s": 10.0, "lease_ttl_s": 3.0, "retry_base_s": 0.05,
-        "retry_max_backoff_s": 0.2, "dedupe_ttl_s": 3600.0,
+        "ack_wait_s": 10.0,
+        "lease_ttl_s": 3.0,
+        "retry_base_s": 0.05,
+        "retry_max_backoff_s": 0.2,
+        "dedupe_ttl_s": 3600.0,
         "user_agent": "jetfleet-tests (+loopback only)",
     }
     fleet_defaults.update(fleet)
@@ -87,8 +91,9 @@ def make_settings(nats_url: str, redis_url: str, targets: dict[str, TargetSettin
 
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
-    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
-                            max_in_flight=64, timeout_s=5.0)
+    target = TargetSettings(
+        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
+    )
     return make_settings(nats_url, redis_url, {"demo": target})
 
 
@@ -109,8 +114,9 @@ async def stack(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessSt
     await running.stop()
 
 
-async def wait_for(condition: Callable[[], Awaitable[bool]], timeout_s: float = 60.0,
-                   what: str = "condition") -> None:
+async def wait_for(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float = 60.0, what: str = "condition"
+) -> None:
     """Poll ``condition`` until it holds; fail the test with ``what`` after ``timeout_s``."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s

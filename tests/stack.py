@@ -39,8 +39,7 @@ class InProcessStack:
             await self.add_worker(f"w-{n}")
 
     async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
-        worker = Worker(self.settings, await self._connect(worker_id), worker_id,
-                        identity=identity)
+        worker = Worker(self.settings, await self._connect(worker_id), worker_id, identity=identity)
         await worker.start()
         self.workers.append(worker)
         return worker

@@ -11,8 +11,15 @@ from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
 
 # Headers worth keeping in a result; the rest is noise for the record.
-_KEPT_HEADERS = ("content-type", "content-length", "etag", "last-modified", "retry-after",
-                 "cache-control", "location")
+_KEPT_HEADERS = (
+    "content-type",
+    "content-length",
+    "etag",
+    "last-modified",
+    "retry-after",
+    "cache-control",
+    "location",
+)
 _RETRYABLE_STATUS = {500, 502, 504, 408}
 _BLOCK_STATUS = {403, 429, 503}
 
@@ -65,7 +72,9 @@ def _classify(
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
         # Blocks and challenges are signals to back off (DESIGN.md section 4).
-        raise RetryLater(f"http-{status}", delay_s=retry_after, detail="target asked us to back off")
+        raise RetryLater(
+            f"http-{status}", delay_s=retry_after, detail="target asked us to back off"
+        )
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
     kept = {k: v for k, v in response.headers.items() if k.lower() in _KEPT_HEADERS}

@@ -62,8 +62,14 @@ class _Verdict(msgspec.Struct, frozen=True):
 class Worker:
     """Pulls jobs of its targets and runs them; ``drain()`` stops it gracefully."""
 
-    def __init__(self, settings: Settings, nc: NatsClient, worker_id: str,
-                 targets: Iterable[str] = (), identity: str = "") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        nc: NatsClient,
+        worker_id: str,
+        targets: Iterable[str] = (),
+        identity: str = "",
+    ) -> None:
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -157,23 +163,33 @@ class Worker:
         try:
             if attempt > order.max_attempts:
                 # Delivered again after a crash with no verdict recorded: do not run it again.
-                verdict = _Verdict("permanent", reason="attempts-exhausted",
-                                   detail=f"delivered {attempt} times without a verdict")
+                verdict = _Verdict(
+                    "permanent",
+                    reason="attempts-exhausted",
+                    detail=f"delivered {attempt} times without a verdict",
+                )
             else:
                 fn, handler_version = get_handler(order.job.handler)
                 verdict = await self._attempt(msg, order, attempt, fn)
         except KeyError:
-            verdict = _Verdict("permanent", reason="unknown-handler",
-                               detail=f"no handler {order.job.handler!r} in worker")
+            verdict = _Verdict(
+                "permanent",
+                reason="unknown-handler",
+                detail=f"no handler {order.job.handler!r} in worker",
+            )
         except asyncio.CancelledError:
             await msg.nak()  # released by a drain: someone else may take it now
             raise
         duration = time.monotonic() - started
-        versions = Versions(jetfleet=jetfleet.__version__,
-                            handler=f"{order.job.handler}@{handler_version}")
+        versions = Versions(
+            jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{handler_version}"
+        )
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
-            verdict = _Verdict("permanent", reason="attempts-exhausted",
-                               detail=f"last: {verdict.reason} {verdict.detail}".strip())
+            verdict = _Verdict(
+                "permanent",
+                reason="attempts-exhausted",
+                detail=f"last: {verdict.reason} {verdict.detail}".strip(),
+            )
         await self._publish_outcome(order, attempt, verdict, duration, versions)
         if verdict.kind == "retryable":
             await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
@@ -188,12 +204,14 @@ class Worker:
         else:
             log.warning("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
 
-    async def _attempt(self, msg: Msg, order: WorkOrder, attempt: int,
-                       fn: object) -> _Verdict:
+    async def _attempt(self, msg: Msg, order: WorkOrder, attempt: int, fn: object) -> _Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
         ctx = HandlerContext(
-            order=order, target=target, attempt=attempt, worker_id=self.worker_id,
+            order=order,
+            target=target,
+            attempt=attempt,
+            worker_id=self.worker_id,
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
@@ -205,12 +223,12 @@ class Worker:
         except PermanentFailure as exc:
             return _Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return _Verdict("retryable", reason=exc.reason, detail=exc.detail,
-                            delay_s=exc.delay_s)
+            return _Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
-            return _Verdict("retryable", reason="handler-crashed",
-                            detail=f"{type(exc).__name__}: {exc}")
+            return _Verdict(
+                "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
+            )
         finally:
             beat.cancel()
 
@@ -221,39 +239,69 @@ class Worker:
             await asyncio.sleep(interval)
             await msg.in_progress()
 
-    async def _report(self, order: WorkOrder, attempt: int, verdict: _Verdict,
-                      duration: float, versions: Versions) -> SinkReply | None:
+    async def _report(
+        self, order: WorkOrder, attempt: int, verdict: _Verdict, duration: float, versions: Versions
+    ) -> SinkReply | None:
         report: Success | Failure
         if verdict.kind == "ok":
             assert verdict.output is not None
-            report = Success(order=order, worker=self.worker_id, attempt=attempt,
-                             duration_s=duration, output=verdict.output, versions=versions,
-                             identity=self.identity)
+            report = Success(
+                order=order,
+                worker=self.worker_id,
+                attempt=attempt,
+                duration_s=duration,
+                output=verdict.output,
+                versions=versions,
+                identity=self.identity,
+            )
         else:
-            record = AttemptRecord(attempt=attempt, worker=self.worker_id,
-                                   identity=self.identity, duration_s=duration,
-                                   outcome=verdict.kind, reason=verdict.reason)
-            report = Failure(order=order, worker=self.worker_id, reason=verdict.reason,
-                             detail=verdict.detail, history=[record], versions=versions,
-                             identity=self.identity)
+            record = AttemptRecord(
+                attempt=attempt,
+                worker=self.worker_id,
+                identity=self.identity,
+                duration_s=duration,
+                outcome=verdict.kind,
+                reason=verdict.reason,
+            )
+            report = Failure(
+                order=order,
+                worker=self.worker_id,
+                reason=verdict.reason,
+                detail=verdict.detail,
+                history=[record],
+                versions=versions,
+                identity=self.identity,
+            )
         payload = _encoder.encode(report)
         for try_no in range(SINK_TRIES):
             try:
-                answer = await self.nc.request(subjects.sink_report(order.target), payload,
-                                               timeout=SINK_TIMEOUT_S)
+                answer = await self.nc.request(
+                    subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
+                )
                 return _reply_decoder.decode(answer.data)
             except (NoRespondersError, NatsTimeoutError) as exc:
-                log.warning("sink did not answer for job %s (%s); retrying",
-                            order.job.id, type(exc).__name__)
+                log.warning(
+                    "sink did not answer for job %s (%s); retrying",
+                    order.job.id,
+                    type(exc).__name__,
+                )
                 await asyncio.sleep(0.5 * 2**try_no)
         return None
 
-    async def _publish_outcome(self, order: WorkOrder, attempt: int, verdict: _Verdict,
-                               duration: float, versions: Versions) -> None:
-        event = Outcome(job_id=order.job.id, target=order.target, worker=self.worker_id,
-                        attempt=attempt, kind=verdict.kind,  # type: ignore[arg-type]
-                        duration_s=duration, versions=versions, identity=self.identity,
-                        reason=verdict.reason)
+    async def _publish_outcome(
+        self, order: WorkOrder, attempt: int, verdict: _Verdict, duration: float, versions: Versions
+    ) -> None:
+        event = Outcome(
+            job_id=order.job.id,
+            target=order.target,
+            worker=self.worker_id,
+            attempt=attempt,
+            kind=verdict.kind,  # type: ignore[arg-type]
+            duration_s=duration,
+            versions=versions,
+            identity=self.identity,
+            reason=verdict.reason,
+        )
         await self.nc.publish(subjects.outcome(order.target), _encoder.encode(event))
 
     async def _term(self, msg: Msg, reason: str) -> None:

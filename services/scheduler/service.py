@@ -74,14 +74,24 @@ class Scheduler:
         if isinstance(verdict, Rejection):
             target = subjects.target_of(msg.subject)
             log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)
-            await publish_durably(self.js, subjects.rejected(target), _encoder.encode(verdict),
-                                  msg_id=f"rej-{seq}", headers=_passthrough(msg))
+            await publish_durably(
+                self.js,
+                subjects.rejected(target),
+                _encoder.encode(verdict),
+                msg_id=f"rej-{seq}",
+                headers=_passthrough(msg),
+            )
             self.rejected += 1
         else:
             subject = subjects.work(verdict.target, verdict.job.tier)
             # The job id as message id: a redelivered submission cannot be routed twice.
-            await publish_durably(self.js, subject, _encoder.encode(verdict),
-                                  msg_id=f"job-{verdict.job.id}", headers=_passthrough(msg))
+            await publish_durably(
+                self.js,
+                subject,
+                _encoder.encode(verdict),
+                msg_id=f"job-{verdict.job.id}",
+                headers=_passthrough(msg),
+            )
             self.admitted += 1
         await msg.ack()
 

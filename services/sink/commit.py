@@ -22,8 +22,9 @@ from jetfleet.schemas import CommittedResult, SinkReply, Success
 _encoder = msgspec.json.Encoder()
 
 
-async def commit(js: JetStreamContext, committed: KeyValue, success: Success,
-                 dedupe_ttl_s: float) -> SinkReply:
+async def commit(
+    js: JetStreamContext, committed: KeyValue, success: Success, dedupe_ttl_s: float
+) -> SinkReply:
     """Commit ``success`` once per idempotency key.
 
     Returns:
@@ -33,18 +34,28 @@ async def commit(js: JetStreamContext, committed: KeyValue, success: Success,
     if await _is_committed(committed, order.key):
         return SinkReply(status="suppressed:duplicate-key", detail=order.key)
     record = CommittedResult(
-        job_id=order.job.id, target=order.target, url=order.job.url, key=order.key,
-        handler=order.job.handler, worker=success.worker, attempt=success.attempt,
-        duration_s=success.duration_s, output=success.output, versions=success.versions,
-        identity=success.identity, fence=success.fence,
+        job_id=order.job.id,
+        target=order.target,
+        url=order.job.url,
+        key=order.key,
+        handler=order.job.handler,
+        worker=success.worker,
+        attempt=success.attempt,
+        duration_s=success.duration_s,
+        output=success.output,
+        versions=success.versions,
+        identity=success.identity,
+        fence=success.fence,
     )
-    ack = await publish_durably(js, subjects.results(order.target), _encoder.encode(record),
-                                msg_id=f"res-{order.key}")
+    ack = await publish_durably(
+        js, subjects.results(order.target), _encoder.encode(record), msg_id=f"res-{order.key}"
+    )
     if ack.duplicate:
         return SinkReply(status="suppressed:duplicate-key", detail=order.key)
     try:
-        await committed.create(order.key, f"{order.job.id} {ack.seq}".encode(),
-                               msg_ttl=dedupe_ttl_s)
+        await committed.create(
+            order.key, f"{order.job.id} {ack.seq}".encode(), msg_ttl=dedupe_ttl_s
+        )
     except KeyWrongLastSequenceError:
         # Another commit of the same work won the key after our result was stored: the
         # stream's duplicate window normally stops this; the key is the longer memory.

@@ -70,17 +70,21 @@ class Sink:
 
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
-            return await commit(self.js, self._committed, report,
-                                self.settings.fleet.dedupe_ttl_s)
+            return await commit(self.js, self._committed, report, self.settings.fleet.dedupe_ttl_s)
         return await self._dead_letter(report)
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
-        letter = DeadLetter(order=order, reason=failure.reason, history=failure.history,
-                            detail=failure.detail)
+        letter = DeadLetter(
+            order=order, reason=failure.reason, history=failure.history, detail=failure.detail
+        )
         # Written (and acked by the stream) BEFORE the worker terminates the message.
-        await publish_durably(self.js, subjects.dlq(order.target), _encoder.encode(letter),
-                              msg_id=f"dlq-{order.job.id}",
-                              headers={"Jf-Reason": failure.reason, "Jf-Job": order.job.id})
+        await publish_durably(
+            self.js,
+            subjects.dlq(order.target),
+            _encoder.encode(letter),
+            msg_id=f"dlq-{order.job.id}",
+            headers={"Jf-Reason": failure.reason, "Jf-Job": order.job.id},
+        )
         log.info("dead-lettered %s: %s", order.job.id, failure.reason)
         return SinkReply(status="dead-lettered", detail=failure.reason)

@@ -1,0 +1,1 @@
+"""The ``jetfleet`` command line: one entry point, one module per command group."""

@@ -1,0 +1,229 @@
+"""Commands that read or write the fleet's data: submit, status, results, schemas,
+topology."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from jetfleet.cli.progress import ProgressBar, print_json, print_table
+from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.connection import connect_nats
+from jetfleet.errors import JetfleetError
+from jetfleet.results import iter_results
+from jetfleet.settings import Settings
+from jetfleet.status import FIELDS, fleet_status
+from jetfleet.topology import declare
+
+
+def register(commands: Any) -> None:
+    """Add submit, status, results, schemas and topology to the parser."""
+    submit = commands.add_parser(
+        "submit",
+        help="submit jobs for a target",
+        description="Submit one job per URL (or path under the target's base_url). "
+        "Refused jobs are reported at once and kept on jf.rejected with the reason.",
+    )
+    submit.add_argument("target", help="a declared target")
+    submit.add_argument("urls", nargs="*", metavar="URL_OR_PATH")
+    submit.add_argument(
+        "--file",
+        type=Path,
+        help="read URLs or paths from FILE, one a line "
+        "('-' for stdin; blank lines and # comments skipped)",
+    )
+    submit.add_argument("--handler", default="http.get", help="handler name (default http.get)")
+    submit.add_argument("--tier", default="normal", choices=("high", "normal", "bulk"))
+    submit.add_argument("--store-body", action="store_true", help="keep response bodies")
+    submit.add_argument("--json", action="store_true", help="print job ids and refusals as JSON")
+    submit.set_defaults(run=_run_submit)
+
+    status = commands.add_parser(
+        "status",
+        help="per-target counts from durable state",
+        description="submitted, queued, leased, committed, dead, rejected per target and in "
+        "total, read from the streams and consumers (not from any service's memory).",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_run_status)
+
+    results = commands.add_parser("results", help="committed results")
+    results_cmds = results.add_subparsers(dest="results_command", required=True)
+    export = results_cmds.add_parser("export", help="write committed results as JSONL to stdout")
+    export.add_argument("--target", default=None, help="only this target")
+    export.set_defaults(run=_run_results_export)
+
+    schemas = commands.add_parser("schemas", help="the wire contract's generated documents")
+    schema_cmds = schemas.add_subparsers(dest="schemas_command", required=True)
+    s_export = schema_cmds.add_parser("export", help="write JSON Schema + AsyncAPI files")
+    s_export.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder (default: the schemas/ folder of this checkout)",
+    )
+    s_export.set_defaults(run=_run_schemas_export)
+    s_check = schema_cmds.add_parser("check", help="fail if the generated files are stale")
+    s_check.add_argument("--out", type=Path, default=None, help="folder to check")
+    s_check.set_defaults(run=_run_schemas_check)
+
+    topology = commands.add_parser(
+        "topology",
+        help="streams, consumers and buckets",
+        description="show: create what is missing and list settings that drifted; apply: "
+        "also change drifted ones to the declared settings.",
+    )
+    topology.add_argument("action", choices=("show", "apply"))
+    topology.set_defaults(run=_run_topology)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from jetfleet.cli.main import settings_from
+
+    return settings_from(args)
+
+
+def _read_urls(args: argparse.Namespace) -> list[str]:
+    urls = list(args.urls)
+    if args.file is not None:
+        stream = sys.stdin if str(args.file) == "-" else args.file.open()
+        with stream:
+            urls += [ln.strip() for ln in stream if ln.strip() and not ln.startswith("#")]
+    if not urls:
+        raise JetfleetError("nothing to submit: give URLs or paths, or --file FILE")
+    return urls
+
+
+def _run_submit(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    settings.target(args.target)
+    urls = _read_urls(args)
+    jobs = jobs_for(
+        args.target,
+        settings,
+        urls,
+        handler=args.handler,
+        tier=args.tier,
+        store_body=args.store_body,
+    )
+    return asyncio.run(_submit(settings, args, jobs))
+
+
+async def _submit(settings: Settings, args: argparse.Namespace, jobs: list[Any]) -> int:
+    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    try:
+        js = nc.jetstream()
+        await declare(js, settings)
+        bar = ProgressBar(len(jobs), "submitting", enabled=None if len(jobs) > 100 else False)
+        results = await submit_jobs(js, settings, args.target, jobs, progress=bar.update)
+        bar.close()
+    finally:
+        await nc.close()
+    refused = [r for r in results if r.rejection is not None]
+    if args.json:
+        print_json(
+            {
+                "submitted": [r.job_id for r in results],
+                "rejected": [
+                    {
+                        "job_id": r.job_id,
+                        "reason": r.rejection.reason,
+                        "message": r.rejection.message,
+                    }
+                    for r in refused
+                    if r.rejection is not None
+                ],
+            }
+        )
+    else:
+        print(f"submitted {len(results)} job(s) to {args.target}")
+        for r in refused:
+            assert r.rejection is not None
+            print(
+                f"rejected {r.job_id}: {r.rejection.reason}: {r.rejection.message}", file=sys.stderr
+            )
+    return 1 if refused else 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    return asyncio.run(_status(settings, args.json))
+
+
+async def _status(settings: Settings, as_json: bool) -> int:
+    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    try:
+        status = await fleet_status(nc.jetstream(), settings)
+    finally:
+        await nc.close()
+    if as_json:
+        print_json(status)
+        return 0
+    rows = [[name, *(getattr(c, f) for f in FIELDS)] for name, c in status.targets.items()]
+    rows.append(["TOTAL", *(getattr(status.totals, f) for f in FIELDS)])
+    print_table(["target", *FIELDS], rows)
+    if status.admitting:
+        print(f"\n{status.admitting} submission(s) awaiting admission")
+    return 0
+
+
+def _run_results_export(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if args.target is not None:
+        settings.target(args.target)
+    return asyncio.run(_results_export(settings, args.target))
+
+
+async def _results_export(settings: Settings, target: str | None) -> int:
+    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    encoder = msgspec.json.Encoder()
+    out = sys.stdout.buffer
+    try:
+        async for record in iter_results(nc.jetstream(), target):
+            out.write(encoder.encode(record) + b"\n")
+    finally:
+        await nc.close()
+        out.flush()
+    return 0
+
+
+def _run_schemas_export(args: argparse.Namespace) -> int:
+    from jetfleet.schema_export import default_dir, export
+
+    written = export(args.out or default_dir())
+    print(f"wrote {len(written)} file(s) to {args.out or default_dir()}")
+    return 0
+
+
+def _run_schemas_check(args: argparse.Namespace) -> int:
+    from jetfleet.schema_export import check, default_dir
+
+    problems = check(args.out or default_dir())
+    for problem in problems:
+        print(problem, file=sys.stderr)
+    if not problems:
+        print("schemas are current")
+    return 1 if problems else 0
+
+
+def _run_topology(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    return asyncio.run(_topology(settings, args.action == "apply"))
+
+
+async def _topology(settings: Settings, update: bool) -> int:
+    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    try:
+        drifts = await declare(nc.jetstream(), settings, update=update)
+    finally:
+        await nc.close()
+    for drift in drifts:
+        print(f"{'updated' if update else 'drift'}: {drift}")
+    if not drifts:
+        print("topology matches the configuration")
+    return 0

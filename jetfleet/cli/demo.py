@@ -1,0 +1,115 @@
+"""``jetfleet demo``: a throwaway local fleet runs N demo pages and reports."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import time
+
+import msgspec
+
+from jetfleet.cli.progress import ProgressBar, print_json, print_table
+from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.connection import connect_nats
+from jetfleet.devstack import DevStack
+from jetfleet.errors import JetfleetError
+from jetfleet.status import fleet_status
+from jetfleet.topology import declare
+
+
+class DemoSummary(msgspec.Struct):
+    """What the demo prints at the end."""
+
+    submitted: int
+    committed: int
+    dead: int
+    rejected: int
+    lost: int
+    """Submitted jobs in no terminal state when the demo stopped waiting."""
+    seconds: float
+    jobs_per_s: float
+    workers: int
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the demo; exit 0 only if every job reached a terminal state."""
+    if args.jobs < 1:
+        raise JetfleetError("--jobs must be at least 1")
+    from jetfleet.cli.run_commands import temp_stack_dir
+
+    folder = temp_stack_dir()
+    try:
+        summary = asyncio.run(_demo(folder, args.jobs, args.workers, args.timeout, args.json))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if args.json:
+        print_json(summary)
+    else:
+        print_table(
+            ["submitted", "committed", "dead", "rejected", "lost", "seconds", "jobs/s"],
+            [
+                [
+                    summary.submitted,
+                    summary.committed,
+                    summary.dead,
+                    summary.rejected,
+                    summary.lost,
+                    f"{summary.seconds:.2f}",
+                    f"{summary.jobs_per_s:.1f}",
+                ]
+            ],
+        )
+    return 0 if summary.lost == 0 else 1
+
+
+async def _demo(
+    folder: object, jobs: int, workers: int, timeout_s: float, quiet: bool
+) -> DemoSummary:
+    from pathlib import Path
+
+    async with DevStack(Path(str(folder)), workers=workers) as stack:
+        assert stack.settings is not None
+        settings = stack.settings
+        if not quiet:
+            print(
+                f"local fleet up: {workers} workers, target {stack.simulator.base_url}, "
+                f"dashboard {stack.gateway_url}/",
+                flush=True,
+            )
+        nc = await connect_nats(settings.nats, "jetfleet-demo")
+        try:
+            js = nc.jetstream()
+            await declare(js, settings)
+            started = time.monotonic()
+            await submit_jobs(
+                js,
+                settings,
+                "demo",
+                jobs_for("demo", settings, [f"/page/{n}" for n in range(jobs)]),
+            )
+            bar = ProgressBar(jobs, "jobs", enabled=None if not quiet else False)
+            deadline = started + timeout_s
+            while True:
+                status = (await fleet_status(js, settings)).totals
+                done = status.committed + status.dead + status.rejected
+                bar.update(done, f"committed {status.committed} dead {status.dead}")
+                if done >= jobs or time.monotonic() > deadline or stack.dead_children():
+                    break
+                await asyncio.sleep(0.2)
+            elapsed = time.monotonic() - started
+            bar.close()
+        finally:
+            await nc.close()
+        if stack.dead_children():
+            raise JetfleetError(stack.describe_dead_children())
+    return DemoSummary(
+        submitted=status.submitted,
+        committed=status.committed,
+        dead=status.dead,
+        rejected=status.rejected,
+        lost=max(0, jobs - done),
+        seconds=elapsed,
+        jobs_per_s=done / elapsed if elapsed > 0 else 0.0,
+        workers=workers,
+    )

@@ -1,0 +1,78 @@
+"""``jetfleet``: the one entry point. ``jetfleet --help`` lists every command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from jetfleet import __version__
+from jetfleet.cli import data_commands, run_commands
+from jetfleet.errors import JetfleetError
+from jetfleet.settings import Settings, load_settings
+from jetfleet.stack_env import effective_env
+
+DESCRIPTION = """\
+Run a polite fleet of crawl and browser-automation workers from NATS JetStream.
+
+Start here:  jetfleet demo          (a whole local fleet, 200 jobs, a summary)
+             jetfleet dev           (the same fleet, kept running; Ctrl-C stops it)
+Then, from another shell in the same folder:
+             jetfleet submit demo /page/1 /page/2
+             jetfleet status
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full command-line parser."""
+    parser = argparse.ArgumentParser(
+        prog="jetfleet",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"jetfleet {__version__}")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="jetfleet.toml to use (default: $JETFLEET_CONFIG, or the running dev stack's)",
+    )
+    parser.add_argument(
+        "--stack",
+        type=Path,
+        default=None,
+        help="folder of a running `jetfleet dev` (default: $JETFLEET_STACK or ./.jetfleet)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run_commands.register(commands)
+    data_commands.register(commands)
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    """The settings for this invocation: --config, the environment, a running dev stack."""
+    env = effective_env(os.environ, args.stack)
+    return load_settings(args.config, env)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.run(args)
+        return code
+    except JetfleetError as exc:
+        print(f"jetfleet: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,58 @@
+"""Terminal output: JSON, tables and a progress bar that stays quiet when not a TTY."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+
+import msgspec
+
+
+def print_json(value: object) -> None:
+    """Print ``value`` as indented JSON on stdout."""
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n")
+
+
+def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> None:
+    """Print a plain aligned table."""
+    cells = [list(map(str, headers))] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for n, row in enumerate(cells):
+        print(
+            "  ".join(
+                c.rjust(w) if i else c.ljust(w)
+                for i, (c, w) in enumerate(zip(row, widths, strict=True))
+            )
+        )
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+class ProgressBar:
+    """A one-line bar on stderr, redrawn at most 10 times a second; silent off a TTY."""
+
+    def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
+        self.total = max(total, 1)
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def update(self, done: int, extra: str = "") -> None:
+        """Show ``done`` of ``total``."""
+        now = time.monotonic()
+        if not self.enabled or (now - self._last < 0.1 and done < self.total):
+            return
+        self._last = now
+        width = 30
+        filled = int(width * min(done, self.total) / self.total)
+        sys.stderr.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] "
+            f"{done}/{self.total} {extra}   "
+        )
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        """End the line."""
+        if self.enabled:
+            sys.stderr.write("\n")

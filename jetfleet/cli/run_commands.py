@@ -1,0 +1,218 @@
+"""Commands that run parts of the fleet: dev, demo, serve, worker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.cli import demo as demo_command
+from jetfleet.cli.progress import print_json
+from jetfleet.connection import connect_nats
+from jetfleet.devstack import DevStack
+from jetfleet.errors import JetfleetError
+from jetfleet.service import Service, serve_until_signalled
+from jetfleet.services import SERVICE_NAMES
+from jetfleet.settings import Settings
+from jetfleet.topology import declare
+from jetfleet.worker import Worker
+
+
+def register(commands: Any) -> None:
+    """Add dev, demo, serve and worker to the parser."""
+    dev = commands.add_parser(
+        "dev",
+        help="run the whole fleet locally until Ctrl-C",
+        description="Start nats-server, redis-server, every service, N workers and the demo "
+        "target on loopback; print the URLs; write them to DIR/env for other shells.",
+    )
+    dev.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    dev.add_argument(
+        "--data",
+        type=Path,
+        default=Path(".jetfleet"),
+        help="data folder (default ./.jetfleet); one stack per folder",
+    )
+    dev.add_argument("--json", action="store_true", help="print the URLs as JSON")
+    dev.set_defaults(run=_run_dev)
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a local fleet, run N demo jobs, print a summary, stop",
+        description="The main job on the embedded default: a temporary dev stack, N pages of "
+        "the demo target submitted, progress shown, a summary printed, everything stopped.",
+    )
+    demo.add_argument("--jobs", type=int, default=200, help="jobs to submit (default 200)")
+    demo.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    demo.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="give up waiting after this many seconds (default 300)",
+    )
+    demo.add_argument("--json", action="store_true", help="print the summary as JSON")
+    demo.set_defaults(run=demo_command.run)
+
+    serve = commands.add_parser(
+        "serve",
+        help="run one service (any number of replicas)",
+        description="Run one jetfleet service until SIGINT/SIGTERM, then drain it.",
+    )
+    serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
+    serve.set_defaults(run=_run_serve)
+
+    worker = commands.add_parser(
+        "worker",
+        help="run a worker pulling its targets' jobs",
+        description="Run a worker: pull jobs of its targets, run "
+        "handlers, report to the sink; drains on SIGINT/SIGTERM.",
+    )
+    worker.add_argument("--id", default="", help="worker id (default: host-pid)")
+    worker.add_argument("--identity", default="", help="identity this worker owns")
+    worker.add_argument(
+        "--targets", default="", help="comma-separated targets (default: worker.targets, else all)"
+    )
+    worker.add_argument(
+        "--concurrency", type=int, default=0, help="jobs at once (default: worker.concurrency)"
+    )
+    worker.set_defaults(run=_run_worker)
+
+
+def _run_dev(args: argparse.Namespace) -> int:
+    if args.workers < 0:
+        raise JetfleetError("--workers must be >= 0")
+    return asyncio.run(_dev(args))
+
+
+async def _dev(args: argparse.Namespace) -> int:
+    from jetfleet.cli.main import settings_from  # noqa: F401  (validates --config early)
+
+    stack = DevStack(args.data, workers=args.workers, user_config=args.config)
+    await stack.start()
+    urls = {
+        "nats": stack.nats.url,
+        "redis": stack.redis.url,
+        "gateway": stack.gateway_url,
+        "dashboard": stack.gateway_url + "/",
+        "target": stack.simulator.base_url,
+        "env_file": str(stack.data_dir / "env"),
+        "config": str(stack.config_path),
+    }
+    if args.json:
+        print_json(urls)
+    else:
+        for name, url in urls.items():
+            print(f"{name:>10}: {url}")
+        print(
+            f"\nIn another shell here: jetfleet submit demo /page/1   (or: set -a; . "
+            f"{stack.data_dir}/env)\nCtrl-C stops everything.",
+            flush=True,
+        )
+    try:
+        await _wait_for_signal(stack)
+    finally:
+        await stack.stop()
+    return 0
+
+
+async def _wait_for_signal(stack: DevStack) -> None:
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    reported: set[str] = set()
+    while not stop.is_set():
+        for name in set(stack.dead_children()) - reported:
+            print(f"jetfleet dev: {name} exited; see {stack.data_dir}/logs/{name}.log", flush=True)
+            reported.add(name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from jetfleet.cli.main import settings_from
+
+    return asyncio.run(_serve(args.name, settings_from(args)))
+
+
+async def _serve(name: str, settings: Settings) -> int:
+    nc = await connect_nats(settings.nats, f"jetfleet-{name}")
+    try:
+        await declare(nc.jetstream(), settings)
+        service = _make_service(name, settings, nc)
+        await serve_until_signalled(service)
+    finally:
+        await nc.close()
+    return 0
+
+
+def _make_service(name: str, settings: Settings, nc: NatsClient) -> Service:
+    if name == "scheduler":
+        from jetfleet.services.scheduler import Scheduler
+
+        return Scheduler(settings, nc)
+    if name == "sink":
+        from jetfleet.services.sink import Sink
+
+        return Sink(settings, nc)
+    if name == "gateway":
+        from jetfleet.services.gateway import Gateway
+
+        return Gateway(settings, nc)
+    raise JetfleetError(f"unknown service {name!r}; choose one of {', '.join(SERVICE_NAMES)}")
+
+
+class _WorkerService:
+    name = "worker"
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def start(self) -> None:
+        await self.worker.start()
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        await self.worker.drain(timeout_s)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from jetfleet.cli.main import settings_from
+
+    settings = settings_from(args)
+    targets = [t for t in args.targets.split(",") if t] or list(settings.worker.targets)
+    for target in targets:
+        settings.target(target)  # unknown target: a clear error before connecting
+    if args.concurrency:
+        import msgspec
+
+        settings = msgspec.structs.replace(
+            settings, worker=msgspec.structs.replace(settings.worker, concurrency=args.concurrency)
+        )
+    worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
+    identity = args.identity or settings.worker.identity
+    return asyncio.run(_worker(settings, worker_id, identity, targets))
+
+
+async def _worker(settings: Settings, worker_id: str, identity: str, targets: list[str]) -> int:
+    nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}")
+    try:
+        await declare(nc.jetstream(), settings)
+        worker = Worker(settings, nc, worker_id, targets, identity=identity)
+        await serve_until_signalled(_WorkerService(worker))
+    finally:
+        await nc.close()
+    return 0
+
+
+def temp_stack_dir() -> Path:
+    """A fresh temporary folder for a throwaway stack."""
+    return Path(tempfile.mkdtemp(prefix="jetfleet-"))

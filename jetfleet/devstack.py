@@ -1,0 +1,208 @@
+"""The embedded default: every part of the fleet on loopback, in one data folder.
+
+``DevStack`` starts nats-server and redis-server (from the pinned wheels) on free ports,
+the target simulator (declared as target ``demo``), every service and N workers as child
+processes, writes ``DIR/jetfleet.toml`` and ``DIR/env``, and stops all of it on ``stop()``.
+Children are started with a parent-death signal, so even a killed ``jetfleet dev`` leaves
+no process behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from jetfleet.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
+from jetfleet.errors import StackError
+from jetfleet.services import SERVICE_NAMES
+from jetfleet.settings import Settings, load_settings
+from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.stack_env import write_env
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 15.0
+
+
+class DevStack:
+    """One local fleet in ``data_dir``; ``async with DevStack(...)`` starts and stops it."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        workers: int = 2,
+        user_config: Path | None = None,
+        simulator_latency_s: float = 0.0,
+    ) -> None:
+        self.data_dir = data_dir.resolve()
+        self.workers = workers
+        self.user_config = user_config
+        self.nats = EmbeddedNats(self.data_dir / "nats")
+        self.redis = EmbeddedRedis(self.data_dir / "redis")
+        self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
+        self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.gateway_port = 0
+        self.settings: Settings | None = None
+
+    @property
+    def config_path(self) -> Path:
+        """The generated configuration every child reads."""
+        return self.data_dir / "jetfleet.toml"
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway's base URL."""
+        return f"http://127.0.0.1:{self.gateway_port}"
+
+    async def __aenter__(self) -> DevStack:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start servers, simulator, services and workers; write the config and env file."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_folder()
+        try:
+            await asyncio.to_thread(self.nats.start)
+            await asyncio.to_thread(self.redis.start)
+            await self.simulator.start()
+            self.gateway_port = free_port()
+            self._write_config()
+            self.settings = load_settings(self.config_path, {})
+            for name in SERVICE_NAMES:
+                self._spawn(name, ["serve", name])
+            for n in range(self.workers):
+                self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"])
+            self._write_env()
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _claim_folder(self) -> None:
+        pid_file = self.data_dir / "dev.pid"
+        if pid_file.exists():
+            try:
+                pid = int(pid_file.read_text().strip())
+                os.kill(pid, 0)
+            except (ValueError, ProcessLookupError, PermissionError):
+                pass  # a stale file from a stack that died
+            else:
+                if pid != os.getpid():
+                    raise StackError(
+                        f"a dev stack (pid {pid}) already runs in {self.data_dir}: stop it, "
+                        "or start this one with another --data folder"
+                    )
+        pid_file.write_text(str(os.getpid()))
+
+    def _write_config(self) -> None:
+        user: dict[str, Any] = {}
+        if self.user_config is not None:
+            user = tomllib.loads(self.user_config.read_text())
+        targets = dict(user.get("targets", {}))
+        targets["demo"] = {
+            "base_url": self.simulator.base_url + "/",
+            "rate": 500.0,
+            "burst": 100,
+            "max_in_flight": 64,
+            "timeout_s": 10.0,
+        }
+        fleet = dict(user.get("fleet", {}))
+        fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
+        lines = [
+            "# Written by `jetfleet dev`; regenerated on every start.",
+            f'[nats]\nurl = "{self.nats.url}"',
+            f'[redis]\nurl = "{self.redis.url}"',
+            f'[gateway]\nhost = "127.0.0.1"\nport = {self.gateway_port}',
+            "[fleet]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in fleet.items()),
+        ]
+        for name, body in targets.items():
+            lines.append(
+                f"[targets.{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in body.items())
+            )
+        self.config_path.write_text("\n".join(lines) + "\n")
+
+    def _write_env(self) -> None:
+        write_env(
+            self.data_dir / "env",
+            {
+                "NATS_URL": self.nats.url,
+                "REDIS_URL": self.redis.url,
+                "JETFLEET_CONFIG": str(self.config_path),
+                "JETFLEET_GATEWAY_URL": self.gateway_url,
+                "JETFLEET_TARGET_URL": self.simulator.base_url,
+            },
+        )
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        logs = self.data_dir / "logs"
+        logs.mkdir(exist_ok=True)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+        }
+        env["JETFLEET_CONFIG"] = str(self.config_path)
+        with (logs / f"{name}.log").open("ab") as out:
+            self.children[name] = subprocess.Popen(
+                [sys.executable, "-m", "jetfleet", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent,
+            )
+
+    def dead_children(self) -> list[str]:
+        """Names of children that exited while the stack should be running."""
+        return [name for name, proc in self.children.items() if proc.poll() is not None]
+
+    def describe_dead_children(self, tail_chars: int = 1500) -> str:
+        """Which children died, each with the end of its log."""
+        parts = []
+        for name in self.dead_children():
+            log_file = self.data_dir / "logs" / f"{name}.log"
+            tail = log_file.read_text(errors="replace")[-tail_chars:] if log_file.exists() else ""
+            parts.append(f"{name} exited (code {self.children[name].returncode}):\n{tail}")
+        return "\n".join(parts)
+
+    async def stop(self) -> None:
+        """Stop workers first (they drain), then services, simulator and servers."""
+        order = sorted(self.children, key=lambda n: (not n.startswith("worker"), n))
+        for name in order:
+            if self.children[name].poll() is None:
+                self.children[name].terminate()
+        for name in order:
+            await asyncio.to_thread(_wait_or_kill, self.children[name])
+        self.children.clear()
+        await self.simulator.stop()
+        await asyncio.to_thread(self.redis.stop)
+        await asyncio.to_thread(self.nats.stop)
+        for leftover in ("dev.pid", "env"):
+            (self.data_dir / leftover).unlink(missing_ok=True)
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
