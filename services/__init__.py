@@ -1,3 +1,3 @@
 """jetfleet's services, one package each, started as ``jetfleet serve NAME``."""
 
-SERVICE_NAMES = ("scheduler", "sink", "gateway")
+SERVICE_NAMES = ("scheduler", "leaser", "sink", "gateway")

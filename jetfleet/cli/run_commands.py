@@ -160,6 +160,10 @@ def _make_service(name: str, settings: Settings, nc: NatsClient) -> Service:
         from jetfleet.services.scheduler import Scheduler
 
         return Scheduler(settings, nc)
+    if name == "leaser":
+        from jetfleet.services.leaser import Leaser
+
+        return Leaser(settings, nc)
     if name == "sink":
         from jetfleet.services.sink import Sink
 

@@ -1,0 +1,273 @@
+"""The gateway service: HTTP API, dashboard page and Prometheus ``/metrics``.
+
+It keeps no state of its own: submissions are published to ``jf.submit.<target>`` by
+the same code the CLI uses, and every count is read from JetStream when asked, so any
+number of replicas can run behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+import nats.errors
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+from jetfleet import subjects
+from jetfleet.client import SubmitResult, submit_raw
+from jetfleet.errors import SubmitError
+from jetfleet.services.gateway.access import check_write
+from jetfleet.services.gateway.batch import (
+    BODY_FACTOR,
+    InvalidBody,
+    TooManyJobs,
+    max_body_bytes,
+    parse_batch,
+)
+from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
+from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from jetfleet.services.gateway.metrics import render_metrics
+from jetfleet.settings import Settings
+from jetfleet.status import fleet_status
+
+log = logging.getLogger(__name__)
+
+# After drain's own wait, how long aiohttp gives stragglers before cancelling them.
+_CLOSE_GRACE_S = 1.0
+
+# Failures that mean "NATS is unreachable or busy right now", not a bug: answered 503 so
+# a client or load balancer retries instead of reporting a gateway fault.
+_NATS_UNAVAILABLE = (
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.ConnectionDrainingError,
+    nats.errors.StaleConnectionError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.NoRespondersError,
+    nats.errors.TimeoutError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+    SubmitError,
+)
+
+
+class _Refused(Exception):
+    """An expected refusal a handler raises; the middleware answers it as JSON."""
+
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
+                 **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = headers or {}
+        self.extra = extra
+
+
+class Gateway:
+    """The HTTP face of the fleet.
+
+    Args:
+        settings: the fleet settings; ``settings.gateway`` gives host, port and token.
+        nc: a connected NATS client. The gateway uses it but does not close it.
+    """
+
+    name = "gateway"
+
+    def __init__(self, settings: Settings, nc: NatsClient) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._runner: web.AppRunner | None = None
+        self._url: str | None = None
+        self._draining = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def url(self) -> str:
+        """The base URL served, e.g. ``http://127.0.0.1:8080`` (the bound port if 0).
+
+        Raises:
+            RuntimeError: if the gateway has not been started.
+        """
+        if self._url is None:
+            raise RuntimeError("gateway not started: call start() first")
+        return self._url
+
+    async def start(self) -> None:
+        """Bind ``settings.gateway.host``/``port`` and start serving.
+
+        Raises:
+            RuntimeError: if already started.
+            OSError: if the address cannot be bound.
+        """
+        if self._runner is not None:
+            raise RuntimeError("gateway already started")
+        self._draining = False
+        runner = web.AppRunner(self._build_app(), shutdown_timeout=_CLOSE_GRACE_S)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, self.settings.gateway.host,
+                              self.settings.gateway.port).start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        host, port = runner.addresses[0][:2]
+        shown = f"[{host}]" if ":" in host else host
+        self._runner = runner
+        self._url = f"http://{shown}:{port}"
+        log.info("gateway serving on %s", self._url)
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Stop accepting, let in-flight requests finish (up to ``timeout_s``), clean up.
+
+        Safe to call when not started or already drained. The NATS connection is left
+        open: it belongs to the caller.
+        """
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        self._draining = True
+        for site in list(runner.sites):
+            await site.stop()  # no new connections from here on
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            log.warning("gateway drain: %d requests still running after %g s; cancelling",
+                        self._inflight, timeout_s)
+        await runner.cleanup()
+        self._url = None
+
+    def _build_app(self) -> web.Application:
+        # client_max_size makes aiohttp refuse an oversized body while reading it, even
+        # when it comes chunked without a Content-Length.
+        app = web.Application(middlewares=[self._guard],
+                              client_max_size=max_body_bytes(self.settings))
+        app.router.add_get("/", self._dashboard)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/v1/status", self._status)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/targets/{target}/jobs", self._submit)
+        return app
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Count in-flight requests for drain, and turn every failure into JSON."""
+        if self._draining:
+            return _json({"error": "the gateway is shutting down; retry on another replica"},
+                         503, headers={"Connection": "close", "Retry-After": "1"})
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            return await handler(request)
+        except _Refused as refusal:
+            return _json({"error": refusal.message, **refusal.extra}, refusal.status,
+                         headers=refusal.headers)
+        except web.HTTPException:
+            raise  # aiohttp's own answers (404, 405) are correct as they are
+        except _NATS_UNAVAILABLE as exc:
+            log.warning("%s %s: NATS unavailable: %r", request.method, request.path, exc)
+            return _json({"error": f"NATS is unavailable ({type(exc).__name__}: {exc}); "
+                                   "retry shortly"}, 503, headers={"Retry-After": "1"})
+        except Exception as exc:
+            log.exception("%s %s failed", request.method, request.path)
+            return _json({"error": f"internal error ({type(exc).__name__}: {exc}); "
+                                   "see the gateway log"}, 500)
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+    async def _dashboard(self, request: web.Request) -> web.Response:
+        return web.Response(text=DASHBOARD_HTML, content_type="text/html")
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        state = _connection_state(self.nc)
+        return _json({"ok": state == "connected", "nats": state},
+                     200 if state == "connected" else 503)
+
+    async def _status(self, request: web.Request) -> web.Response:
+        status = await fleet_status(self.js, self.settings)
+        return web.Response(body=msgspec.json.encode(status), content_type="application/json")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = render_metrics(await fleet_status(self.js, self.settings))
+        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def _submit(self, request: web.Request) -> web.Response:
+        denial = check_write(self.settings.gateway, request.headers.get("Authorization"))
+        if denial is not None:
+            headers = {"WWW-Authenticate": 'Bearer realm="jetfleet"'} if denial.status == 401 \
+                else None
+            raise _Refused(denial.status, denial.message, headers)
+        target = request.match_info["target"]
+        body = await self._read_body(request)
+        if not subjects.TARGET_NAME_RE.match(target):
+            # Never put the route's text into a subject (a space or '*' would corrupt the
+            # publish); keep the body under the catch-all target instead.
+            kept = await self._keep(subjects.UNPARSABLE_TARGET, body)
+            raise _Refused(400, f"target name {target!r} is not valid: use lowercase letters, "
+                                "digits, '-' or '_' (at most 64)", reason=_reason(kept))
+        try:
+            batch = parse_batch(body, target, self.settings)
+        except TooManyJobs as exc:
+            raise _Refused(413, str(exc)) from None
+        except InvalidBody as exc:
+            # Bad input loses nothing: the scheduler files the raw body on jf.rejected.
+            kept = await self._keep(target, body)
+            raise _Refused(400, str(exc), reason=_reason(kept)) from None
+        results = await submit_raw(self.js, self.settings, target, batch.payloads,
+                                   batch.msg_ids)
+        answer = batch.answer(results)
+        # Every item was published either way; 400 says some need fixing by the client.
+        return web.Response(body=msgspec.json.encode(answer), content_type="application/json",
+                            status=400 if answer.rejected else 202)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = max_body_bytes(self.settings)
+        too_large = _Refused(
+            413,
+            f"request body is larger than {limit} bytes ({BODY_FACTOR} x "
+            "fleet.max_job_bytes); split the batch into several requests",
+        )
+        # Refuse on the declared length before reading anything.
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise too_large from None
+
+    async def _keep(self, target: str, body: bytes) -> SubmitResult:
+        [result] = await submit_raw(self.js, self.settings, target, [body])
+        return result
+
+
+def _reason(result: SubmitResult) -> str | None:
+    return result.rejection.reason if result.rejection is not None else None
+
+
+def _connection_state(nc: NatsClient) -> str:
+    if nc.is_closed:
+        return "closed"
+    if nc.is_draining:
+        return "draining"
+    if nc.is_reconnecting:
+        return "reconnecting"
+    if nc.is_connecting:
+        return "connecting"
+    if nc.is_connected:
+        return "connected"
+    return "disconnected"
+
+
+def _json(data: dict[str, Any], status: int = 200,
+          headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=msgspec.json.encode(data), status=status,
+                        content_type="application/json", headers=headers)
