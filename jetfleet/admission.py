@@ -28,7 +28,9 @@ def known_handlers(settings: Settings) -> tuple[str, ...]:
     return BUILTIN_HANDLERS + tuple(settings.fleet.handlers)
 
 
-def admit(subject: str, data: bytes, settings: Settings) -> WorkOrder | Rejection:
+def admit(
+    subject: str, data: bytes, settings: Settings, submit_seq: int = 0
+) -> WorkOrder | Rejection:
     """Validate a submission published on ``subject``.
 
     Returns:

@@ -28,7 +28,7 @@ def new_job_id() -> str:
 
 def resolve_url(settings: Settings, target: str, url_or_path: str) -> str:
     """A full URL as given, or a path resolved against the target's base_url."""
-    if url_or_path.startswith(("http://", "https://")):
+    if url_or_path.lower().startswith(("http://", "https://")):
         return url_or_path
     base = settings.target(target).base_url
     return urljoin(base if base.endswith("/") else base + "/", url_or_path.lstrip("/"))
@@ -41,6 +41,9 @@ class SubmitResult:
     job_id: str
     published: bool
     rejection: Rejection | None = None
+    duplicate: bool = False
+    """The stream already had a submission with this job id (inside its duplicate
+    window): this one was dropped. Use a new id to submit the work again."""
 
 
 async def submit_jobs(
@@ -80,12 +83,13 @@ async def submit_raw(
         verdict = admit(subject, payload, settings)
         async with gate:
             # The job id as message id: a retried or repeated submission is one job.
-            await publish_durably(js, subject, payload, msg_id=f"sub-{job_id}")
+            ack = await publish_durably(js, subject, payload, msg_id=f"sub-{job_id}")
         done += 1
         if progress is not None:
             progress(done)
         rejection = verdict if isinstance(verdict, Rejection) else None
-        return SubmitResult(job_id=job_id, published=True, rejection=rejection)
+        return SubmitResult(job_id=job_id, published=not ack.duplicate, rejection=rejection,
+                            duplicate=bool(ack.duplicate))
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
 

@@ -43,6 +43,10 @@ _PARAMETERS: Mapping[str, JsonObject] = {
         "enum": list(subjects.TIERS),
         "default": subjects.DEFAULT_TIER,
     },
+    "key": {"description": "An idempotency key (u-<sha256 prefix> or x-<sha256 prefix>)."},
+    "job_id": {"description": "A job id (letters, digits, _ = . -; at most 128)."},
+    "scope": {"description": "The quarantined scope's kind.", "enum": ["worker", "identity"]},
+    "name": {"description": "The worker id or identity quarantined."},
 }
 
 

@@ -71,6 +71,9 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     retention_s: float = 7 * 24 * 3600.0
     """How long submissions, results, rejections and dead letters are kept."""
     user_agent: str = DEFAULT_USER_AGENT
+    leases: bool = True
+    """Lease every job and fence every commit. False is the foundation's unfenced direct
+    path, kept only as a benchmark baseline: never run production without leases."""
     handlers: tuple[str, ...] = ()
     """Names of user handlers (beyond http.get and noop) that jobs may ask for."""
 
@@ -81,7 +84,7 @@ class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     host: str = "127.0.0.1"
     port: int = 8080
     token: str = ""
-    """Bearer token operators need for state-changing calls; empty refuses them."""
+    """Bearer token for state-changing calls; empty allows them only on a loopback bind."""
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -235,6 +238,7 @@ def validate(settings: Settings) -> None:
         "redelivers only after a lease is gone",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    _require(0 <= settings.gateway.port <= 65535, "gateway.port", _HINTS["port"])
     _require(1 <= settings.nats.replicas <= 5, "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")

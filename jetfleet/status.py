@@ -7,6 +7,7 @@ from collections import Counter
 
 import msgspec
 from nats.js import JetStreamContext
+from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
@@ -44,7 +45,8 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     """Read the counts of every target from the streams and consumers."""
     submitted = await _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>")
     in_work = await _per_target(js, subjects.STREAM_WORK, "jf.work.>")
-    committed = await _per_target(js, subjects.STREAM_RESULTS, "jf.results.>")
+    committed = Counter({t: await count_messages(js, subjects.STREAM_RESULTS,
+                                                 subjects.results(t)) for t in settings.targets})
     dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
@@ -74,6 +76,26 @@ async def _per_target(js: JetStreamContext, stream: str, filter_: str) -> Counte
     for subject, n in (info.state.subjects or {}).items():
         counts[subjects.target_of(subject)] += n
     return counts
+
+
+async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:
+    """How many messages of ``stream`` match ``filter_``, without listing subjects.
+
+    Results are one subject per key, so the per-subject map of ``stream_info`` would grow
+    with every job; an ephemeral consumer's pending count costs the same for any size.
+    """
+    config = js_api.ConsumerConfig(
+        ack_policy=js_api.AckPolicy.NONE, deliver_policy=js_api.DeliverPolicy.ALL,
+        filter_subject=filter_, inactive_threshold=5.0, mem_storage=True,
+    )
+    try:
+        info = await js.add_consumer(stream, config)
+    except NotFoundError:
+        return 0
+    try:
+        return info.num_pending or 0
+    finally:
+        await js.delete_consumer(stream, info.name)
 
 
 async def _leased(js: JetStreamContext, target: str) -> int:

@@ -34,7 +34,7 @@ async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) ->
         while remaining > 0:
             try:
                 msgs = await sub.fetch(min(BATCH, remaining), timeout=2.0)
-            except (FetchTimeoutError, NatsTimeoutError):
+            except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                 return  # the rest expired or was deleted while we read
             for msg in msgs:
                 yield msg

@@ -19,9 +19,8 @@ STREAM_REJECTED = "JF_REJECTED"
 STREAM_OUTCOMES = "JF_OUTCOMES"
 
 # KV buckets.
-BUCKET_COMMITTED = "jf-committed"  # idempotency key -> commit record
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
-BUCKET_FENCES = "jf-fences"  # job id -> highest fence accepted by the sink
+BUCKET_FENCES = "jf-fences"  # job id -> highest fence granted, and the grant count
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
 
 # Consumers.
@@ -31,6 +30,7 @@ CONSUMER_SCHEDULER = "scheduler"
 SINK_REPORT = f"{PREFIX}.sink.report"  # + .<target>
 QUEUE_SINK = "sink"
 LEASE = f"{PREFIX}.lease"
+QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
 QUEUE_LEASER = "leaser"
 
 TIERS = ("high", "normal", "bulk")
@@ -58,8 +58,14 @@ def work_filter(target: str) -> str:
 
 
 def results(target: str) -> str:
-    """Where committed results of ``target`` are kept."""
-    return f"{PREFIX}.results.{target}"
+    """The filter matching every committed result of ``target``."""
+    return f"{PREFIX}.results.{target}.>"
+
+
+def result_key(target: str, key: str) -> str:
+    """The subject of the one committed result for idempotency ``key``: the record is
+    also the key, written put-if-absent, so result and key can never disagree."""
+    return f"{PREFIX}.results.{target}.{key}"
 
 
 def dlq(target: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import NotFoundError
+from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.settings import Settings
@@ -62,7 +62,9 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_SUBMIT, "jf.submit.>", limits, keep),
         # WorkQueue: a message is gone once acked or terminated; one consumer per target.
         stream(subjects.STREAM_WORK, "jf.work.>", work_queue, 0),
-        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, keep),
+        # One subject per idempotency key: the result record is the key (docs/commit.md),
+        # so it is kept at least as long as the dedupe TTL.
+        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, max(keep, fleet.dedupe_ttl_s)),
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
         stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),
@@ -104,12 +106,18 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
     return configs
 
 
-KV_BUCKETS = (
-    subjects.BUCKET_COMMITTED,
-    subjects.BUCKET_LEASES,
-    subjects.BUCKET_FENCES,
-    subjects.BUCKET_CONTROL,
-)
+def bucket_ttls(settings: Settings) -> dict[str, float]:
+    """Each KV bucket and the age after which its entries (and delete markers) go.
+
+    Leases carry their own per-key TTL; the bucket's only clears release markers. Fence
+    history must outlive any retry of its job. Control records last until removed.
+    """
+    fleet = settings.fleet
+    return {
+        subjects.BUCKET_LEASES: max(3600.0, 10 * fleet.ack_wait_s),
+        subjects.BUCKET_FENCES: fleet.dedupe_ttl_s,
+        subjects.BUCKET_CONTROL: 0.0,
+    }
 
 _STREAM_FIELDS = ("subjects", "retention", "max_age", "duplicate_window", "num_replicas")
 _CONSUMER_FIELDS = ("filter_subject", "ack_wait", "max_deliver", "max_ack_pending", "backoff")
@@ -129,8 +137,8 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
     drifts: list[Drift] = []
     for stream_config in stream_configs(settings):
         drifts += await _ensure_stream(js, stream_config, update)
-    for bucket in KV_BUCKETS:
-        await _ensure_bucket(js, bucket, settings)
+    for bucket, ttl in bucket_ttls(settings).items():
+        await _ensure_bucket(js, bucket, ttl, settings)
     for stream, config in consumer_configs(settings):
         drifts += await _ensure_consumer(js, stream, config, update)
     for drift in drifts:
@@ -170,14 +178,15 @@ async def _ensure_consumer(
     return drifts
 
 
-async def _ensure_bucket(js: JetStreamContext, bucket: str, settings: Settings) -> None:
+async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl_s: float,
+                         settings: Settings) -> None:
     try:
         await js.key_value(bucket)
-    except Exception:  # BucketNotFoundError; nats-py raises it from a NotFoundError
-        # Keys carry their own per-message TTL; the bucket has none (history 1).
+    except BucketNotFoundError:
         await js.create_key_value(
             bucket=bucket,
             history=1,
+            ttl=ttl_s or None,
             storage=js_api.StorageType.FILE,
             replicas=settings.nats.replicas,
             direct=True,

@@ -20,15 +20,20 @@ from jetfleet.schemas import (
     CommittedResult,
     DeadLetter,
     Job,
-    LeaseRelease,
-    LeaseRenew,
     LeaseReply,
-    LeaseRequest,
     Outcome,
     Rejection,
     Report,
     SinkReply,
     WorkOrder,
+)
+from jetfleet.schemas.lease import (
+    JobLeaseHistory,
+    LeaseCall,
+    LeaseRecord,
+    QuarantineCommand,
+    QuarantineRecord,
+    QuarantineReply,
 )
 
 ChannelKind = Literal["stream", "request", "reply", "kv"]
@@ -142,10 +147,13 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         name="results",
-        address=subjects.results(_TARGET),
+        address=subjects.result_key(_TARGET, "{key}"),
         kind="stream",
         payload=CommittedResult,
-        description="The sink writes each committed result here: one per unit of work.",
+        description=(
+            "The sink writes each committed result here, put-if-absent on the subject of "
+            "its idempotency key: the record is the key, one per unit of work."
+        ),
         stream=subjects.STREAM_RESULTS,
     ),
     Channel(
@@ -180,7 +188,7 @@ CHANNELS: tuple[Channel, ...] = (
         name="lease",
         address=LEASE_ADDRESS,
         kind="request",
-        payload=LeaseRequest | LeaseRenew | LeaseRelease,
+        payload=LeaseCall,
         description="Workers ask the leaser to grant, renew or release a job's lease.",
         queue_group=QUEUE_LEASER,
         reply="lease-reply",
@@ -191,6 +199,49 @@ CHANNELS: tuple[Channel, ...] = (
         kind="reply",
         payload=LeaseReply,
         description="The leaser's answer: granted (fence, ttl_s), refused, or already done.",
+    ),
+    Channel(
+        name="quarantine",
+        address=subjects.QUARANTINE,
+        kind="request",
+        payload=QuarantineCommand,
+        description=(
+            "Operators set, release or list quarantines of a (worker or identity, target) "
+            "scope; setting one revokes its live leases and requeues their jobs at once."
+        ),
+        queue_group=QUEUE_LEASER,
+        reply="quarantine-reply",
+    ),
+    Channel(
+        name="quarantine-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=QuarantineReply,
+        description="The leaser's answer to a quarantine command.",
+    ),
+    Channel(
+        name="leases",
+        address=f"$KV.{subjects.BUCKET_LEASES}.{{job_id}}",
+        kind="kv",
+        payload=LeaseRecord,
+        description=(
+            "The live lease of a job, with a per-key TTL judged by the server's clock; "
+            "its fence is the revision of the grant."
+        ),
+    ),
+    Channel(
+        name="fences",
+        address=f"$KV.{subjects.BUCKET_FENCES}.{{job_id}}",
+        kind="kv",
+        payload=JobLeaseHistory,
+        description="Per job: the highest fence ever granted and the number of grants.",
+    ),
+    Channel(
+        name="quarantine-records",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.quarantine.{{target}}.{{scope}}.{{name}}",
+        kind="kv",
+        payload=QuarantineRecord,
+        description="A quarantine in force (optionally with a server-side TTL).",
     ),
 )
 

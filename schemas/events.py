@@ -46,7 +46,12 @@ class Rejection(msgspec.Struct, frozen=True, omit_defaults=True):
     """What was wrong and what to fix."""
     subject: str
     raw: bytes
+    """The submitted bytes (the first ``fleet.max_job_bytes`` of them when oversized)."""
     job_id: str = ""
+    submit_seq: int = 0
+    """Sequence of the original in ``JF_SUBMIT``, where it is kept whole."""
+    raw_size: int = 0
+    raw_truncated: bool = False
 
 
 OutcomeKind = Literal["ok", "retryable", "permanent", "blocked"]

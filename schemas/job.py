@@ -8,7 +8,7 @@ import msgspec
 
 Tier = Literal["high", "normal", "bulk"]
 
-NonEmpty = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_=.-]{0,127}$")]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
@@ -22,8 +22,9 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     Job is decoded inside other messages, so a new field can roll out service by service.
     """
 
-    id: NonEmpty
-    """Client-chosen job id; submissions with the same id are one job."""
+    id: JobId
+    """Client-chosen job id (letters, digits, ``_ = . -``, at most 128); submissions with
+    the same id are one job."""
     url: Url
     """Absolute URL under the target's base_url."""
     handler: ShortText = "http.get"

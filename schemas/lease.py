@@ -1,6 +1,12 @@
-"""Lease requests and answers (served by the leaser; see docs/leases.md)."""
+"""Leases: requests to the leaser, its answers, and the records it keeps in KV.
+
+A lease's fence is the KV revision of its grant: it only grows, across all jobs. Expiry is
+the server's per-key TTL; no worker or service clock decides whether a lease is alive.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import msgspec
 
@@ -8,7 +14,7 @@ from jetfleet.schemas.report import Versions
 
 
 class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True):
-    """Ask for the lease on a job."""
+    """Ask for the lease on a job, for the delivery whose reply subject is given."""
 
     job_id: str
     target: str
@@ -18,7 +24,9 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     identity: str = ""
     region: str = ""
     reply_subject: str = ""
-    """The JetStream reply subject of the delivery the lease is for."""
+    """The JetStream reply subject of the delivery the lease is for (used to requeue it)."""
+    pin_identity: str = ""
+    """The identity the job is pinned to, if any."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):
@@ -29,17 +37,22 @@ class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):
 
 
 class LeaseRelease(msgspec.Struct, frozen=True, tag="release"):
-    """Give a lease back early."""
+    """Give a lease back early; refused unless ``fence`` is still the live one."""
 
     job_id: str
     fence: int
 
 
-class LeaseGrant(msgspec.Struct, frozen=True, tag="granted"):
+LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease
+
+
+class LeaseGrant(msgspec.Struct, frozen=True, tag="granted", omit_defaults=True):
     """The lease is yours under ``fence`` for ``ttl_s`` seconds of server time."""
 
     fence: int
     ttl_s: float
+    attempt: int = 1
+    """How many times this job has been granted, this grant included."""
 
 
 class LeaseRefusal(msgspec.Struct, frozen=True, tag="refused", omit_defaults=True):
@@ -57,3 +70,67 @@ class LeaseAlreadyDone(msgspec.Struct, frozen=True, tag="already-done"):
 
 
 LeaseReply = LeaseGrant | LeaseRefusal | LeaseAlreadyDone
+
+
+class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The live lease of a job, kept in ``jf-leases`` under the job id with a per-key TTL."""
+
+    job_id: str
+    target: str
+    worker: str
+    identity: str = ""
+    reply_subject: str = ""
+    fence: int = 0
+    """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
+
+
+class JobLeaseHistory(msgspec.Struct, frozen=True):
+    """Per job, in ``jf-fences``: the highest fence ever granted and how many grants."""
+
+    fence: int
+    grants: int
+
+
+QuarantineScope = Literal["worker", "identity"]
+
+
+class QuarantineRecord(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A (worker or identity, target) scope that gets no grants, in ``jf-control``."""
+
+    scope: QuarantineScope
+    name: str
+    target: str
+    reason: str = ""
+    for_s: float = 0.0
+    """How long it lasts (0: until released); a duration, never a deadline (I9)."""
+
+
+class QuarantineSet(msgspec.Struct, frozen=True, tag="set", omit_defaults=True):
+    """Quarantine a scope on a target: no more grants, held leases revoked and requeued."""
+
+    record: QuarantineRecord
+
+
+class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
+    """Lift a quarantine."""
+
+    scope: QuarantineScope
+    name: str
+    target: str
+
+
+class QuarantineList(msgspec.Struct, frozen=True, tag="list"):
+    """List quarantine records."""
+
+
+QuarantineCommand = QuarantineSet | QuarantineRelease | QuarantineList
+
+
+class QuarantineReply(msgspec.Struct, frozen=True, omit_defaults=True):
+    """The leaser's answer to a quarantine command."""
+
+    ok: bool
+    records: list[QuarantineRecord] = []
+    revoked: list[str] = []
+    """Job ids whose leases were revoked and requeued at once."""
+    detail: str = ""

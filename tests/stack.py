@@ -5,6 +5,7 @@ from __future__ import annotations
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.connection import connect_nats
+from jetfleet.services.leaser import Leaser
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings
@@ -21,6 +22,7 @@ class InProcessStack:
         self.connections: list[NatsClient] = []
         self.scheduler: Scheduler | None = None
         self.sink: Sink | None = None
+        self.leaser: Leaser | None = None
         self.workers: list[Worker] = []
 
     async def _connect(self, name: str) -> NatsClient:
@@ -33,7 +35,9 @@ class InProcessStack:
         await declare(control.jetstream(), self.settings)
         self.scheduler = Scheduler(self.settings, await self._connect("scheduler"))
         self.sink = Sink(self.settings, await self._connect("sink"))
+        self.leaser = Leaser(self.settings, await self._connect("leaser"))
         await self.scheduler.start()
+        await self.leaser.start()
         await self.sink.start()
         for n in range(workers):
             await self.add_worker(f"w-{n}")
@@ -54,5 +58,7 @@ class InProcessStack:
             await self.scheduler.drain(5.0)
         if self.sink is not None:
             await self.sink.drain(5.0)
+        if self.leaser is not None:
+            await self.leaser.drain(5.0)
         for nc in self.connections:
             await nc.close()

@@ -35,6 +35,15 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
+from jetfleet.schemas.lease import (
+    JobLeaseHistory,
+    LeaseRecord,
+    QuarantineList,
+    QuarantineRecord,
+    QuarantineRelease,
+    QuarantineReply,
+    QuarantineSet,
+)
 from jetfleet.wire_catalog import CHANNELS, Channel
 
 FIX = "jetfleet schemas export"
@@ -350,6 +359,13 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         LeaseGrant(fence=7, ttl_s=30.0),
         LeaseRefusal(reason="paused", retry_after_s=5.0),
         LeaseAlreadyDone(key=ORDER.key),
+        LeaseRecord(job_id=JOB.id, target="example", worker="w1", reply_subject="$JS.ACK.x"),
+        JobLeaseHistory(fence=7, grants=2),
+        QuarantineSet(record=QuarantineRecord(scope="worker", name="w1", target="example")),
+        QuarantineRelease(scope="identity", name="p-osaka", target="example"),
+        QuarantineList(),
+        QuarantineReply(ok=True, revoked=[JOB.id]),
+        QuarantineRecord(scope="identity", name="p-osaka", target="example", for_s=60.0),
     )
 }
 

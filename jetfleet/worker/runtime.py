@@ -1,8 +1,11 @@
 """The worker: one pull loop per assigned target, a bounded number of jobs at once.
 
-Life of a delivery (DESIGN.md section 2): decode the work order, run the handler with
-heartbeats, publish the outcome event, report to the sink, and only then ack (committed
-or suppressed), terminate (dead-lettered) or nak with backoff (retryable).
+Life of a delivery (DESIGN.md section 2): decode the work order, take the job's lease,
+run the handler while the lease is renewed (leaser renew + ``in_progress`` in one beat),
+publish the outcome, report to the sink, and only then ack (committed or suppressed),
+terminate (dead-lettered) or, having given the lease back, nak with backoff (retryable).
+A worker that lost its lease touches the message no more: JetStream would honour an ack,
+nak or term from a superseded delivery.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable
 
 import aiohttp
@@ -24,20 +28,22 @@ from nats.js.errors import FetchTimeoutError
 import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.lease_client import LeaseClient
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
     AttemptRecord,
     Failure,
-    HandlerOutput,
     Outcome,
     SinkReply,
     Success,
     Versions,
     WorkOrder,
 )
+from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
-from jetfleet.worker.handlers import HandlerContext, get_handler
+from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.verdict import Held, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -47,29 +53,18 @@ _encoder = msgspec.json.Encoder()
 FETCH_WAIT_S = 1.0
 SINK_TIMEOUT_S = 5.0
 SINK_TRIES = 3
-
-
-class _Verdict(msgspec.Struct, frozen=True):
-    """What the handler's attempt came to, before the sink has its say."""
-
-    kind: str  # ok | retryable | permanent
-    output: HandlerOutput | None = None
-    reason: str = ""
-    detail: str = ""
-    delay_s: float | None = None
+# Refusals that concern the whole target for this worker: stop pulling it until then.
+TARGET_WIDE_REFUSALS = frozenset(
+    {"quarantined", "paused", "rate-limited", "outside-window", "version-not-approved"}
+)
+MIN_REFUSAL_DELAY_S = 0.25
 
 
 class Worker:
     """Pulls jobs of its targets and runs them; ``drain()`` stops it gracefully."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        nc: NatsClient,
-        worker_id: str,
-        targets: Iterable[str] = (),
-        identity: str = "",
-    ) -> None:
+    def __init__(self, settings: Settings, nc: NatsClient, worker_id: str,
+                 targets: Iterable[str] = (), identity: str = "") -> None:
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -77,12 +72,14 @@ class Worker:
         self.identity = identity
         self.targets = tuple(targets) or tuple(sorted(settings.targets))
         self.policy = RetryPolicy.from_settings(settings.fleet)
+        self.leases = LeaseClient(nc)
+        self.stats: Counter[str] = Counter()
         self._slots = asyncio.Semaphore(settings.worker.concurrency)
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        self._hold_until: dict[str, float] = {}
         self._session: aiohttp.ClientSession | None = None
-        self.processed = 0
 
     async def start(self) -> None:
         """Bind to each target's durable consumer and start pulling."""
@@ -100,7 +97,7 @@ class Worker:
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
             for task in pending:
-                task.cancel()  # _process naks a cancelled job so it is retried at once
+                task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
@@ -109,6 +106,8 @@ class Worker:
         sub = None
         while not self._stopping.is_set():
             try:
+                if await self._held_off(target):
+                    continue
                 if sub is None:
                     sub = await self.js.pull_subscribe_bind(
                         subjects.work_consumer(target), stream=subjects.STREAM_WORK
@@ -117,7 +116,7 @@ class Worker:
                 free = 1 + self._take_free_slots(9)
                 try:
                     msgs = await sub.fetch(free, timeout=FETCH_WAIT_S)
-                except (FetchTimeoutError, NatsTimeoutError):
+                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     msgs = []
                 for _ in range(free - len(msgs)):
                     self._slots.release()
@@ -126,8 +125,20 @@ class Worker:
             except Exception:  # keep pulling through reconnects and leader changes
                 log.exception("pull loop for %s failed; rebinding", target)
                 sub = None
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), 1.0)
+                await self._pause(1.0)
+
+    async def _held_off(self, target: str) -> bool:
+        # Backpressure: after a target-wide refusal we stop dequeuing that target until
+        # the retry-after passes (never dequeue and sleep on a message).
+        wait = self._hold_until.get(target, 0.0) - time.monotonic()
+        if wait <= 0:
+            return False
+        await self._pause(min(wait, 1.0))
+        return True
+
+    async def _pause(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
 
     def _take_free_slots(self, most: int) -> int:
         taken = 0
@@ -146,10 +157,10 @@ class Worker:
             await self._process(msg, target)
         finally:
             self._slots.release()
-            self.processed += 1
 
-    # The one long core path of the worker: every branch ends in exactly one of
-    # ack, term, nak, or (when the sink is unreachable) nak for a later redelivery.
+    # The one long core path of the worker. Every branch ends in exactly one of: ack,
+    # term, nak (only while holding the live lease, or before taking one), or nothing
+    # at all because the lease was lost.
     async def _process(self, msg: Msg, target: str) -> None:
         try:
             order = _order_decoder.decode(msg.data)
@@ -157,151 +168,194 @@ class Worker:
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._term(msg, f"malformed-work-order: {exc}")
             return
-        attempt = msg.metadata.num_delivered
-        handler_version = ""
+        held = await self._take_lease(msg, order, target)
+        if held is None:
+            return
+        attempt = held.attempt or msg.metadata.num_delivered
         started = time.monotonic()
         try:
-            if attempt > order.max_attempts:
-                # Delivered again after a crash with no verdict recorded: do not run it again.
-                verdict = _Verdict(
-                    "permanent",
-                    reason="attempts-exhausted",
-                    detail=f"delivered {attempt} times without a verdict",
-                )
-            else:
-                fn, handler_version = get_handler(order.job.handler)
-                verdict = await self._attempt(msg, order, attempt, fn)
-        except KeyError:
-            verdict = _Verdict(
-                "permanent",
-                reason="unknown-handler",
-                detail=f"no handler {order.job.handler!r} in worker",
-            )
+            verdict = await self._run(msg, order, attempt, held)
         except asyncio.CancelledError:
-            await msg.nak()  # released by a drain: someone else may take it now
+            if await self._give_back(order, held):
+                await msg.nak()  # released by a drain: someone else may take it now
             raise
         duration = time.monotonic() - started
-        versions = Versions(
-            jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{handler_version}"
-        )
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
-            verdict = _Verdict(
-                "permanent",
-                reason="attempts-exhausted",
-                detail=f"last: {verdict.reason} {verdict.detail}".strip(),
-            )
+            verdict = Verdict("permanent", reason="attempts-exhausted",
+                              detail=f"last: {verdict.reason} {verdict.detail}".strip())
+        versions = self._versions(order)
         await self._publish_outcome(order, attempt, verdict, duration, versions)
-        if verdict.kind == "retryable":
-            await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
+        if verdict.kind == "lost":
+            self.stats["lease-lost"] += 1
             return
-        reply = await self._report(order, attempt, verdict, duration, versions)
-        if reply is None:
-            await msg.nak(delay=self.policy.delay_s(1))  # sink unreachable: try again later
-        elif reply.status in ("committed", "suppressed:duplicate-key"):
-            await msg.ack()
-        elif reply.status == "dead-lettered":
-            await self._term(msg, verdict.reason)
-        else:
-            log.warning("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
+        if verdict.kind == "retryable":
+            if await self._give_back(order, held):
+                await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
+            return
+        reply = await self._report(order, attempt, verdict, duration, versions, held)
+        await self._settle(msg, order, held, verdict, reply)
 
-    async def _attempt(self, msg: Msg, order: WorkOrder, attempt: int, fn: object) -> _Verdict:
+    async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
+        """The lease for this delivery, or None after acking/nakking it."""
+        if not self.settings.fleet.leases:
+            return Held(fence=0, ttl_s=0.0, attempt=0)
+        reply = await self.leases.grant(LeaseRequest(
+            job_id=order.job.id, target=target, key=order.key, worker=self.worker_id,
+            versions=self._versions(order), identity=self.identity,
+            region=self.settings.worker.region, reply_subject=msg.reply or "",
+            pin_identity=order.job.pin_identity,
+        ))
+        if reply is None:
+            await msg.nak(delay=1.0)  # leaser unreachable; our delivery is still the live one
+            return None
+        if isinstance(reply, LeaseAlreadyDone):
+            self.stats["already-done"] += 1
+            await msg.ack()  # a lost ack costs no second request to the target
+            return None
+        if isinstance(reply, LeaseRefusal):
+            self.stats[f"refused:{reply.reason}"] += 1
+            delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
+            if reply.reason in TARGET_WIDE_REFUSALS:
+                self._hold_until[target] = time.monotonic() + delay
+            await msg.nak(delay=delay)
+            return None
+        return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt)
+
+    async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
+        if attempt > order.max_attempts:
+            # Granted again after a crash with no verdict recorded: do not run it again.
+            return Verdict("permanent", reason="attempts-exhausted",
+                           detail=f"attempt {attempt} of {order.max_attempts}")
+        try:
+            fn, _ = get_handler(order.job.handler)
+        except KeyError:
+            return Verdict("permanent", reason="unknown-handler",
+                           detail=f"no handler {order.job.handler!r} in this worker")
+        handler = asyncio.create_task(self._attempt(order, attempt, fn))
+        keeper = asyncio.create_task(self._keep_lease(msg, order, held, handler))
+        try:
+            return await handler
+        except asyncio.CancelledError:
+            if held.lost.is_set():
+                # Someone else owns the job now: stop, keep nothing built for it.
+                return Verdict("lost", reason="lease-lost")
+            raise
+        finally:
+            keeper.cancel()
+
+    async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
         ctx = HandlerContext(
-            order=order,
-            target=target,
-            attempt=attempt,
-            worker_id=self.worker_id,
+            order=order, target=target, attempt=attempt, worker_id=self.worker_id,
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
         )
-        beat = asyncio.create_task(self._heartbeat(msg))
         try:
-            output = await fn(ctx)  # type: ignore[operator]
-            return _Verdict("ok", output=output)
+            return Verdict("ok", output=await fn(ctx))
         except PermanentFailure as exc:
-            return _Verdict("permanent", reason=exc.reason, detail=exc.detail)
+            return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return _Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
+            return Verdict("retryable", reason=exc.reason, detail=exc.detail,
+                           delay_s=exc.delay_s)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
-            return _Verdict(
-                "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
-            )
-        finally:
-            beat.cancel()
+            return Verdict("retryable", reason="handler-crashed",
+                           detail=f"{type(exc).__name__}: {exc}")
 
-    async def _heartbeat(self, msg: Msg) -> None:
-        # +WPI resets the visibility timer, so a long job is not redelivered mid-run.
-        interval = self.settings.fleet.ack_wait_s / 3
+    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held,
+                          handler: asyncio.Task[Verdict]) -> None:
+        """Renew at ttl/3 and send +WPI in the same beat; cancel the handler if lost."""
+        if not held.fence:
+            interval = self.settings.fleet.ack_wait_s / 3
+            while True:
+                await asyncio.sleep(interval)
+                await msg.in_progress()
+        interval = held.ttl_s / 3
+        unanswered = 0.0
         while True:
             await asyncio.sleep(interval)
-            await msg.in_progress()
+            renewed = await self.leases.renew(order.job.id, held.fence)
+            if renewed:
+                unanswered = 0.0
+                await msg.in_progress()
+                continue
+            unanswered += interval
+            # Refused: lost for sure. Unanswered for a whole TTL: it has expired by the
+            # server's clock by now, so act as if lost.
+            if renewed is False or unanswered >= held.ttl_s:
+                held.lost.set()
+                handler.cancel()
+                return
 
-    async def _report(
-        self, order: WorkOrder, attempt: int, verdict: _Verdict, duration: float, versions: Versions
-    ) -> SinkReply | None:
+    async def _give_back(self, order: WorkOrder, held: Held) -> bool:
+        """Release the lease before a nak; False means it was not ours any more."""
+        if not held.fence:
+            return True
+        return await self.leases.release(order.job.id, held.fence)
+
+    async def _settle(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict,
+                      reply: SinkReply | None) -> None:
+        if reply is None:  # sink unreachable: give the job back for a later try
+            if await self._give_back(order, held):
+                await msg.nak(delay=self.policy.delay_s(1))
+            return
+        self.stats[reply.status] += 1
+        if reply.status in ("committed", "suppressed:duplicate-key"):
+            await msg.ack()  # the sink confirmed our fence: this is the live delivery
+            await self._give_back(order, held)
+        elif reply.status == "dead-lettered":
+            await self._term(msg, verdict.reason)
+            await self._give_back(order, held)
+        else:
+            # Fenced out or expired: another delivery owns the job; leave the message.
+            log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
+
+    async def _report(self, order: WorkOrder, attempt: int, verdict: Verdict,
+                      duration: float, versions: Versions, held: Held) -> SinkReply | None:
         report: Success | Failure
         if verdict.kind == "ok":
             assert verdict.output is not None
-            report = Success(
-                order=order,
-                worker=self.worker_id,
-                attempt=attempt,
-                duration_s=duration,
-                output=verdict.output,
-                versions=versions,
-                identity=self.identity,
-            )
+            report = Success(order=order, worker=self.worker_id, attempt=attempt,
+                             duration_s=duration, output=verdict.output, versions=versions,
+                             identity=self.identity, fence=held.fence)
         else:
-            record = AttemptRecord(
-                attempt=attempt,
-                worker=self.worker_id,
-                identity=self.identity,
-                duration_s=duration,
-                outcome=verdict.kind,
-                reason=verdict.reason,
-            )
-            report = Failure(
-                order=order,
-                worker=self.worker_id,
-                reason=verdict.reason,
-                detail=verdict.detail,
-                history=[record],
-                versions=versions,
-                identity=self.identity,
-            )
-        payload = _encoder.encode(report)
+            record = AttemptRecord(attempt=attempt, worker=self.worker_id,
+                                   identity=self.identity, fence=held.fence,
+                                   duration_s=duration, outcome=verdict.kind,
+                                   reason=verdict.reason)
+            report = Failure(order=order, worker=self.worker_id, reason=verdict.reason,
+                             detail=verdict.detail, history=[record], versions=versions,
+                             identity=self.identity, fence=held.fence)
+        return await self._send_report(order, _encoder.encode(report))
+
+    async def _send_report(self, order: WorkOrder, payload: bytes) -> SinkReply | None:
         for try_no in range(SINK_TRIES):
             try:
-                answer = await self.nc.request(
-                    subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
-                )
+                answer = await self.nc.request(subjects.sink_report(order.target), payload,
+                                               timeout=SINK_TIMEOUT_S)
                 return _reply_decoder.decode(answer.data)
             except (NoRespondersError, NatsTimeoutError) as exc:
-                log.warning(
-                    "sink did not answer for job %s (%s); retrying",
-                    order.job.id,
-                    type(exc).__name__,
-                )
+                log.warning("sink did not answer for job %s (%s); retrying",
+                            order.job.id, type(exc).__name__)
                 await asyncio.sleep(0.5 * 2**try_no)
         return None
 
-    async def _publish_outcome(
-        self, order: WorkOrder, attempt: int, verdict: _Verdict, duration: float, versions: Versions
-    ) -> None:
-        event = Outcome(
-            job_id=order.job.id,
-            target=order.target,
-            worker=self.worker_id,
-            attempt=attempt,
-            kind=verdict.kind,  # type: ignore[arg-type]
-            duration_s=duration,
-            versions=versions,
-            identity=self.identity,
-            reason=verdict.reason,
-        )
+    def _versions(self, order: WorkOrder) -> Versions:
+        try:
+            _, version = get_handler(order.job.handler)
+        except KeyError:
+            version = ""
+        return Versions(jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{version}")
+
+    async def _publish_outcome(self, order: WorkOrder, attempt: int, verdict: Verdict,
+                               duration: float, versions: Versions) -> None:
+        kind = "retryable" if verdict.kind == "lost" else verdict.kind
+        event = Outcome(job_id=order.job.id, target=order.target, worker=self.worker_id,
+                        attempt=attempt, kind=kind,  # type: ignore[arg-type]
+                        duration_s=duration, versions=versions, identity=self.identity,
+                        reason=verdict.reason)
         await self.nc.publish(subjects.outcome(order.target), _encoder.encode(event))
 
     async def _term(self, msg: Msg, reason: str) -> None:

@@ -59,7 +59,7 @@ class Scheduler:
                     )
                 try:
                     msgs = await sub.fetch(BATCH, timeout=1.0)
-                except (FetchTimeoutError, NatsTimeoutError):
+                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     continue
                 await asyncio.gather(*(self._admit_one(m) for m in msgs))
             except Exception:  # keep admitting through reconnects and leader changes
@@ -69,8 +69,8 @@ class Scheduler:
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def _admit_one(self, msg: Msg) -> None:
-        verdict = admit(msg.subject, msg.data, self.settings)
         seq = msg.metadata.sequence.stream
+        verdict = admit(msg.subject, msg.data, self.settings, submit_seq=seq)
         if isinstance(verdict, Rejection):
             target = subjects.target_of(msg.subject)
             log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)

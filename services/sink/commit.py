@@ -1,71 +1,87 @@
 """The one commit function. Every result reaches the world through here.
 
-Order (see docs/commit.md): the result is published to ``jf.results.<target>`` with the
-idempotency key as its ``Nats-Msg-Id`` FIRST, then the key is created in ``jf-committed``
-(put-if-absent, per-key TTL = ``fleet.dedupe_ttl_s``). A crash between the two never loses
-a result; a retry of the same unit of work inside the results stream's duplicate window is
-dropped by the stream, and after it by the key. The leasing issue adds the fence and lease
-checks in front of the write, here and nowhere else.
+Checks, in order (docs/commit.md explains each crash point):
+
+1. fence: the report's fence must be >= the highest fence ever granted for the job;
+   otherwise ``rejected:fenced-out``;
+2. lease: the job's lease must be live (server-clock TTL) under exactly this fence;
+   missing -> ``rejected:lease-expired``, another fence -> ``rejected:fenced-out``;
+3. key: the result is published to ``jf.results.<target>.<key>`` with
+   ``Nats-Expected-Last-Subject-Sequence: 0``, an atomic put-if-absent. The result record
+   IS the idempotency key, so "key written but result lost" (or the reverse) cannot
+   happen: one write, durable once the stream acks it. A second commit of the same key
+   answers ``suppressed:duplicate-key``.
+
+Between check 2 and the write the lease may expire and be granted again; the new holder's
+commit then meets the key and is suppressed, so there is still one side effect.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
+from nats.js.errors import APIError
 
 from jetfleet import subjects
+from jetfleet.lease_store import LeaseStore
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import CommittedResult, SinkReply, Success
 
 _encoder = msgspec.json.Encoder()
+_WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
-async def commit(
-    js: JetStreamContext, committed: KeyValue, success: Success, dedupe_ttl_s: float
-) -> SinkReply:
-    """Commit ``success`` once per idempotency key.
+@dataclass(frozen=True)
+class CommitPolicy:
+    """How strict the commit is. Both true in production."""
 
-    Returns:
-        ``committed``, or ``suppressed:duplicate-key`` when this unit of work is done.
-    """
+    leases: bool = True
+    """Check fence and lease (false: the foundation's direct path, a benchmark baseline)."""
+    dedupe: bool = True
+    """Refuse a second commit of the same key (false only to demonstrate why it exists)."""
+
+
+async def check_fence(store: LeaseStore, job_id: str, fence: int) -> SinkReply | None:
+    """None when ``fence`` holds the job's live lease; else the rejection to answer."""
+    highest = await store.highest_fence(job_id)
+    if fence < highest.fence:
+        return SinkReply(status="rejected:fenced-out",
+                         detail=f"fence {fence} < highest granted {highest.fence}")
+    live = await store.live(job_id)
+    if live is None:
+        return SinkReply(status="rejected:lease-expired",
+                         detail=f"no live lease for fence {fence} (server clock)")
+    if live.fence != fence:
+        return SinkReply(status="rejected:fenced-out",
+                         detail=f"live lease has fence {live.fence}, not {fence}")
+    return None
+
+
+async def commit(js: JetStreamContext, store: LeaseStore, success: Success,
+                 policy: CommitPolicy = CommitPolicy()) -> SinkReply:
+    """Commit ``success`` once per idempotency key, only from the live lease's holder."""
     order = success.order
-    if await _is_committed(committed, order.key):
-        return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+    if policy.leases:
+        refusal = await check_fence(store, order.job.id, success.fence)
+        if refusal is not None:
+            return refusal
     record = CommittedResult(
-        job_id=order.job.id,
-        target=order.target,
-        url=order.job.url,
-        key=order.key,
-        handler=order.job.handler,
-        worker=success.worker,
-        attempt=success.attempt,
-        duration_s=success.duration_s,
-        output=success.output,
-        versions=success.versions,
-        identity=success.identity,
-        fence=success.fence,
+        job_id=order.job.id, target=order.target, url=order.job.url, key=order.key,
+        handler=order.job.handler, worker=success.worker, attempt=success.attempt,
+        duration_s=success.duration_s, output=success.output, versions=success.versions,
+        identity=success.identity, fence=success.fence,
     )
-    ack = await publish_durably(
-        js, subjects.results(order.target), _encoder.encode(record), msg_id=f"res-{order.key}"
-    )
-    if ack.duplicate:
-        return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+    headers = {"Nats-Expected-Last-Subject-Sequence": "0"} if policy.dedupe else {}
     try:
-        await committed.create(
-            order.key, f"{order.job.id} {ack.seq}".encode(), msg_ttl=dedupe_ttl_s
-        )
-    except KeyWrongLastSequenceError:
-        # Another commit of the same work won the key after our result was stored: the
-        # stream's duplicate window normally stops this; the key is the longer memory.
-        return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+        # The msg id makes our own publish retries (after a lost PubAck) answer
+        # "duplicate" instead of looking like someone else's commit.
+        ack = await publish_durably(
+            js, subjects.result_key(order.target, order.key), _encoder.encode(record),
+            msg_id=f"res-{order.key}-{success.fence}-{success.attempt}", headers=headers)
+    except APIError as exc:
+        if exc.err_code in _WRONG_LAST_SEQUENCE:
+            return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+        raise
     return SinkReply(status="committed", detail=str(ack.seq))
-
-
-async def _is_committed(committed: KeyValue, key: str) -> bool:
-    try:
-        entry = await committed.get(key)
-    except Exception:  # KeyNotFoundError / KeyDeletedError: not committed
-        return False
-    return entry.value is not None

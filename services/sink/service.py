@@ -14,7 +14,8 @@ from nats.aio.subscription import Subscription
 from jetfleet import subjects
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
-from jetfleet.services.sink.commit import commit
+from jetfleet.lease_store import LeaseStore
+from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -28,8 +29,10 @@ class Sink:
 
     name = "sink"
 
-    def __init__(self, settings: Settings, nc: NatsClient) -> None:
+    def __init__(self, settings: Settings, nc: NatsClient,
+                 policy: CommitPolicy | None = None) -> None:
         self.settings = settings
+        self.policy = policy or CommitPolicy(leases=settings.fleet.leases)
         self.nc = nc
         self.js = nc.jetstream()
         self._sub: Subscription | None = None
@@ -37,8 +40,8 @@ class Sink:
         self.counts: dict[str, int] = {}
 
     async def start(self) -> None:
-        """Open the committed-keys bucket and start answering reports."""
-        self._committed = await self.js.key_value(subjects.BUCKET_COMMITTED)
+        """Bind to the lease buckets and start answering reports."""
+        self.store = await LeaseStore.open(self.js)
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
         )
@@ -70,7 +73,12 @@ class Sink:
 
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
-            return await commit(self.js, self._committed, report, self.settings.fleet.dedupe_ttl_s)
+            return await commit(self.js, self.store, report, self.policy)
+        if self.policy.leases:
+            # Only the live lease's holder may dead-letter (and so terminate) a job.
+            refusal = await check_fence(self.store, report.order.job.id, report.fence)
+            if refusal is not None:
+                return refusal
         return await self._dead_letter(report)
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:

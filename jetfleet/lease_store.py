@@ -1,0 +1,156 @@
+"""Leases in JetStream KV, judged by the server's clock.
+
+Shared by the leaser (which grants, renews, releases and revokes) and the sink (which
+checks a commit's fence). A lease is the key ``<job id>`` in ``jf-leases`` with a per-key
+TTL; its fence is the revision of the grant. ``jf-fences`` keeps, per job, the highest
+fence ever granted and the number of grants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from jetfleet import subjects
+from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord
+
+_WRONG_LAST_SEQUENCE = (10071, 10164)
+_encoder = msgspec.json.Encoder()
+_record_decoder = msgspec.json.Decoder(LeaseRecord)
+_history_decoder = msgspec.json.Decoder(JobLeaseHistory)
+
+
+@dataclass(frozen=True)
+class LiveLease:
+    """A lease as read from KV: its record, fence and current revision."""
+
+    record: LeaseRecord
+    fence: int
+    revision: int
+
+
+def ttl_whole_seconds(ttl_s: float) -> int:
+    """JetStream's per-message TTL is whole seconds, at least 1 (nats-py would send "0")."""
+    return max(1, math.ceil(ttl_s))
+
+
+class LeaseStore:
+    """Reads and writes leases and per-job fence history."""
+
+    def __init__(self, js: JetStreamContext, leases: KeyValue, history: KeyValue) -> None:
+        self.js = js
+        self.leases = leases
+        self.history = history
+
+    @classmethod
+    async def open(cls, js: JetStreamContext) -> LeaseStore:
+        """Bind to the buckets (declared by the topology)."""
+        return cls(js, await js.key_value(subjects.BUCKET_LEASES),
+                   await js.key_value(subjects.BUCKET_FENCES))
+
+    async def live(self, job_id: str) -> LiveLease | None:
+        """The job's live lease, or None when there is none (expired, released, revoked)."""
+        try:
+            entry = await self.leases.get(job_id)
+        except KeyNotFoundError:  # KeyDeletedError is a subclass
+            return None
+        if not entry.value or entry.revision is None:
+            return None
+        record = _record_decoder.decode(entry.value)
+        return LiveLease(record, record.fence or entry.revision, entry.revision)
+
+    async def highest_fence(self, job_id: str) -> JobLeaseHistory:
+        """The highest fence ever granted for the job (fence 0 when never granted)."""
+        try:
+            entry = await self.history.get(job_id)
+        except KeyNotFoundError:
+            return JobLeaseHistory(fence=0, grants=0)
+        return _history_decoder.decode(entry.value) if entry.value else JobLeaseHistory(0, 0)
+
+    async def create(self, record: LeaseRecord, ttl_s: float) -> int | None:
+        """Create the lease if none is live; its revision (the fence), or None if held."""
+        try:
+            return await self.leases.create(record.job_id, _encoder.encode(record),
+                                            msg_ttl=ttl_whole_seconds(ttl_s))
+        except KeyWrongLastSequenceError:
+            return None
+
+    async def record_grant(self, job_id: str, fence: int) -> int:
+        """Note ``fence`` as the job's highest and count the grant; returns the count."""
+        for _ in range(10):
+            try:
+                entry = await self.history.get(job_id)
+                last = entry.revision
+                old = _history_decoder.decode(entry.value) if entry.value else None
+            except KeyNotFoundError:
+                last, old = 0, None
+            new = JobLeaseHistory(fence=max(fence, old.fence if old else 0),
+                                  grants=(old.grants if old else 0) + 1)
+            try:
+                if last:
+                    await self.history.update(job_id, _encoder.encode(new), last=last)
+                else:
+                    await self.history.create(job_id, _encoder.encode(new))
+                return new.grants
+            except KeyWrongLastSequenceError:
+                continue  # another grant of the same job raced us: read again
+        raise RuntimeError(f"could not record the grant of {job_id}: too much contention")
+
+    async def renew(self, job_id: str, fence: int, ttl_s: float) -> bool:
+        """Extend the lease if ``fence`` is still the live one (compare-and-set).
+
+        nats-py's ``kv.update`` cannot carry a TTL, so the CAS is a raw publish with
+        ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
+        """
+        live = await self.live(job_id)
+        if live is None or live.fence != fence:
+            return False
+        record = msgspec.structs.replace(live.record, fence=fence)
+        try:
+            await self.js.publish(
+                f"$KV.{subjects.BUCKET_LEASES}.{job_id}", _encoder.encode(record),
+                headers={"Nats-Expected-Last-Subject-Sequence": str(live.revision)},
+                msg_ttl=ttl_whole_seconds(ttl_s),
+            )
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        return True
+
+    async def release(self, job_id: str, fence: int) -> bool:
+        """Delete the lease if ``fence`` is still the live one; False if it is not ours."""
+        live = await self.live(job_id)
+        if live is None or live.fence != fence:
+            return False
+        try:
+            await self.leases.delete(job_id, last=live.revision)
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                return False
+            raise
+        return True
+
+    async def revoke(self, live: LiveLease) -> bool:
+        """Take a live lease away (its holder's renewal and commit will then fail)."""
+        return await self.release(live.record.job_id, live.fence)
+
+    async def all_live(self) -> list[LiveLease]:
+        """Every live lease now: read from the bucket's stream, not ``kv.keys()``, which
+        can return partial results under concurrent writes (nats.py issue 842)."""
+        from jetfleet.stream_reader import read_stream
+
+        found = []
+        stream = f"KV_{subjects.BUCKET_LEASES}"
+        async for msg in read_stream(self.js, stream, f"$KV.{subjects.BUCKET_LEASES}.>"):
+            if not msg.data or (msg.headers or {}).get("KV-Operation"):
+                continue  # a delete or purge marker
+            record = _record_decoder.decode(msg.data)
+            found.append(LiveLease(record, record.fence or msg.metadata.sequence.stream,
+                                   msg.metadata.sequence.stream))
+        return found

@@ -1,0 +1,32 @@
+"""Internal types of the worker: what an attempt came to, and the lease it holds."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from jetfleet.schemas import HandlerOutput
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An attempt's result before the sink has its say.
+
+    ``kind`` is ok, retryable, permanent, or lost (the lease went to someone else).
+    """
+
+    kind: str
+    output: HandlerOutput | None = None
+    reason: str = ""
+    detail: str = ""
+    delay_s: float | None = None
+
+
+@dataclass
+class Held:
+    """The lease this delivery runs under (fence 0: leases are off)."""
+
+    fence: int
+    ttl_s: float
+    attempt: int
+    lost: asyncio.Event = field(default_factory=asyncio.Event)

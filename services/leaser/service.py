@@ -1,0 +1,172 @@
+"""Serve ``jf.lease`` (grant, renew, release) and ``jf.quarantine`` (operator commands) in
+the ``leaser`` queue group. Stateless: any number of replicas agree, because every
+decision is a compare-and-set in JetStream KV judged by the server's clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from jetfleet import subjects
+from jetfleet.lease_store import LeaseStore
+from jetfleet.schemas.lease import (
+    LeaseCall,
+    LeaseGrant,
+    LeaseRecord,
+    LeaseRefusal,
+    LeaseRelease,
+    LeaseRenew,
+    LeaseReply,
+    LeaseRequest,
+    QuarantineCommand,
+    QuarantineList,
+    QuarantineRelease,
+    QuarantineReply,
+    QuarantineSet,
+)
+from jetfleet.services.leaser.checks import GRANT_CHECKS, GrantContext
+from jetfleet.services.leaser.quarantine_book import QuarantineBook
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_call_decoder = msgspec.json.Decoder(LeaseCall)
+_command_decoder = msgspec.json.Decoder(QuarantineCommand)
+_encoder = msgspec.json.Encoder()
+
+
+class Leaser:
+    """Grants leases after the ordered grant checks; revokes them on quarantine."""
+
+    name = "leaser"
+
+    def __init__(self, settings: Settings, nc: NatsClient) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.ttl_s = settings.fleet.lease_ttl_s
+        self._subs: list[Subscription] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Bind to the buckets and start answering."""
+        self.store = await LeaseStore.open(self.js)
+        self.quarantine = QuarantineBook(self.js, await self.js.key_value(
+            subjects.BUCKET_CONTROL))
+        for subject, handler in ((subjects.LEASE, self._answer_lease),
+                                 (subjects.QUARANTINE, self._answer_quarantine)):
+            self._subs.append(await self.nc.subscribe(
+                subject, queue=subjects.QUEUE_LEASER, cb=self._spawner(handler)))
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        """Stop taking requests and finish the ones in hand."""
+        for sub in self._subs:
+            await sub.unsubscribe()
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=timeout_s)
+
+    def _spawner(
+        self, handler: Callable[[Msg], Coroutine[Any, Any, None]]
+    ) -> Callable[[Msg], Awaitable[None]]:
+        # Each request in its own task: one slow KV round trip must not hold the rest.
+        async def spawn(msg: Msg) -> None:
+            task: asyncio.Task[None] = asyncio.create_task(handler(msg))
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
+
+        return spawn
+
+    async def _answer_lease(self, msg: Msg) -> None:
+        try:
+            reply: LeaseReply = await self.handle(_call_decoder.decode(msg.data))
+        except msgspec.MsgspecError as exc:
+            reply = LeaseRefusal(reason="malformed-request", detail=str(exc))
+        except Exception as exc:  # refuse rather than crash; the worker asks again
+            log.exception("lease request failed")
+            reply = LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc))
+        if msg.reply:
+            await self.nc.publish(msg.reply, _encoder.encode(reply))
+
+    async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
+        """Answer one lease call."""
+        if isinstance(call, LeaseRequest):
+            return await self.grant(call)
+        if isinstance(call, LeaseRenew):
+            if await self.store.renew(call.job_id, call.fence, self.ttl_s):
+                return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
+            return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
+        if await self.store.release(call.job_id, call.fence):
+            return LeaseGrant(fence=call.fence, ttl_s=0.0)
+        return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
+
+    async def grant(self, request: LeaseRequest) -> LeaseReply:
+        """Run the grant checks in order; grant if none objects and no lease is live."""
+        ctx = GrantContext(request, self.settings, self.js, self.quarantine)
+        for check in GRANT_CHECKS:
+            verdict = await check(ctx)
+            if verdict is not None:
+                return verdict
+        record = LeaseRecord(job_id=request.job_id, target=request.target,
+                             worker=request.worker, identity=request.identity,
+                             reply_subject=request.reply_subject)
+        fence = await self.store.create(record, self.ttl_s)
+        if fence is None:
+            live = await self.store.live(request.job_id)
+            holder = live.record.worker if live else "another worker"
+            return LeaseRefusal(reason="held", retry_after_s=self.ttl_s,
+                                detail=f"lease held by {holder}")
+        attempt = await self.store.record_grant(request.job_id, fence)
+        return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=attempt)
+
+    async def _answer_quarantine(self, msg: Msg) -> None:
+        try:
+            reply = await self.command(_command_decoder.decode(msg.data))
+        except msgspec.MsgspecError as exc:
+            reply = QuarantineReply(ok=False, detail=f"malformed command: {exc}")
+        except Exception as exc:
+            log.exception("quarantine command failed")
+            reply = QuarantineReply(ok=False, detail=str(exc))
+        if msg.reply:
+            await self.nc.publish(msg.reply, _encoder.encode(reply))
+
+    async def command(self, command: QuarantineSet | QuarantineRelease | QuarantineList
+                      ) -> QuarantineReply:
+        """Apply an operator's quarantine command."""
+        if isinstance(command, QuarantineList):
+            return QuarantineReply(ok=True, records=await self.quarantine.all())
+        if isinstance(command, QuarantineRelease):
+            await self.quarantine.remove(command.scope, command.name, command.target)
+            return QuarantineReply(ok=True)
+        await self.quarantine.put(command.record)
+        revoked = await self.revoke_scope(command.record.scope, command.record.name,
+                                          command.record.target)
+        log.warning("quarantined %s %s on %s (%s); revoked %d lease(s)", command.record.scope,
+                    command.record.name, command.record.target, command.record.reason,
+                    len(revoked))
+        return QuarantineReply(ok=True, records=[command.record], revoked=revoked)
+
+    async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:
+        """Revoke the scope's live leases on ``target`` and requeue their jobs at once.
+
+        The lease is deleted first (the holder's renewal and commit then fail), then the
+        delivery recorded in the lease is nakked, so JetStream redelivers it now rather
+        than after the visibility timeout.
+        """
+        revoked = []
+        for live in await self.store.all_live():
+            record = live.record
+            holder = record.worker if scope == "worker" else record.identity
+            if record.target != target or holder != name:
+                continue
+            if await self.store.revoke(live):
+                if record.reply_subject:
+                    await self.nc.publish(record.reply_subject, b"-NAK")
+                revoked.append(record.job_id)
+        return revoked
