@@ -18,20 +18,22 @@ async def publish_durably(
     js: JetStreamContext,
     subject: str,
     payload: bytes,
-    msg_id: str,
+    msg_id: str | None,
     headers: dict[str, str] | None = None,
     timeout_s: float = 5.0,
 ) -> PubAck:
     """Publish and wait for the stream's ack, retrying through leader elections.
 
     nats-py does not retry a publish that meets an election; the ``Nats-Msg-Id`` makes our
-    retries safe (the stream drops a repeat inside its duplicate window).
+    retries safe (the stream drops a repeat inside its duplicate window). Without one
+    (``msg_id=None``) a retry after a lost PubAck may store the message twice.
 
     Raises:
         SubmitError: when every try failed.
     """
     all_headers = dict(headers or {})
-    all_headers["Nats-Msg-Id"] = msg_id
+    if msg_id is not None:
+        all_headers["Nats-Msg-Id"] = msg_id
     last: Exception | None = None
     for try_no in range(_TRIES):
         try:

@@ -35,7 +35,8 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
     """Fetch the job's URL once, politely: identifying User-Agent, timeout, size cap.
 
     Records status, a few headers and the body's SHA-256; keeps the body only when the job
-    asked (``store_body``). 404/410 are permanent; 5xx and timeouts are worth a retry;
+    asked (``store_body``). With ``args.expect`` set, a page without that text is a
+    permanent ``selector-removed`` failure. 404/410 are permanent; 5xx and timeouts are worth a retry;
     429/403/503 are back-off signals, never obstacles to get around.
     """
     timeout = aiohttp.ClientTimeout(total=ctx.order.timeout_s)
@@ -77,6 +78,10 @@ def _classify(
         )
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
+    expect = ctx.order.job.args.get("expect", "")
+    if expect and expect.encode() not in body:
+        # The page no longer has what the job extracts: retrying cannot help.
+        raise PermanentFailure("selector-removed", detail=f"{expect!r} not in the page")
     kept = {k: v for k, v in response.headers.items() if k.lower() in _KEPT_HEADERS}
     return HttpFetch(
         status=status,

@@ -73,15 +73,22 @@ async def commit(js: JetStreamContext, store: LeaseStore, success: Success,
         duration_s=success.duration_s, output=success.output, versions=success.versions,
         identity=success.identity, fence=success.fence,
     )
-    headers = {"Nats-Expected-Last-Subject-Sequence": "0"} if policy.dedupe else {}
+    payload = _encoder.encode(record)
+    subject = subjects.result_key(order.target, order.key)
+    if not policy.dedupe:
+        ack = await publish_durably(js, subject, payload, msg_id=None)
+        return SinkReply(status="committed", detail=str(ack.seq))
     try:
-        # The msg id makes our own publish retries (after a lost PubAck) answer
-        # "duplicate" instead of looking like someone else's commit.
+        # Put-if-absent on the key's subject; the msg id also turns a re-sent commit
+        # (a lost ack, a retried publish) into a duplicate inside the stream's window.
         ack = await publish_durably(
-            js, subjects.result_key(order.target, order.key), _encoder.encode(record),
-            msg_id=f"res-{order.key}-{success.fence}-{success.attempt}", headers=headers)
+            js, subject, payload, msg_id=f"res-{order.key}",
+            headers={"Nats-Expected-Last-Subject-Sequence": "0"},
+        )
     except APIError as exc:
         if exc.err_code in _WRONG_LAST_SEQUENCE:
             return SinkReply(status="suppressed:duplicate-key", detail=order.key)
         raise
+    if ack.duplicate:
+        return SinkReply(status="suppressed:duplicate-key", detail=order.key)
     return SinkReply(status="committed", detail=str(ack.seq))
