@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jetfleet import __version__
-from jetfleet.cli import data_commands, run_commands
+from jetfleet.cli import data_commands, quarantine_commands, run_commands, scenario_command
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import Settings, load_settings
 from jetfleet.stack_env import effective_env
@@ -50,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run_commands.register(commands)
     data_commands.register(commands)
+    quarantine_commands.register(commands)
+    scenario_command.register(commands)
     return parser
 
 

@@ -36,8 +36,8 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
 
     Records status, a few headers and the body's SHA-256; keeps the body only when the job
     asked (``store_body``). With ``args.expect`` set, a page without that text is a
-    permanent ``selector-removed`` failure. 404/410 are permanent; 5xx and timeouts are worth a retry;
-    429/403/503 are back-off signals, never obstacles to get around.
+    permanent ``selector-removed`` failure. 404/410 are permanent; 5xx and timeouts are
+    worth a retry; 429/403/503 are back-off signals, never obstacles to get around.
     """
     timeout = aiohttp.ClientTimeout(total=ctx.order.timeout_s)
     headers = {"User-Agent": ctx.user_agent, "X-Jetfleet-Worker": ctx.worker_id}

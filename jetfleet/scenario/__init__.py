@@ -1,0 +1,1 @@
+"""``jetfleet scenario``: the leasing walkthrough, replayed against the real services."""
