@@ -88,8 +88,12 @@ async def submit_raw(
         if progress is not None:
             progress(done)
         rejection = verdict if isinstance(verdict, Rejection) else None
-        return SubmitResult(job_id=job_id, published=not ack.duplicate, rejection=rejection,
-                            duplicate=bool(ack.duplicate))
+        return SubmitResult(
+            job_id=job_id,
+            published=not ack.duplicate,
+            rejection=rejection,
+            duplicate=bool(ack.duplicate),
+        )
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
 

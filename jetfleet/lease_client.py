@@ -34,8 +34,7 @@ class LeaseClient:
 
     async def _call(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply | None:
         try:
-            answer = await self.nc.request(subjects.LEASE, _encoder.encode(call),
-                                           timeout=TIMEOUT_S)
+            answer = await self.nc.request(subjects.LEASE, _encoder.encode(call), timeout=TIMEOUT_S)
         except (NoRespondersError, NatsTimeoutError) as exc:
             log.warning("leaser unreachable (%s)", type(exc).__name__)
             return None

@@ -50,8 +50,11 @@ class LeaseStore:
     @classmethod
     async def open(cls, js: JetStreamContext) -> LeaseStore:
         """Bind to the buckets (declared by the topology)."""
-        return cls(js, await js.key_value(subjects.BUCKET_LEASES),
-                   await js.key_value(subjects.BUCKET_FENCES))
+        return cls(
+            js,
+            await js.key_value(subjects.BUCKET_LEASES),
+            await js.key_value(subjects.BUCKET_FENCES),
+        )
 
     async def live(self, job_id: str) -> LiveLease | None:
         """The job's live lease, or None when there is none (expired, released, revoked)."""
@@ -75,8 +78,9 @@ class LeaseStore:
     async def create(self, record: LeaseRecord, ttl_s: float) -> int | None:
         """Create the lease if none is live; its revision (the fence), or None if held."""
         try:
-            return await self.leases.create(record.job_id, _encoder.encode(record),
-                                            msg_ttl=ttl_whole_seconds(ttl_s))
+            return await self.leases.create(
+                record.job_id, _encoder.encode(record), msg_ttl=ttl_whole_seconds(ttl_s)
+            )
         except KeyWrongLastSequenceError:
             return None
 
@@ -89,8 +93,9 @@ class LeaseStore:
                 old = _history_decoder.decode(entry.value) if entry.value else None
             except KeyNotFoundError:
                 last, old = 0, None
-            new = JobLeaseHistory(fence=max(fence, old.fence if old else 0),
-                                  grants=(old.grants if old else 0) + 1)
+            new = JobLeaseHistory(
+                fence=max(fence, old.fence if old else 0), grants=(old.grants if old else 0) + 1
+            )
             try:
                 if last:
                     await self.history.update(job_id, _encoder.encode(new), last=last)
@@ -113,7 +118,8 @@ class LeaseStore:
         record = msgspec.structs.replace(live.record, fence=fence)
         try:
             await self.js.publish(
-                f"$KV.{subjects.BUCKET_LEASES}.{job_id}", _encoder.encode(record),
+                f"$KV.{subjects.BUCKET_LEASES}.{job_id}",
+                _encoder.encode(record),
                 headers={"Nats-Expected-Last-Subject-Sequence": str(live.revision)},
                 msg_ttl=ttl_whole_seconds(ttl_s),
             )
@@ -151,6 +157,11 @@ class LeaseStore:
             if not msg.data or (msg.headers or {}).get("KV-Operation"):
                 continue  # a delete or purge marker
             record = _record_decoder.decode(msg.data)
-            found.append(LiveLease(record, record.fence or msg.metadata.sequence.stream,
-                                   msg.metadata.sequence.stream))
+            found.append(
+                LiveLease(
+                    record,
+                    record.fence or msg.metadata.sequence.stream,
+                    msg.metadata.sequence.stream,
+                )
+            )
         return found

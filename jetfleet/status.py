@@ -45,8 +45,12 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     """Read the counts of every target from the streams and consumers."""
     submitted = await _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>")
     in_work = await _per_target(js, subjects.STREAM_WORK, "jf.work.>")
-    committed = Counter({t: await count_messages(js, subjects.STREAM_RESULTS,
-                                                 subjects.results(t)) for t in settings.targets})
+    committed = Counter(
+        {
+            t: await count_messages(js, subjects.STREAM_RESULTS, subjects.results(t))
+            for t in settings.targets
+        }
+    )
     dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
@@ -85,8 +89,11 @@ async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int
     with every job; an ephemeral consumer's pending count costs the same for any size.
     """
     config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE, deliver_policy=js_api.DeliverPolicy.ALL,
-        filter_subject=filter_, inactive_threshold=5.0, mem_storage=True,
+        ack_policy=js_api.AckPolicy.NONE,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        filter_subject=filter_,
+        inactive_threshold=5.0,
+        mem_storage=True,
     )
     try:
         info = await js.add_consumer(stream, config)

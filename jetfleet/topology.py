@@ -119,6 +119,7 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
         subjects.BUCKET_CONTROL: 0.0,
     }
 
+
 _STREAM_FIELDS = ("subjects", "retention", "max_age", "duplicate_window", "num_replicas")
 _CONSUMER_FIELDS = ("filter_subject", "ack_wait", "max_deliver", "max_ack_pending", "backoff")
 
@@ -178,8 +179,9 @@ async def _ensure_consumer(
     return drifts
 
 
-async def _ensure_bucket(js: JetStreamContext, bucket: str, ttl_s: float,
-                         settings: Settings) -> None:
+async def _ensure_bucket(
+    js: JetStreamContext, bucket: str, ttl_s: float, settings: Settings
+) -> None:
     try:
         await js.key_value(bucket)
     except BucketNotFoundError:

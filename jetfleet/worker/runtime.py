@@ -63,8 +63,14 @@ MIN_REFUSAL_DELAY_S = 0.25
 class Worker:
     """Pulls jobs of its targets and runs them; ``drain()`` stops it gracefully."""
 
-    def __init__(self, settings: Settings, nc: NatsClient, worker_id: str,
-                 targets: Iterable[str] = (), identity: str = "") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        nc: NatsClient,
+        worker_id: str,
+        targets: Iterable[str] = (),
+        identity: str = "",
+    ) -> None:
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -181,8 +187,11 @@ class Worker:
             raise
         duration = time.monotonic() - started
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
-            verdict = Verdict("permanent", reason="attempts-exhausted",
-                              detail=f"last: {verdict.reason} {verdict.detail}".strip())
+            verdict = Verdict(
+                "permanent",
+                reason="attempts-exhausted",
+                detail=f"last: {verdict.reason} {verdict.detail}".strip(),
+            )
         versions = self._versions(order)
         await self._publish_outcome(order, attempt, verdict, duration, versions)
         if verdict.kind == "lost":
@@ -199,12 +208,19 @@ class Worker:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
-        reply = await self.leases.grant(LeaseRequest(
-            job_id=order.job.id, target=target, key=order.key, worker=self.worker_id,
-            versions=self._versions(order), identity=self.identity,
-            region=self.settings.worker.region, reply_subject=msg.reply or "",
-            pin_identity=order.job.pin_identity,
-        ))
+        reply = await self.leases.grant(
+            LeaseRequest(
+                job_id=order.job.id,
+                target=target,
+                key=order.key,
+                worker=self.worker_id,
+                versions=self._versions(order),
+                identity=self.identity,
+                region=self.settings.worker.region,
+                reply_subject=msg.reply or "",
+                pin_identity=order.job.pin_identity,
+            )
+        )
         if reply is None:
             await msg.nak(delay=1.0)  # leaser unreachable; our delivery is still the live one
             return None
@@ -224,13 +240,19 @@ class Worker:
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         if attempt > order.max_attempts:
             # Granted again after a crash with no verdict recorded: do not run it again.
-            return Verdict("permanent", reason="attempts-exhausted",
-                           detail=f"attempt {attempt} of {order.max_attempts}")
+            return Verdict(
+                "permanent",
+                reason="attempts-exhausted",
+                detail=f"attempt {attempt} of {order.max_attempts}",
+            )
         try:
             fn, _ = get_handler(order.job.handler)
         except KeyError:
-            return Verdict("permanent", reason="unknown-handler",
-                           detail=f"no handler {order.job.handler!r} in this worker")
+            return Verdict(
+                "permanent",
+                reason="unknown-handler",
+                detail=f"no handler {order.job.handler!r} in this worker",
+            )
         handler = asyncio.create_task(self._attempt(order, attempt, fn))
         keeper = asyncio.create_task(self._keep_lease(msg, order, held, handler))
         try:
@@ -247,7 +269,10 @@ class Worker:
         assert self._session is not None
         target = self.settings.targets[order.target]
         ctx = HandlerContext(
-            order=order, target=target, attempt=attempt, worker_id=self.worker_id,
+            order=order,
+            target=target,
+            attempt=attempt,
+            worker_id=self.worker_id,
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
@@ -257,15 +282,16 @@ class Worker:
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return Verdict("retryable", reason=exc.reason, detail=exc.detail,
-                           delay_s=exc.delay_s)
+            return Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
-            return Verdict("retryable", reason="handler-crashed",
-                           detail=f"{type(exc).__name__}: {exc}")
+            return Verdict(
+                "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
+            )
 
-    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held,
-                          handler: asyncio.Task[Verdict]) -> None:
+    async def _keep_lease(
+        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
+    ) -> None:
         """Renew at ttl/3 and send +WPI in the same beat; cancel the handler if lost."""
         if not held.fence:
             interval = self.settings.fleet.ack_wait_s / 3
@@ -295,8 +321,9 @@ class Worker:
             return True
         return await self.leases.release(order.job.id, held.fence)
 
-    async def _settle(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict,
-                      reply: SinkReply | None) -> None:
+    async def _settle(
+        self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
+    ) -> None:
         if reply is None:  # sink unreachable: give the job back for a later try
             if await self._give_back(order, held):
                 await msg.nak(delay=self.policy.delay_s(1))
@@ -312,33 +339,63 @@ class Worker:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
 
-    async def _report(self, order: WorkOrder, attempt: int, verdict: Verdict,
-                      duration: float, versions: Versions, held: Held) -> SinkReply | None:
+    async def _report(
+        self,
+        order: WorkOrder,
+        attempt: int,
+        verdict: Verdict,
+        duration: float,
+        versions: Versions,
+        held: Held,
+    ) -> SinkReply | None:
         report: Success | Failure
         if verdict.kind == "ok":
             assert verdict.output is not None
-            report = Success(order=order, worker=self.worker_id, attempt=attempt,
-                             duration_s=duration, output=verdict.output, versions=versions,
-                             identity=self.identity, fence=held.fence)
+            report = Success(
+                order=order,
+                worker=self.worker_id,
+                attempt=attempt,
+                duration_s=duration,
+                output=verdict.output,
+                versions=versions,
+                identity=self.identity,
+                fence=held.fence,
+            )
         else:
-            record = AttemptRecord(attempt=attempt, worker=self.worker_id,
-                                   identity=self.identity, fence=held.fence,
-                                   duration_s=duration, outcome=verdict.kind,
-                                   reason=verdict.reason)
-            report = Failure(order=order, worker=self.worker_id, reason=verdict.reason,
-                             detail=verdict.detail, history=[record], versions=versions,
-                             identity=self.identity, fence=held.fence)
+            record = AttemptRecord(
+                attempt=attempt,
+                worker=self.worker_id,
+                identity=self.identity,
+                fence=held.fence,
+                duration_s=duration,
+                outcome=verdict.kind,
+                reason=verdict.reason,
+            )
+            report = Failure(
+                order=order,
+                worker=self.worker_id,
+                reason=verdict.reason,
+                detail=verdict.detail,
+                history=[record],
+                versions=versions,
+                identity=self.identity,
+                fence=held.fence,
+            )
         return await self._send_report(order, _encoder.encode(report))
 
     async def _send_report(self, order: WorkOrder, payload: bytes) -> SinkReply | None:
         for try_no in range(SINK_TRIES):
             try:
-                answer = await self.nc.request(subjects.sink_report(order.target), payload,
-                                               timeout=SINK_TIMEOUT_S)
+                answer = await self.nc.request(
+                    subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
+                )
                 return _reply_decoder.decode(answer.data)
             except (NoRespondersError, NatsTimeoutError) as exc:
-                log.warning("sink did not answer for job %s (%s); retrying",
-                            order.job.id, type(exc).__name__)
+                log.warning(
+                    "sink did not answer for job %s (%s); retrying",
+                    order.job.id,
+                    type(exc).__name__,
+                )
                 await asyncio.sleep(0.5 * 2**try_no)
         return None
 
@@ -349,13 +406,21 @@ class Worker:
             version = ""
         return Versions(jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{version}")
 
-    async def _publish_outcome(self, order: WorkOrder, attempt: int, verdict: Verdict,
-                               duration: float, versions: Versions) -> None:
+    async def _publish_outcome(
+        self, order: WorkOrder, attempt: int, verdict: Verdict, duration: float, versions: Versions
+    ) -> None:
         kind = "retryable" if verdict.kind == "lost" else verdict.kind
-        event = Outcome(job_id=order.job.id, target=order.target, worker=self.worker_id,
-                        attempt=attempt, kind=kind,  # type: ignore[arg-type]
-                        duration_s=duration, versions=versions, identity=self.identity,
-                        reason=verdict.reason)
+        event = Outcome(
+            job_id=order.job.id,
+            target=order.target,
+            worker=self.worker_id,
+            attempt=attempt,
+            kind=kind,  # type: ignore[arg-type]
+            duration_s=duration,
+            versions=versions,
+            identity=self.identity,
+            reason=verdict.reason,
+        )
         await self.nc.publish(subjects.outcome(order.target), _encoder.encode(event))
 
     async def _term(self, msg: Msg, reason: str) -> None:
