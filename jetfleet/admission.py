@@ -38,8 +38,21 @@ def admit(
     """
     target = subjects.target_of(subject)
 
+    limit = settings.fleet.max_job_bytes
+
     def reject(reason: str, message: str, job_id: str = "") -> Rejection:
-        return Rejection(reason=reason, message=message, subject=subject, raw=data, job_id=job_id)
+        # An oversized payload is kept whole in JF_SUBMIT (submit_seq); copying all of it
+        # here could exceed the server's max payload and wedge admission.
+        return Rejection(
+            reason=reason,
+            message=message,
+            subject=subject,
+            raw=data[:limit],
+            job_id=job_id,
+            submit_seq=submit_seq,
+            raw_size=len(data),
+            raw_truncated=len(data) > limit,
+        )
 
     if len(data) > settings.fleet.max_job_bytes:
         return reject(

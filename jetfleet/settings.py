@@ -216,6 +216,8 @@ def _convert_part(
         if "unknown field" in text:
             field = re.search(r"unknown field `([^`]+)`", text)
             bad = f"{key}.{field.group(1)}" if key and field else (field.group(1) if field else "")
+            if bad in origins:
+                source = f"environment variable {origins[bad]}"
             raise ConfigError(
                 f"config ({source}): unknown key {bad!r}: remove it or fix its spelling"
             ) from None

@@ -119,6 +119,9 @@ class Worker:
                         subjects.work_consumer(target), stream=subjects.STREAM_WORK
                     )
                 await self._slots.acquire()
+                if self._stopping.is_set():  # drain began while we waited for a slot
+                    self._slots.release()
+                    break
                 free = 1 + self._take_free_slots(9)
                 try:
                     msgs = await sub.fetch(free, timeout=FETCH_WAIT_S)

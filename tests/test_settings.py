@@ -1,0 +1,340 @@
+"""Settings: every config error names the key and the fix; the environment overrides the
+file; the result is frozen. Pure unit tests (no servers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from jetfleet.errors import ConfigError
+from jetfleet.settings import Settings, load_settings
+
+TARGET = '[targets.demo]\nbase_url = "https://example.org/"\n'
+
+
+def load_text(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> Settings:
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(text)
+    return load_settings(path, env or {})
+
+
+def config_error(tmp_path: Path, text: str, env: dict[str, str] | None = None) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_text(tmp_path, text, env)
+    return str(info.value)
+
+
+# --- unknown keys ---------------------------------------------------------------------
+
+
+def test_an_unknown_top_level_key_is_named_and_the_fix_is_to_remove_or_respell_it(
+    tmp_path: Path,
+) -> None:
+    message = config_error(tmp_path, "colour = 1\n" + TARGET)
+    assert "unknown key 'colour'" in message
+    assert "remove it or fix its spelling" in message
+    assert str(tmp_path / "jetfleet.toml") in message
+
+
+def test_an_unknown_key_inside_a_section_is_named_with_its_section(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "[fleet]\nack_wait = 90\n")
+    assert "unknown key 'fleet.ack_wait'" in message
+    assert "remove it or fix its spelling" in message
+
+
+def test_an_unknown_key_inside_a_target_is_named_with_the_target(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET + "ratee = 2\n")
+    assert "unknown key 'targets.demo.ratee'" in message
+    assert "remove it or fix its spelling" in message
+
+
+def test_an_unknown_key_from_the_environment_is_named(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET, {"JETFLEET_FLEET__BOGUS": "1"})
+    assert "'fleet.bogus'" in message
+    assert "JETFLEET_FLEET__BOGUS" in message  # not in the file: name where it came from
+    assert "remove it or fix its spelling" in message
+
+
+# --- wrong types ----------------------------------------------------------------------
+
+
+def test_a_wrong_type_in_a_target_names_the_key_the_type_and_what_to_set(
+    tmp_path: Path,
+) -> None:
+    message = config_error(tmp_path, TARGET + 'rate = "fast"\n')
+    assert "targets.demo.rate" in message
+    assert "Expected `float`, got `str`" in message
+    assert "set it to a positive number of requests per second" in message
+
+
+def test_a_fractional_burst_is_refused_as_not_a_whole_number(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET + "burst = 1.5\n")
+    assert "targets.demo.burst" in message
+    assert "Expected `int`" in message
+    assert "set it to a whole number >= 1" in message
+
+
+def test_a_wrong_type_in_a_section_names_the_dotted_key(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "[nats]\nurl = 5\n")
+    assert "nats.url" in message
+    assert "Expected `str`, got `int`" in message
+    assert "nats://" in message
+
+
+def test_a_target_without_base_url_names_the_target_and_the_missing_field(
+    tmp_path: Path,
+) -> None:
+    message = config_error(tmp_path, "[targets.demo]\nrate = 2\n")
+    assert "targets.demo" in message
+    assert "base_url" in message
+
+
+def test_targets_that_are_not_a_table_say_how_to_declare_them(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "targets = 3\n")
+    assert "targets must be a table of [targets.NAME] tables" in message
+
+
+# --- rules a type cannot express ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "base_url", ["ftp://example.org/", "example.org", "/relative/path", "https://", ""]
+)
+def test_a_base_url_that_is_not_an_absolute_http_url_is_refused(
+    tmp_path: Path, base_url: str
+) -> None:
+    message = config_error(tmp_path, f'[targets.demo]\nbase_url = "{base_url}"\n')
+    assert "targets.demo.base_url" in message
+    assert "an absolute http(s) URL such as https://example.org/" in message
+
+
+@pytest.mark.parametrize("name", ["Demo", "a.b", "-lead", "has space", "x" * 65, "_under"])
+def test_a_target_name_that_cannot_be_a_subject_token_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    message = config_error(tmp_path, f'[targets."{name}"]\nbase_url = "https://example.org/"\n')
+    assert f"targets.{name}" in message
+    assert "lowercase letters, digits, '-' or '_'" in message
+    assert "NATS subject token" in message
+
+
+@pytest.mark.parametrize("rate", ["0", "-1", "0.0"])
+def test_a_rate_that_is_not_positive_is_refused(tmp_path: Path, rate: str) -> None:
+    message = config_error(tmp_path, TARGET + f"rate = {rate}\n")
+    assert "targets.demo.rate" in message
+    assert "a positive number of requests per second" in message
+
+
+def test_a_burst_of_zero_is_refused(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET + "burst = 0\n")
+    assert "targets.demo.burst" in message
+    assert "a whole number >= 1" in message
+
+
+@pytest.mark.parametrize(("ack_wait", "lease_ttl"), [(30, 30), (20, 30)])
+def test_ack_wait_not_above_the_lease_ttl_is_refused_naming_both(
+    tmp_path: Path, ack_wait: int, lease_ttl: int
+) -> None:
+    message = config_error(
+        tmp_path, f"[fleet]\nack_wait_s = {ack_wait}\nlease_ttl_s = {lease_ttl}\n" + TARGET
+    )
+    assert "fleet.ack_wait_s" in message
+    assert "more than fleet.lease_ttl_s (30 s)" in message
+
+
+def test_ack_wait_just_above_the_lease_ttl_is_accepted(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, "[fleet]\nack_wait_s = 30.5\nlease_ttl_s = 30\n" + TARGET)
+    assert settings.fleet.ack_wait_s == 30.5
+
+
+def test_a_dedupe_ttl_shorter_than_retry_horizon_plus_visibility_shows_the_arithmetic(
+    tmp_path: Path,
+) -> None:
+    # Worst target: 5 attempts; 5 x 20 s max backoff + 40 s ack_wait = 140 s needed.
+    text = (
+        "[fleet]\ndedupe_ttl_s = 100\nretry_max_backoff_s = 20\nack_wait_s = 40\n"
+        "lease_ttl_s = 10\n" + TARGET + "max_attempts = 5\n"
+        '[targets.other]\nbase_url = "https://other.example/"\nmax_attempts = 2\n'
+    )
+    message = config_error(tmp_path, text)
+    assert "fleet.dedupe_ttl_s = 100 s" in message
+    assert "retry horizon plus the visibility timeout" in message
+    assert "5 attempts x 20 s max backoff + 40 s ack_wait = 140 s" in message
+    assert "Set fleet.dedupe_ttl_s to at least 140" in message
+
+
+def test_a_dedupe_ttl_equal_to_the_minimum_is_accepted(tmp_path: Path) -> None:
+    text = (
+        "[fleet]\ndedupe_ttl_s = 140\nretry_max_backoff_s = 20\nack_wait_s = 40\n"
+        "lease_ttl_s = 10\n" + TARGET + "max_attempts = 5\n"
+    )
+    assert load_text(tmp_path, text).fleet.dedupe_ttl_s == 140.0
+
+
+def test_the_default_dedupe_rule_without_targets_uses_three_attempts(tmp_path: Path) -> None:
+    # No targets: 3 attempts x 60 s default max backoff + 60 s default ack_wait = 240 s.
+    message = config_error(tmp_path, "[fleet]\ndedupe_ttl_s = 239\n")
+    assert "3 attempts x 60 s max backoff + 60 s ack_wait = 240 s" in message
+    assert "at least 240" in message
+
+
+def test_worker_targets_must_be_declared_targets(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET, {"JETFLEET_WORKER__TARGETS": "demo,ghost"})
+    assert "worker.targets" in message
+    assert "'ghost'" in message
+
+
+# --- the file itself ------------------------------------------------------------------
+
+
+def test_a_missing_config_file_is_named_with_the_fix(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "jetfleet.toml"
+    with pytest.raises(ConfigError) as info:
+        load_settings(missing, {})
+    assert str(missing) in str(info.value)
+    assert "does not exist" in str(info.value)
+    assert "--config/JETFLEET_CONFIG" in str(info.value)
+
+
+def test_a_missing_config_file_named_by_jetfleet_config_is_refused(tmp_path: Path) -> None:
+    missing = tmp_path / "gone.toml"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_settings(None, {"JETFLEET_CONFIG": str(missing)})
+
+
+def test_invalid_toml_is_refused_with_the_file_and_the_position(tmp_path: Path) -> None:
+    message = config_error(tmp_path, "[fleet\nack_wait_s = 1\n")
+    assert str(tmp_path / "jetfleet.toml") in message
+    assert "is not valid TOML" in message
+    assert "line 1" in message
+
+
+def test_a_config_path_that_is_a_directory_is_refused_as_a_config_error(
+    tmp_path: Path,
+) -> None:
+    # Not an OSError traceback: the CLI reports ConfigErrors as "what to fix".
+    with pytest.raises(ConfigError) as info:
+        load_settings(tmp_path, {})
+    assert str(tmp_path) in str(info.value)
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_as_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "jetfleet.toml"
+    path.write_bytes(b"\xff\xfe[fleet]\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, {})
+    assert str(path) in str(info.value)
+
+
+def test_the_config_file_can_be_named_by_jetfleet_config(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.toml"
+    path.write_text(TARGET)
+    settings = load_settings(None, {"JETFLEET_CONFIG": str(path)})
+    assert settings.targets["demo"].base_url == "https://example.org/"
+
+
+def test_no_file_and_no_environment_gives_valid_defaults() -> None:
+    settings = load_settings(None, {})
+    assert settings.targets == {}
+    assert settings.fleet.ack_wait_s > settings.fleet.lease_ttl_s
+
+
+# --- environment overrides ------------------------------------------------------------
+
+
+def test_nats_url_and_redis_url_from_the_environment_override_the_file(
+    tmp_path: Path,
+) -> None:
+    text = '[nats]\nurl = "nats://file:4222"\n[redis]\nurl = "redis://file:6379/0"\n' + TARGET
+    settings = load_text(
+        tmp_path, text, {"NATS_URL": "nats://env:4333", "REDIS_URL": "redis://env:6380/2"}
+    )
+    assert settings.nats.url == "nats://env:4333"
+    assert settings.redis.url == "redis://env:6380/2"
+
+
+def test_a_section_key_variable_becomes_a_typed_float(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, "[fleet]\nack_wait_s = 45\n" + TARGET,
+                         {"JETFLEET_FLEET__ACK_WAIT_S": "90"})
+    assert settings.fleet.ack_wait_s == 90.0
+    assert isinstance(settings.fleet.ack_wait_s, float)
+
+
+def test_a_section_key_variable_becomes_a_typed_int(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, TARGET, {"JETFLEET_WORKER__CONCURRENCY": "3"})
+    assert settings.worker.concurrency == 3
+
+
+def test_worker_targets_from_the_environment_split_on_commas(tmp_path: Path) -> None:
+    text = (
+        '[targets.a]\nbase_url = "https://a.example/"\n'
+        '[targets.b]\nbase_url = "https://b.example/"\n'
+    )
+    settings = load_text(tmp_path, text, {"JETFLEET_WORKER__TARGETS": "a,b"})
+    assert settings.worker.targets == ("a", "b")
+
+
+def test_a_badly_typed_environment_value_names_the_key(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET, {"JETFLEET_FLEET__ACK_WAIT_S": "ninety"})
+    assert "fleet.ack_wait_s" in message
+    assert "Expected `float`, got `str`" in message
+
+
+def test_a_badly_typed_environment_value_names_its_variable_not_the_file(
+    tmp_path: Path,
+) -> None:
+    # The value is not in the file: the message must send the operator to the variable.
+    message = config_error(tmp_path, TARGET, {"JETFLEET_FLEET__ACK_WAIT_S": "ninety"})
+    assert "JETFLEET_FLEET__ACK_WAIT_S" in message
+
+
+def test_environment_overrides_are_validated_like_the_file(tmp_path: Path) -> None:
+    message = config_error(
+        tmp_path, TARGET, {"JETFLEET_FLEET__ACK_WAIT_S": "5", "JETFLEET_FLEET__LEASE_TTL_S": "10"}
+    )
+    assert "fleet.ack_wait_s" in message
+    assert "more than fleet.lease_ttl_s (10 s)" in message
+
+
+def test_unrelated_environment_variables_are_ignored(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, TARGET, {"HOME": "/root", "JETFLEET_CONFIGX": "1",
+                                            "PATH": "/bin"})
+    assert settings.fleet.ack_wait_s == 60.0
+
+
+# --- frozen ---------------------------------------------------------------------------
+
+
+def test_settings_are_frozen_at_every_level(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, TARGET)
+    with pytest.raises(AttributeError):
+        settings.fleet = settings.fleet  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        settings.fleet.ack_wait_s = 1.0  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        settings.nats.url = "nats://elsewhere:4222"  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        settings.targets["demo"].rate = 99.0  # type: ignore[misc]
+
+
+def test_a_changed_copy_is_a_new_object_and_the_original_is_untouched(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, TARGET)
+    fleet = msgspec.structs.replace(settings.fleet, ack_wait_s=120.0)
+    assert fleet.ack_wait_s == 120.0
+    assert settings.fleet.ack_wait_s == 60.0
+
+
+def test_settings_can_be_hashed_and_compared_by_value(tmp_path: Path) -> None:
+    one, two = load_text(tmp_path, TARGET), load_text(tmp_path, TARGET)
+    assert one == two
+    assert hash(one.fleet) == hash(two.fleet)
+    assert hash(one.targets["demo"]) == hash(two.targets["demo"])
+
+
+def test_settings_target_names_an_undeclared_target_and_the_fix(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, TARGET)
+    assert settings.target("demo").base_url == "https://example.org/"
+    with pytest.raises(ConfigError, match=r"\[targets\.ghost\]"):
+        settings.target("ghost")
