@@ -39,6 +39,12 @@ class FleetStatus(msgspec.Struct):
     targets: dict[str, TargetCounts]
     admitting: int = 0
     """Submissions the scheduler has not decided yet (not attributed to a target)."""
+    unaccounted: int = 0
+    """submitted - (queued + leased + committed + dead + rejected) - admitting, in total.
+    Non-zero for a moment while a job changes state; a lasting difference means a job
+    went missing (or was counted twice) and is flagged."""
+    conserved: bool = True
+    """Whether every submitted job is in exactly one state right now (see ``unaccounted``)."""
 
 
 async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
@@ -51,6 +57,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
             for t in settings.targets
         }
     )
+    committed.update(await _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"))
     dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
@@ -68,7 +75,16 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     totals = TargetCounts()
     for counts in targets.values():
         totals.add(counts)
-    return FleetStatus(totals=totals, targets=targets, admitting=await _admitting(js))
+    admitting = await _admitting(js)
+    placed = sum(getattr(totals, f) for f in FIELDS[1:])
+    unaccounted = totals.submitted - placed - admitting
+    return FleetStatus(
+        totals=totals,
+        targets=targets,
+        admitting=admitting,
+        unaccounted=unaccounted,
+        conserved=unaccounted == 0,
+    )
 
 
 async def _per_target(js: JetStreamContext, stream: str, filter_: str) -> Counter[str]:

@@ -17,6 +17,7 @@ STREAM_RESULTS = "JF_RESULTS"
 STREAM_DLQ = "JF_DLQ"
 STREAM_REJECTED = "JF_REJECTED"
 STREAM_OUTCOMES = "JF_OUTCOMES"
+STREAM_DUPLICATES = "JF_DUPLICATES"
 
 # KV buckets.
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
@@ -68,6 +69,11 @@ def result_key(target: str, key: str) -> str:
     return f"{PREFIX}.results.{target}.{key}"
 
 
+def duplicates(target: str) -> str:
+    """Where jobs settled by another job's commit of the same work are recorded."""
+    return f"{PREFIX}.duplicates.{target}"
+
+
 def dlq(target: str) -> str:
     """Where dead letters of ``target`` are kept."""
     return f"{PREFIX}.dlq.{target}"
@@ -78,9 +84,11 @@ def rejected(target: str) -> str:
     return f"{PREFIX}.rejected.{target}"
 
 
-def outcome(target: str) -> str:
-    """Where outcome events of ``target`` are published."""
-    return f"{PREFIX}.outcome.{target}"
+def outcome(target: str, job_id: str) -> str:
+    """Where the outcome events of one job of ``target`` are published; subscribe to
+    ``jf.outcome.<target>.>`` for a whole target. The job token lets the sink read one
+    job's attempt history without scanning the target's."""
+    return f"{PREFIX}.outcome.{target}.{job_id}"
 
 
 def sink_report(target: str) -> str:

@@ -65,6 +65,7 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         # One subject per idempotency key: the result record is the key (docs/commit.md),
         # so it is kept at least as long as the dedupe TTL.
         stream(subjects.STREAM_RESULTS, "jf.results.>", limits, max(keep, fleet.dedupe_ttl_s)),
+        stream(subjects.STREAM_DUPLICATES, "jf.duplicates.>", limits, keep),
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
         stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),

@@ -19,6 +19,7 @@ from jetfleet import subjects
 from jetfleet.schemas import (
     CommittedResult,
     DeadLetter,
+    Duplicate,
     Job,
     LeaseReply,
     Outcome,
@@ -157,6 +158,18 @@ CHANNELS: tuple[Channel, ...] = (
         stream=subjects.STREAM_RESULTS,
     ),
     Channel(
+        name="duplicates",
+        address=subjects.duplicates(_TARGET),
+        kind="stream",
+        payload=Duplicate,
+        description=(
+            "A job settled by another job's commit of the same unit of work (the leaser "
+            "said already-done, or the sink suppressed its commit): committed, no second "
+            "side effect."
+        ),
+        stream=subjects.STREAM_DUPLICATES,
+    ),
+    Channel(
         name="dlq",
         address=subjects.dlq(_TARGET),
         kind="stream",
@@ -178,7 +191,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         name="outcome",
-        address=subjects.outcome(_TARGET),
+        address=subjects.outcome(_TARGET, "{job_id}"),
         kind="stream",
         payload=Outcome,
         description="One event per attempt's outcome, read by quarantine and metrics.",

@@ -6,7 +6,7 @@ maps each subject family to the type (or tagged union) it carries; ``jetfleet sc
 export`` writes the JSON Schema and AsyncAPI documents from it.
 """
 
-from jetfleet.schemas.events import CommittedResult, DeadLetter, Outcome, Rejection
+from jetfleet.schemas.events import CommittedResult, DeadLetter, Duplicate, Outcome, Rejection
 from jetfleet.schemas.job import Job, WorkOrder
 from jetfleet.schemas.lease import (
     LeaseAlreadyDone,
@@ -25,6 +25,7 @@ __all__ = [
     "CommittedResult",
     "DataOutput",
     "DeadLetter",
+    "Duplicate",
     "Failure",
     "HandlerOutput",
     "HttpFetch",

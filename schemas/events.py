@@ -69,3 +69,16 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     versions: Versions
     identity: str = ""
     reason: str = ""
+    fence: int = 0
+    detail: str = ""
+
+
+class Duplicate(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A job settled by another job's commit of the same unit of work, on
+    ``jf.duplicates.<target>``: it counts as committed without a second side effect."""
+
+    job_id: str
+    target: str
+    key: str
+    committed_by: str
+    via: Literal["already-done", "suppressed"]

@@ -63,10 +63,12 @@ class LeaseRefusal(msgspec.Struct, frozen=True, tag="refused", omit_defaults=Tru
     detail: str = ""
 
 
-class LeaseAlreadyDone(msgspec.Struct, frozen=True, tag="already-done"):
+class LeaseAlreadyDone(msgspec.Struct, frozen=True, tag="already-done", omit_defaults=True):
     """The job's idempotency key is committed: ack it without running it again."""
 
     key: str
+    committed_by: str = ""
+    """The job id whose commit holds the key (this job's own after a lost ack)."""
 
 
 LeaseReply = LeaseGrant | LeaseRefusal | LeaseAlreadyDone

@@ -77,3 +77,5 @@ class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
 
     status: SinkStatus
     detail: str = ""
+    committed_by: str = ""
+    """With ``suppressed:duplicate-key``: the job id whose commit holds the key."""

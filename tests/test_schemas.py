@@ -18,6 +18,7 @@ from jetfleet.schemas import (
     AttemptRecord,
     CommittedResult,
     DeadLetter,
+    Duplicate,
     Failure,
     HttpFetch,
     Job,
@@ -341,6 +342,8 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             versions=VERSIONS,
         ),
         DeadLetter(order=ORDER, reason="attempts-exhausted", history=[]),
+        Duplicate(job_id="job-2", target="example", key=ORDER.key, committed_by=JOB.id,
+                  via="already-done"),
         Rejection(reason="invalid-json", message="not JSON", subject="jf.submit.example", raw=b"{"),
         Outcome(
             job_id=JOB.id,

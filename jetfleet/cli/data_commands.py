@@ -169,6 +169,14 @@ async def _status(settings: Settings, as_json: bool) -> int:
     print_table(["target", *FIELDS], rows)
     if status.admitting:
         print(f"\n{status.admitting} submission(s) awaiting admission")
+    if not status.conserved:
+        # A moment's difference is a job changing state; run status again to confirm.
+        print(
+            f"\nWARNING: submitted != queued + leased + committed + dead + rejected + "
+            f"admitting (off by {status.unaccounted:+d}); if it persists, a job is "
+            "missing or counted twice",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable
+from typing import Literal
 
 import aiohttp
 import msgspec
@@ -29,9 +30,11 @@ import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import PermanentFailure, RetryLater
 from jetfleet.lease_client import LeaseClient
+from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
     AttemptRecord,
+    Duplicate,
     Failure,
     Outcome,
     SinkReply,
@@ -196,7 +199,7 @@ class Worker:
                 detail=f"last: {verdict.reason} {verdict.detail}".strip(),
             )
         versions = self._versions(order)
-        await self._publish_outcome(order, attempt, verdict, duration, versions)
+        await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
             return
@@ -229,6 +232,7 @@ class Worker:
             return None
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
+            await self._record_duplicate(order, reply.committed_by, "already-done")
             await msg.ack()  # a lost ack costs no second request to the target
             return None
         if isinstance(reply, LeaseRefusal):
@@ -333,6 +337,8 @@ class Worker:
             return
         self.stats[reply.status] += 1
         if reply.status in ("committed", "suppressed:duplicate-key"):
+            if reply.status != "committed":
+                await self._record_duplicate(order, reply.committed_by, "suppressed")
             await msg.ack()  # the sink confirmed our fence: this is the live delivery
             await self._give_back(order, held)
         elif reply.status == "dead-lettered":
@@ -402,6 +408,28 @@ class Worker:
                 await asyncio.sleep(0.5 * 2**try_no)
         return None
 
+    async def _record_duplicate(
+        self, order: WorkOrder, committed_by: str, via: Literal["already-done", "suppressed"]
+    ) -> None:
+        """Record, before acking, that another job's commit settled this one, so status
+        still adds up (it counts as committed, with no second side effect). Nothing to
+        record when the commit is this job's own (an ack that was lost)."""
+        if committed_by == order.job.id:
+            return
+        record = Duplicate(
+            job_id=order.job.id,
+            target=order.target,
+            key=order.key,
+            committed_by=committed_by,
+            via=via,
+        )
+        await publish_durably(
+            self.js,
+            subjects.duplicates(order.target),
+            _encoder.encode(record),
+            msg_id=f"dup-{order.job.id}",
+        )
+
     def _versions(self, order: WorkOrder) -> Versions:
         try:
             _, version = get_handler(order.job.handler)
@@ -410,7 +438,13 @@ class Worker:
         return Versions(jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{version}")
 
     async def _publish_outcome(
-        self, order: WorkOrder, attempt: int, verdict: Verdict, duration: float, versions: Versions
+        self,
+        order: WorkOrder,
+        attempt: int,
+        verdict: Verdict,
+        duration: float,
+        versions: Versions,
+        fence: int,
     ) -> None:
         kind = "retryable" if verdict.kind == "lost" else verdict.kind
         event = Outcome(
@@ -423,8 +457,11 @@ class Worker:
             versions=versions,
             identity=self.identity,
             reason=verdict.reason,
+            fence=fence,
+            detail=verdict.detail[:500],
         )
-        await self.nc.publish(subjects.outcome(order.target), _encoder.encode(event))
+        subject = subjects.outcome(order.target, order.job.id)
+        await self.nc.publish(subject, _encoder.encode(event))
 
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.

@@ -74,10 +74,14 @@ class Batch:
             if result.rejection is None:
                 accepted.append(self.msg_ids[index])
             else:
-                rejected.append(ItemRejection(
-                    index=index, job_id=self.job_ids[index],
-                    reason=result.rejection.reason, message=result.rejection.message,
-                ))
+                rejected.append(
+                    ItemRejection(
+                        index=index,
+                        job_id=self.job_ids[index],
+                        reason=result.rejection.reason,
+                        message=result.rejection.message,
+                    )
+                )
         return SubmitAnswer(accepted=accepted, rejected=rejected)
 
 
@@ -129,15 +133,20 @@ def parse_batch(body: bytes, target: str, settings: Settings) -> Batch:
     return batch
 
 
-def _completed(item: dict[str, Any], target: str, settings: Settings,
-               declared: bool) -> dict[str, Any]:
+def _completed(
+    item: dict[str, Any], target: str, settings: Settings, declared: bool
+) -> dict[str, Any]:
     job = {"id": new_job_id(), **item}
     url = job.get("url")
     # Only a declared target has a base_url; an undeclared one is refused by admission
     # anyway, with the URL left as the client sent it. An empty URL is left empty so
     # admission reports it instead of it silently becoming the target's home page.
-    if (declared and isinstance(url, str) and url
-            and not url.lower().startswith(("http://", "https://"))):
+    if (
+        declared
+        and isinstance(url, str)
+        and url
+        and not url.lower().startswith(("http://", "https://"))
+    ):
         job["url"] = resolve_url(settings, target, url)
     return job
 

@@ -59,8 +59,9 @@ _NATS_UNAVAILABLE = (
 class _Refused(Exception):
     """An expected refusal a handler raises; the middleware answers it as JSON."""
 
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None,
-                 **extra: Any) -> None:
+    def __init__(
+        self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -113,8 +114,9 @@ class Gateway:
         runner = web.AppRunner(self._build_app(), shutdown_timeout=_CLOSE_GRACE_S)
         await runner.setup()
         try:
-            await web.TCPSite(runner, self.settings.gateway.host,
-                              self.settings.gateway.port).start()
+            await web.TCPSite(
+                runner, self.settings.gateway.host, self.settings.gateway.port
+            ).start()
         except BaseException:
             await runner.cleanup()
             raise
@@ -139,16 +141,20 @@ class Gateway:
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
-            log.warning("gateway drain: %d requests still running after %g s; cancelling",
-                        self._inflight, timeout_s)
+            log.warning(
+                "gateway drain: %d requests still running after %g s; cancelling",
+                self._inflight,
+                timeout_s,
+            )
         await runner.cleanup()
         self._url = None
 
     def _build_app(self) -> web.Application:
         # client_max_size makes aiohttp refuse an oversized body while reading it, even
         # when it comes chunked without a Content-Length.
-        app = web.Application(middlewares=[self._guard],
-                              client_max_size=max_body_bytes(self.settings))
+        app = web.Application(
+            middlewares=[self._guard], client_max_size=max_body_bytes(self.settings)
+        )
         app.router.add_get("/", self._dashboard)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/v1/status", self._status)
@@ -160,25 +166,33 @@ class Gateway:
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Count in-flight requests for drain, and turn every failure into JSON."""
         if self._draining:
-            return _json({"error": "the gateway is shutting down; retry on another replica"},
-                         503, headers={"Connection": "close", "Retry-After": "1"})
+            return _json(
+                {"error": "the gateway is shutting down; retry on another replica"},
+                503,
+                headers={"Connection": "close", "Retry-After": "1"},
+            )
         self._inflight += 1
         self._idle.clear()
         try:
             return await handler(request)
         except _Refused as refusal:
-            return _json({"error": refusal.message, **refusal.extra}, refusal.status,
-                         headers=refusal.headers)
+            return _json(
+                {"error": refusal.message, **refusal.extra}, refusal.status, headers=refusal.headers
+            )
         except web.HTTPException:
             raise  # aiohttp's own answers (404, 405) are correct as they are
         except _NATS_UNAVAILABLE as exc:
             log.warning("%s %s: NATS unavailable: %r", request.method, request.path, exc)
-            return _json({"error": f"NATS is unavailable ({type(exc).__name__}: {exc}); "
-                                   "retry shortly"}, 503, headers={"Retry-After": "1"})
+            return _json(
+                {"error": f"NATS is unavailable ({type(exc).__name__}: {exc}); retry shortly"},
+                503,
+                headers={"Retry-After": "1"},
+            )
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.path)
-            return _json({"error": f"internal error ({type(exc).__name__}: {exc}); "
-                                   "see the gateway log"}, 500)
+            return _json(
+                {"error": f"internal error ({type(exc).__name__}: {exc}); see the gateway log"}, 500
+            )
         finally:
             self._inflight -= 1
             if self._inflight == 0:
@@ -189,8 +203,9 @@ class Gateway:
 
     async def _healthz(self, request: web.Request) -> web.Response:
         state = _connection_state(self.nc)
-        return _json({"ok": state == "connected", "nats": state},
-                     200 if state == "connected" else 503)
+        return _json(
+            {"ok": state == "connected", "nats": state}, 200 if state == "connected" else 503
+        )
 
     async def _status(self, request: web.Request) -> web.Response:
         status = await fleet_status(self.js, self.settings)
@@ -203,8 +218,9 @@ class Gateway:
     async def _submit(self, request: web.Request) -> web.Response:
         denial = check_write(self.settings.gateway, request.headers.get("Authorization"))
         if denial is not None:
-            headers = {"WWW-Authenticate": 'Bearer realm="jetfleet"'} if denial.status == 401 \
-                else None
+            headers = (
+                {"WWW-Authenticate": 'Bearer realm="jetfleet"'} if denial.status == 401 else None
+            )
             raise _Refused(denial.status, denial.message, headers)
         target = request.match_info["target"]
         body = await self._read_body(request)
@@ -212,8 +228,12 @@ class Gateway:
             # Never put the route's text into a subject (a space or '*' would corrupt the
             # publish); keep the body under the catch-all target instead.
             kept = await self._keep(subjects.UNPARSABLE_TARGET, body)
-            raise _Refused(400, f"target name {target!r} is not valid: use lowercase letters, "
-                                "digits, '-' or '_' (at most 64)", reason=_reason(kept))
+            raise _Refused(
+                400,
+                f"target name {target!r} is not valid: use lowercase letters, "
+                "digits, '-' or '_' (at most 64)",
+                reason=_reason(kept),
+            )
         try:
             batch = parse_batch(body, target, self.settings)
         except TooManyJobs as exc:
@@ -222,12 +242,14 @@ class Gateway:
             # Bad input loses nothing: the scheduler files the raw body on jf.rejected.
             kept = await self._keep(target, body)
             raise _Refused(400, str(exc), reason=_reason(kept)) from None
-        results = await submit_raw(self.js, self.settings, target, batch.payloads,
-                                   batch.msg_ids)
+        results = await submit_raw(self.js, self.settings, target, batch.payloads, batch.msg_ids)
         answer = batch.answer(results)
         # Every item was published either way; 400 says some need fixing by the client.
-        return web.Response(body=msgspec.json.encode(answer), content_type="application/json",
-                            status=400 if answer.rejected else 202)
+        return web.Response(
+            body=msgspec.json.encode(answer),
+            content_type="application/json",
+            status=400 if answer.rejected else 202,
+        )
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = max_body_bytes(self.settings)
@@ -267,7 +289,12 @@ def _connection_state(nc: NatsClient) -> str:
     return "disconnected"
 
 
-def _json(data: dict[str, Any], status: int = 200,
-          headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=msgspec.json.encode(data), status=status,
-                        content_type="application/json", headers=headers)
+def _json(
+    data: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(
+        body=msgspec.json.encode(data),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )

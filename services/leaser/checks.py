@@ -10,9 +10,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
-from jetfleet import subjects
+from jetfleet.results import committed_job
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
@@ -36,19 +35,10 @@ GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone 
 
 async def already_done(ctx: GrantContext) -> LeaseAlreadyDone | None:
     """The idempotency key is committed: no second request to the target."""
-    if await is_committed(ctx.js, ctx.request.target, ctx.request.key):
-        return LeaseAlreadyDone(key=ctx.request.key)
+    committed_by = await committed_job(ctx.js, ctx.request.target, ctx.request.key)
+    if committed_by is not None:
+        return LeaseAlreadyDone(key=ctx.request.key, committed_by=committed_by)
     return None
-
-
-async def is_committed(js: JetStreamContext, target: str, key: str) -> bool:
-    """Whether a result for ``key`` is committed (the result record is the key)."""
-    try:
-        await js.get_msg(subjects.STREAM_RESULTS, subject=subjects.result_key(target, key),
-                         direct=True)
-    except NotFoundError:
-        return False
-    return True
 
 
 async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:

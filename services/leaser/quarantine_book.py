@@ -29,8 +29,7 @@ class QuarantineBook:
         self.js = js
         self.control = control
 
-    async def get(self, scope: QuarantineScope, name: str, target: str
-                  ) -> QuarantineRecord | None:
+    async def get(self, scope: QuarantineScope, name: str, target: str) -> QuarantineRecord | None:
         """The record for this scope on ``target``, if it is quarantined."""
         if not name:
             return None

@@ -58,12 +58,16 @@ class Leaser:
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
-        self.quarantine = QuarantineBook(self.js, await self.js.key_value(
-            subjects.BUCKET_CONTROL))
-        for subject, handler in ((subjects.LEASE, self._answer_lease),
-                                 (subjects.QUARANTINE, self._answer_quarantine)):
-            self._subs.append(await self.nc.subscribe(
-                subject, queue=subjects.QUEUE_LEASER, cb=self._spawner(handler)))
+        self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
+        for subject, handler in (
+            (subjects.LEASE, self._answer_lease),
+            (subjects.QUARANTINE, self._answer_quarantine),
+        ):
+            self._subs.append(
+                await self.nc.subscribe(
+                    subject, queue=subjects.QUEUE_LEASER, cb=self._spawner(handler)
+                )
+            )
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking requests and finish the ones in hand."""
@@ -113,15 +117,20 @@ class Leaser:
             verdict = await check(ctx)
             if verdict is not None:
                 return verdict
-        record = LeaseRecord(job_id=request.job_id, target=request.target,
-                             worker=request.worker, identity=request.identity,
-                             reply_subject=request.reply_subject)
+        record = LeaseRecord(
+            job_id=request.job_id,
+            target=request.target,
+            worker=request.worker,
+            identity=request.identity,
+            reply_subject=request.reply_subject,
+        )
         fence = await self.store.create(record, self.ttl_s)
         if fence is None:
             live = await self.store.live(request.job_id)
             holder = live.record.worker if live else "another worker"
-            return LeaseRefusal(reason="held", retry_after_s=self.ttl_s,
-                                detail=f"lease held by {holder}")
+            return LeaseRefusal(
+                reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {holder}"
+            )
         attempt = await self.store.record_grant(request.job_id, fence)
         return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=attempt)
 
@@ -136,8 +145,9 @@ class Leaser:
         if msg.reply:
             await self.nc.publish(msg.reply, _encoder.encode(reply))
 
-    async def command(self, command: QuarantineSet | QuarantineRelease | QuarantineList
-                      ) -> QuarantineReply:
+    async def command(
+        self, command: QuarantineSet | QuarantineRelease | QuarantineList
+    ) -> QuarantineReply:
         """Apply an operator's quarantine command."""
         if isinstance(command, QuarantineList):
             return QuarantineReply(ok=True, records=await self.quarantine.all())
@@ -145,11 +155,17 @@ class Leaser:
             await self.quarantine.remove(command.scope, command.name, command.target)
             return QuarantineReply(ok=True)
         await self.quarantine.put(command.record)
-        revoked = await self.revoke_scope(command.record.scope, command.record.name,
-                                          command.record.target)
-        log.warning("quarantined %s %s on %s (%s); revoked %d lease(s)", command.record.scope,
-                    command.record.name, command.record.target, command.record.reason,
-                    len(revoked))
+        revoked = await self.revoke_scope(
+            command.record.scope, command.record.name, command.record.target
+        )
+        log.warning(
+            "quarantined %s %s on %s (%s); revoked %d lease(s)",
+            command.record.scope,
+            command.record.name,
+            command.record.target,
+            command.record.reason,
+            len(revoked),
+        )
         return QuarantineReply(ok=True, records=[command.record], revoked=revoked)
 
     async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:

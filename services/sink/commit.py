@@ -27,6 +27,7 @@ from nats.js.errors import APIError
 from jetfleet import subjects
 from jetfleet.lease_store import LeaseStore
 from jetfleet.publish import publish_durably
+from jetfleet.results import committed_job
 from jetfleet.schemas import CommittedResult, SinkReply, Success
 
 _encoder = msgspec.json.Encoder()
@@ -47,20 +48,25 @@ async def check_fence(store: LeaseStore, job_id: str, fence: int) -> SinkReply |
     """None when ``fence`` holds the job's live lease; else the rejection to answer."""
     highest = await store.highest_fence(job_id)
     if fence < highest.fence:
-        return SinkReply(status="rejected:fenced-out",
-                         detail=f"fence {fence} < highest granted {highest.fence}")
+        return SinkReply(
+            status="rejected:fenced-out", detail=f"fence {fence} < highest granted {highest.fence}"
+        )
     live = await store.live(job_id)
     if live is None:
-        return SinkReply(status="rejected:lease-expired",
-                         detail=f"no live lease for fence {fence} (server clock)")
+        return SinkReply(
+            status="rejected:lease-expired",
+            detail=f"no live lease for fence {fence} (server clock)",
+        )
     if live.fence != fence:
-        return SinkReply(status="rejected:fenced-out",
-                         detail=f"live lease has fence {live.fence}, not {fence}")
+        return SinkReply(
+            status="rejected:fenced-out", detail=f"live lease has fence {live.fence}, not {fence}"
+        )
     return None
 
 
-async def commit(js: JetStreamContext, store: LeaseStore, success: Success,
-                 policy: CommitPolicy = CommitPolicy()) -> SinkReply:
+async def commit(
+    js: JetStreamContext, store: LeaseStore, success: Success, policy: CommitPolicy = CommitPolicy()
+) -> SinkReply:
     """Commit ``success`` once per idempotency key, only from the live lease's holder."""
     order = success.order
     if policy.leases:
@@ -68,10 +74,18 @@ async def commit(js: JetStreamContext, store: LeaseStore, success: Success,
         if refusal is not None:
             return refusal
     record = CommittedResult(
-        job_id=order.job.id, target=order.target, url=order.job.url, key=order.key,
-        handler=order.job.handler, worker=success.worker, attempt=success.attempt,
-        duration_s=success.duration_s, output=success.output, versions=success.versions,
-        identity=success.identity, fence=success.fence,
+        job_id=order.job.id,
+        target=order.target,
+        url=order.job.url,
+        key=order.key,
+        handler=order.job.handler,
+        worker=success.worker,
+        attempt=success.attempt,
+        duration_s=success.duration_s,
+        output=success.output,
+        versions=success.versions,
+        identity=success.identity,
+        fence=success.fence,
     )
     payload = _encoder.encode(record)
     subject = subjects.result_key(order.target, order.key)
@@ -82,13 +96,21 @@ async def commit(js: JetStreamContext, store: LeaseStore, success: Success,
         # Put-if-absent on the key's subject; the msg id also turns a re-sent commit
         # (a lost ack, a retried publish) into a duplicate inside the stream's window.
         ack = await publish_durably(
-            js, subject, payload, msg_id=f"res-{order.key}",
+            js,
+            subject,
+            payload,
+            msg_id=f"res-{order.key}",
             headers={"Nats-Expected-Last-Subject-Sequence": "0"},
         )
     except APIError as exc:
         if exc.err_code in _WRONG_LAST_SEQUENCE:
-            return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+            return await _suppressed(js, order.target, order.key)
         raise
     if ack.duplicate:
-        return SinkReply(status="suppressed:duplicate-key", detail=order.key)
+        return await _suppressed(js, order.target, order.key)
     return SinkReply(status="committed", detail=str(ack.seq))
+
+
+async def _suppressed(js: JetStreamContext, target: str, key: str) -> SinkReply:
+    holder = await committed_job(js, target, key)
+    return SinkReply(status="suppressed:duplicate-key", detail=key, committed_by=holder or "")

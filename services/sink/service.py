@@ -14,6 +14,7 @@ from nats.aio.subscription import Subscription
 from jetfleet import subjects
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
+from jetfleet.attempt_history import attempt_history
 from jetfleet.lease_store import LeaseStore
 from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
@@ -29,8 +30,9 @@ class Sink:
 
     name = "sink"
 
-    def __init__(self, settings: Settings, nc: NatsClient,
-                 policy: CommitPolicy | None = None) -> None:
+    def __init__(
+        self, settings: Settings, nc: NatsClient, policy: CommitPolicy | None = None
+    ) -> None:
         self.settings = settings
         self.policy = policy or CommitPolicy(leases=settings.fleet.leases)
         self.nc = nc
@@ -83,8 +85,9 @@ class Sink:
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
+        history = await attempt_history(self.js, order.target, order.job.id, failure.history)
         letter = DeadLetter(
-            order=order, reason=failure.reason, history=failure.history, detail=failure.detail
+            order=order, reason=failure.reason, history=history, detail=failure.detail
         )
         # Written (and acked by the stream) BEFORE the worker terminates the message.
         await publish_durably(
