@@ -49,5 +49,20 @@ class PermanentFailure(ControlSignal):
         self.detail = detail
 
 
+class Blocked(ControlSignal):
+    """The target refused us: rate-limited (429), blocked (403) or challenged.
+
+    A signal to back off and contain, never an obstacle to get around. It does not spend
+    the job's attempt budget: the worker gives the attempt back and stops pulling the
+    target for ``retry_after_s`` (or the policy's backoff).
+    """
+
+    def __init__(self, kind: str, retry_after_s: float | None = None, detail: str = "") -> None:
+        super().__init__(kind)
+        self.kind = kind
+        self.retry_after_s = retry_after_s
+        self.detail = detail
+
+
 class LeaseLost(ControlSignal):
     """Someone else now owns the job: stop, discard state built for it, never ack."""

@@ -49,9 +49,10 @@ class LeaseClient:
         reply = await self._call(LeaseRenew(job_id=job_id, fence=fence))
         return None if reply is None else isinstance(reply, LeaseGrant)
 
-    async def release(self, job_id: str, fence: int) -> bool:
-        """True if it was still ours and is now released."""
-        reply = await self._call(LeaseRelease(job_id=job_id, fence=fence))
+    async def release(self, job_id: str, fence: int, refund: bool = False) -> bool:
+        """True if it was still ours and is now released (``refund``: the attempt does
+        not count against the job's budget)."""
+        reply = await self._call(LeaseRelease(job_id=job_id, fence=fence, refund=refund))
         return isinstance(reply, LeaseGrant)
 
 

@@ -106,6 +106,23 @@ class LeaseStore:
                 continue  # another grant of the same job raced us: read again
         raise RuntimeError(f"could not record the grant of {job_id}: too much contention")
 
+    async def refund_grant(self, job_id: str) -> None:
+        """Take back one grant from the job's count (an attempt the target refused)."""
+        for _ in range(10):
+            try:
+                entry = await self.history.get(job_id)
+            except KeyNotFoundError:
+                return
+            if not entry.value or entry.revision is None:
+                return
+            old = _history_decoder.decode(entry.value)
+            new = JobLeaseHistory(fence=old.fence, grants=max(0, old.grants - 1))
+            try:
+                await self.history.update(job_id, _encoder.encode(new), last=entry.revision)
+                return
+            except KeyWrongLastSequenceError:
+                continue
+
     async def renew(self, job_id: str, fence: int, ttl_s: float) -> bool:
         """Extend the lease if ``fence`` is still the live one (compare-and-set).
 

@@ -11,6 +11,7 @@ from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
+from jetfleet.dead_letters import purged_counts
 from jetfleet.settings import Settings
 
 FIELDS = ("submitted", "queued", "leased", "committed", "dead", "rejected")
@@ -59,6 +60,8 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     )
     committed.update(await _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"))
     dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
+    # Purged dead letters stay counted as dead, so purging cannot unbalance the totals.
+    dead.update(await purged_counts(js, list(settings.targets)))
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
     targets: dict[str, TargetCounts] = {}

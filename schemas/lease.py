@@ -36,11 +36,13 @@ class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):
     fence: int
 
 
-class LeaseRelease(msgspec.Struct, frozen=True, tag="release"):
+class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=True):
     """Give a lease back early; refused unless ``fence`` is still the live one."""
 
     job_id: str
     fence: int
+    refund: bool = False
+    """The attempt does not count against the job's budget (the target blocked us)."""
 
 
 LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease

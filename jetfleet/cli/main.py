@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jetfleet import __version__
-from jetfleet.cli import data_commands, quarantine_commands, run_commands, scenario_command
+from jetfleet.cli import (
+    data_commands,
+    dlq_commands,
+    quarantine_commands,
+    run_commands,
+    scenario_command,
+)
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import Settings, load_settings
 from jetfleet.stack_env import effective_env
@@ -51,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.register(commands)
     data_commands.register(commands)
     quarantine_commands.register(commands)
+    dlq_commands.register(commands)
     scenario_command.register(commands)
     return parser
 

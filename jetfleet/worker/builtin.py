@@ -6,7 +6,7 @@ import hashlib
 
 import aiohttp
 
-from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
 
@@ -73,9 +73,7 @@ def _classify(
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
         # Blocks and challenges are signals to back off (DESIGN.md section 4).
-        raise RetryLater(
-            f"http-{status}", delay_s=retry_after, detail="target asked us to back off"
-        )
+        raise Blocked(_block_kind(status, body), retry_after, detail=f"HTTP {status}")
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
     expect = ctx.order.job.args.get("expect", "")
@@ -94,6 +92,14 @@ def _classify(
         else None,
         truncated=truncated,
     )
+
+
+def _block_kind(status: int, body: bytes) -> str:
+    if status == 429:
+        return "rate-limited"
+    if b'id="challenge"' in body or b"challenge" in body[:4096].lower():
+        return "challenged"
+    return "blocked" if status == 403 else "rate-limited"
 
 
 def _retry_after(value: str | None) -> float | None:

@@ -28,7 +28,7 @@ from nats.js.errors import FetchTimeoutError
 
 import jetfleet
 from jetfleet import subjects
-from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.lease_client import LeaseClient
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
@@ -207,6 +207,9 @@ class Worker:
             if await self._give_back(order, held):
                 await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
             return
+        if verdict.kind == "blocked":
+            await self._back_off(msg, order, held, verdict)
+            return
         reply = await self._report(order, attempt, verdict, duration, versions, held)
         await self._settle(msg, order, held, verdict, reply)
 
@@ -290,6 +293,8 @@ class Worker:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
             return Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
+        except Blocked as exc:
+            return Verdict("blocked", reason=exc.kind, detail=exc.detail, delay_s=exc.retry_after_s)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
             return Verdict(
@@ -322,11 +327,22 @@ class Worker:
                 handler.cancel()
                 return
 
-    async def _give_back(self, order: WorkOrder, held: Held) -> bool:
+    async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
         """Release the lease before a nak; False means it was not ours any more."""
         if not held.fence:
             return True
-        return await self.leases.release(order.job.id, held.fence)
+        return await self.leases.release(order.job.id, held.fence, refund=refund)
+
+    async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
+        """The target refused us: stop pulling it until it said (or the policy says), and
+        requeue the job without spending its attempt budget."""
+        delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        self._hold_until[order.target] = max(
+            self._hold_until.get(order.target, 0.0), time.monotonic() + delay
+        )
+        self.stats[f"blocked:{verdict.reason}"] += 1
+        if await self._give_back(order, held, refund=True):
+            await msg.nak(delay=delay)
 
     async def _settle(
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None

@@ -12,7 +12,8 @@ from jetfleet.schemas import HandlerOutput
 class Verdict:
     """An attempt's result before the sink has its say.
 
-    ``kind`` is ok, retryable, permanent, or lost (the lease went to someone else).
+    ``kind`` is ok, retryable, permanent, blocked (the target refused us: back off), or
+    lost (the lease went to someone else).
     """
 
     kind: str

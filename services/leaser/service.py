@@ -107,6 +107,8 @@ class Leaser:
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
             return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
         if await self.store.release(call.job_id, call.fence):
+            if call.refund:
+                await self.store.refund_grant(call.job_id)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
 

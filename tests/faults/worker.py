@@ -72,10 +72,10 @@ class FaultyWorker(Worker):
         await super()._keep_lease(msg, order, held, handler)
 
     async def _publish_outcome(self, order: WorkOrder, attempt: int, verdict: Verdict,
-                               duration: float, versions: Versions) -> None:
+                               duration: float, versions: Versions, fence: int) -> None:
         self.events.write("outcome", job=order.job.id, attempt=attempt, kind=verdict.kind,
                           reason=verdict.reason)
-        await super()._publish_outcome(order, attempt, verdict, duration, versions)
+        await super()._publish_outcome(order, attempt, verdict, duration, versions, fence)
 
     async def _settle(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict,
                       reply: SinkReply | None) -> None:

@@ -1,0 +1,354 @@
+"""Dead letters: list, inspect, replay and purge what the sink keeps on ``jf.dlq.<target>``.
+
+A dead letter's id is its sequence in ``JF_DLQ``: stable, unique, and what
+``jetfleet dlq show|replay ID`` take. A replay is a new submission of the original job
+under a new id derived from the old one and the letter's id, so it runs with a fresh
+attempt budget but keeps the idempotency key: replaying work that is already done does
+nothing. A purge records how many letters it removed, per target, in ``jf-control``, so
+conservation (submitted = queued + leased + committed + dead + rejected) still adds up.
+See docs/dead-letters.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
+
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.canonical import idempotency_key
+from jetfleet.errors import JetfleetError
+from jetfleet.publish import publish_durably
+from jetfleet.schemas import DeadLetter, Job, Rejection
+from jetfleet.settings import Settings
+from jetfleet.stream_reader import read_stream
+
+log = logging.getLogger(__name__)
+
+REPLAY_HEADER = "Jf-Replay-Of"
+"""Header on a replayed submission (in ``JF_SUBMIT``): the id of the dead letter it replays."""
+PURGED_KEY_PREFIX = "purged.dlq"
+"""``jf-control`` keys ``purged.dlq.<target>`` count the dead letters purged per target."""
+ALL_DEAD_LETTERS = f"{subjects.PREFIX}.dlq.>"
+_CAS_TRIES = 50
+_ORIGINAL_ID_CHARS = 100  # + ".r" + a sequence number stays within the 128 a JobId allows
+
+_letter_decoder = msgspec.json.Decoder(DeadLetter)
+_encoder = msgspec.json.Encoder()
+
+
+class DeadLetterEntry(msgspec.Struct, frozen=True):
+    """One dead letter as stored: where it is and what it holds."""
+
+    id: int
+    """Its sequence in ``JF_DLQ``."""
+    target: str
+    letter: DeadLetter
+    time: datetime | None = None
+    """When the stream stored it (the server's clock)."""
+
+
+# --- reading ---------------------------------------------------------------------------
+
+
+def reason_matches(reason: str, wanted: str) -> bool:
+    """Whether a letter's ``reason`` is ``wanted``, or has it as the part before ``':'``.
+
+    Args:
+        reason: The dead letter's reason, e.g. ``http-404`` or ``blocked:challenged``.
+        wanted: What the operator asked for, e.g. ``http-404`` or ``blocked``.
+    """
+    return reason == wanted or reason.split(":", 1)[0] == wanted
+
+
+def _entry(seq: int, subject: str, data: bytes, time: datetime | None) -> DeadLetterEntry:
+    letter = _letter_decoder.decode(data)
+    target = subjects.target_of(subject)
+    if target == subjects.UNPARSABLE_TARGET:
+        target = letter.order.target
+    return DeadLetterEntry(id=seq, target=target, letter=letter, time=time)
+
+
+async def list_dead_letters(
+    js: JetStreamContext, target: str | None = None, reason: str | None = None
+) -> list[DeadLetterEntry]:
+    """The dead letters kept now, oldest first.
+
+    Args:
+        js: A JetStream context.
+        target: Only this target's letters (``jf.dlq.<target>``); None for all.
+        reason: Only letters with this reason, or with it before a ``':'``.
+
+    Returns:
+        The matching letters. A message that does not decode as a ``DeadLetter`` is
+        logged and left out, never hidden silently.
+    """
+    filter_ = subjects.dlq(target) if target else ALL_DEAD_LETTERS
+    entries: list[DeadLetterEntry] = []
+    async for msg in read_stream(js, subjects.STREAM_DLQ, filter_):
+        seq = msg.metadata.sequence.stream
+        try:
+            entry = _entry(seq, msg.subject, msg.data, msg.metadata.timestamp)
+        except msgspec.MsgspecError as exc:
+            log.warning("dead letter %d on %s does not decode: %s", seq, msg.subject, exc)
+            continue
+        if reason is None or reason_matches(entry.letter.reason, reason):
+            entries.append(entry)
+    return entries
+
+
+async def get_dead_letter(js: JetStreamContext, id: int) -> DeadLetterEntry:
+    """The dead letter with sequence ``id`` in ``JF_DLQ``.
+
+    Raises:
+        JetfleetError: when there is no such letter (purged, expired or never written),
+            or it does not decode.
+    """
+    if id < 1:
+        raise JetfleetError(f"dead letter ids are positive stream sequences, not {id}")
+    try:
+        raw = await js.get_msg(subjects.STREAM_DLQ, seq=id)
+    except NotFoundError:
+        raise JetfleetError(
+            f"no dead letter {id} in {subjects.STREAM_DLQ} (purged, expired, or never "
+            "written): `jetfleet dlq list` shows the ids kept now"
+        ) from None
+    try:
+        return _entry(id, raw.subject or "", raw.data or b"", raw.time)
+    except msgspec.MsgspecError as exc:
+        raise JetfleetError(
+            f"message {id} in {subjects.STREAM_DLQ} is not a dead letter: {exc}"
+        ) from exc
+
+
+# --- replay ----------------------------------------------------------------------------
+
+
+def replay_job_id(original_id: str, letter_id: int) -> str:
+    """The id a replay of dead letter ``letter_id`` runs under: new, and the same every
+    time, so a repeated replay of one letter is one submission (the submit stream
+    drops the repeat inside its duplicate window)."""
+    return f"{original_id[:_ORIGINAL_ID_CHARS]}.r{letter_id}"
+
+
+def replay_copy(entry: DeadLetterEntry) -> Job:
+    """The job a replay of ``entry`` submits: the original under a new id, with the key.
+
+    Raises:
+        JetfleetError: when the copy would not get the letter's idempotency key (the
+            derivation changed since the letter was written). An explicit key is hashed
+            at admission, so no field can carry the old key over; replaying under another
+            key could repeat a side effect, so it is refused.
+    """
+    order = entry.letter.order
+    job = msgspec.structs.replace(order.job, id=replay_job_id(order.job.id, entry.id))
+    key = idempotency_key(job.handler, job.url, job.pin_identity, job.idempotency_key)
+    if key != order.key:
+        raise JetfleetError(
+            f"dead letter {entry.id}: a replay of job {order.job.id} would get idempotency "
+            f"key {key}, not the original {order.key} (the key derivation changed since it "
+            "was dead-lettered); refusing, as work done under the old key could run twice"
+        )
+    return job
+
+
+async def replay(
+    js: JetStreamContext, settings: Settings, entries: Sequence[DeadLetterEntry]
+) -> list[str]:
+    """Submit each letter's original job again, through admission like any submission.
+
+    Each copy gets a new id (``replay_job_id``), hence a fresh attempt budget, and keeps
+    the original idempotency key, so the leaser answers ``already-done`` (no request to
+    the target, no second result) if the work has been committed meanwhile. The
+    submission carries the header ``Jf-Replay-Of: <letter id>``. Every letter is checked
+    before any is published, so a refusal leaves nothing half replayed.
+
+    Args:
+        js: A JetStream context.
+        settings: The fleet's settings (admission checks the copies against them).
+        entries: The dead letters to replay.
+
+    Returns:
+        The new job ids, in the order of ``entries``.
+
+    Raises:
+        JetfleetError: when a copy would lose its key or admission would refuse it now
+            (e.g. the target is no longer declared).
+    """
+    planned: list[tuple[DeadLetterEntry, Job, bytes]] = []
+    for entry in entries:
+        job = replay_copy(entry)
+        payload = _encoder.encode(job)
+        verdict = admit(subjects.submit(entry.target), payload, settings)
+        if isinstance(verdict, Rejection):
+            raise JetfleetError(
+                f"dead letter {entry.id}: admission would refuse the replay: "
+                f"{verdict.reason}: {verdict.message}"
+            )
+        planned.append((entry, job, payload))
+    new_ids: list[str] = []
+    for entry, job, payload in planned:
+        # The same message id as client.submit_raw: one job id is one submission.
+        ack = await publish_durably(
+            js,
+            subjects.submit(entry.target),
+            payload,
+            msg_id=f"sub-{job.id}",
+            headers={REPLAY_HEADER: str(entry.id)},
+        )
+        if ack.duplicate:
+            log.info(
+                "dead letter %d was already replayed as %s: not submitted again", entry.id, job.id
+            )
+        new_ids.append(job.id)
+    return new_ids
+
+
+# --- purge -----------------------------------------------------------------------------
+
+
+def purged_key(target: str) -> str:
+    """The ``jf-control`` key counting ``target``'s purged dead letters."""
+    return f"{PURGED_KEY_PREFIX}.{target}"
+
+
+async def _control(js: JetStreamContext) -> KeyValue:
+    try:
+        return await js.key_value(subjects.BUCKET_CONTROL)
+    except BucketNotFoundError:
+        raise JetfleetError(
+            f"KV bucket {subjects.BUCKET_CONTROL} does not exist: `jetfleet topology show` "
+            "creates what is missing"
+        ) from None
+
+
+async def _purge_subject(js: JetStreamContext, subject: str) -> int:
+    # nats-py's purge_stream sends this same request but returns only "success"; the
+    # server's "purged" count is what makes the recorded total exact even when letters
+    # arrive or expire while we purge.
+    request = json.dumps({"filter": subject}).encode()
+    try:
+        response = await js._api_request(
+            f"{js._prefix}.STREAM.PURGE.{subjects.STREAM_DLQ}", request, timeout=10.0
+        )
+    except NotFoundError:
+        return 0  # no JF_DLQ: nothing to purge
+    return int(response.get("purged", 0))
+
+
+async def record_purged(js: JetStreamContext, target: str, count: int) -> int:
+    """Add ``count`` to ``target``'s purged counter (compare-and-set, retried on conflict).
+
+    ``purge`` calls this; it is public for tools that remove dead letters another way.
+
+    Returns:
+        The new total for ``target``.
+
+    Raises:
+        JetfleetError: when the counter stayed contended through every try.
+    """
+    kv = await _control(js)
+    key = purged_key(target)
+    for _ in range(_CAS_TRIES):
+        try:
+            entry = await kv.get(key)
+        except (KeyNotFoundError, KeyDeletedError):  # create() also takes a deleted key
+            try:
+                await kv.create(key, str(count).encode())
+                return count
+            except KeyWrongLastSequenceError:
+                continue  # someone created it first
+        total = int(entry.value or b"0") + count
+        try:
+            await kv.update(key, str(total).encode(), last=entry.revision)
+            return total
+        except KeyWrongLastSequenceError:
+            continue
+    raise JetfleetError(
+        f"could not record {count} purged dead letter(s) of {target} in "
+        f"{subjects.BUCKET_CONTROL} after {_CAS_TRIES} tries (key {key} kept changing)"
+    )
+
+
+async def dead_letter_counts(js: JetStreamContext, target: str | None = None) -> dict[str, int]:
+    """How many dead letters each target has now (only ``target``'s when given)."""
+    filter_ = subjects.dlq(target) if target else ALL_DEAD_LETTERS
+    try:
+        info = await js.stream_info(subjects.STREAM_DLQ, subjects_filter=filter_)
+    except NotFoundError:
+        return {}
+    counts: dict[str, int] = {}
+    for subject, n in (info.state.subjects or {}).items():
+        name = subjects.target_of(subject)
+        counts[name] = counts.get(name, 0) + n
+    return counts
+
+
+async def purge(js: JetStreamContext, target: str | None = None) -> int:
+    """Remove the dead letters of ``target`` (or of every target) and record how many.
+
+    Each target's subject is purged on its own, and the count the server reports as
+    removed is added to ``purged.dlq.<target>`` in ``jf-control``. A process that dies
+    between the two loses that one count: the window is one KV round trip.
+
+    Returns:
+        How many dead letters were removed.
+    """
+    names: Iterable[str] = [target] if target is not None else sorted(await dead_letter_counts(js))
+    removed = 0
+    for name in names:
+        n = await _purge_subject(js, subjects.dlq(name))
+        if n:
+            await record_purged(js, name, n)
+            log.info("purged %d dead letter(s) of %s", n, name)
+        removed += n
+    return removed
+
+
+async def purged_counts(js: JetStreamContext, targets: Iterable[str]) -> dict[str, int]:
+    """How many dead letters have been purged, per target (0 for a target never purged).
+
+    Args:
+        js: A JetStream context.
+        targets: The targets to report, e.g. ``settings.targets``.
+    """
+    kv = await _control(js)
+    counts: dict[str, int] = {}
+    for name in targets:
+        try:
+            entry = await kv.get(purged_key(name))
+        except (KeyNotFoundError, KeyDeletedError):
+            counts[name] = 0
+            continue
+        counts[name] = int(entry.value or b"0")
+    return counts
+
+
+__all__ = [
+    "REPLAY_HEADER",
+    "DeadLetterEntry",
+    "dead_letter_counts",
+    "get_dead_letter",
+    "list_dead_letters",
+    "purge",
+    "purged_counts",
+    "purged_key",
+    "reason_matches",
+    "record_purged",
+    "replay",
+    "replay_copy",
+    "replay_job_id",
+]
