@@ -37,6 +37,7 @@ from jetfleet.schemas import (
     Duplicate,
     Failure,
     Outcome,
+    Rejection,
     SinkReply,
     Success,
     Versions,
@@ -178,7 +179,8 @@ class Worker:
             order = _order_decoder.decode(msg.data)
         except msgspec.MsgspecError as exc:
             log.error("undecodable work order on %s: %s", msg.subject, exc)
-            await self._term(msg, f"malformed-work-order: {exc}")
+            await self._keep_malformed(msg, target, str(exc))
+            await self._term(msg, "malformed-work-order")
             return
         held = await self._take_lease(msg, order, target)
         if held is None:
@@ -197,6 +199,7 @@ class Worker:
                 "permanent",
                 reason="attempts-exhausted",
                 detail=f"last: {verdict.reason} {verdict.detail}".strip(),
+                attempt_reason=verdict.reason,
             )
         versions = self._versions(order)
         await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
@@ -394,7 +397,7 @@ class Worker:
                 fence=held.fence,
                 duration_s=duration,
                 outcome=verdict.kind,
-                reason=verdict.reason,
+                reason=verdict.attempt_reason or verdict.reason,
             )
             report = Failure(
                 order=order,
@@ -478,6 +481,25 @@ class Worker:
         )
         subject = subjects.outcome(order.target, order.job.id)
         await self.nc.publish(subject, _encoder.encode(event))
+
+    async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
+        """Keep an undecodable work order on jf.rejected (with its bytes) before it is
+        terminated: it is counted and inspectable, never silently gone."""
+        seq = msg.metadata.sequence.stream
+        rejection = Rejection(
+            reason="malformed-work-order",
+            message=f"the work order could not be decoded ({error}); a scheduler of another "
+            "version may have written it",
+            subject=msg.subject,
+            raw=msg.data,
+            raw_size=len(msg.data),
+        )
+        await publish_durably(
+            self.js,
+            subjects.rejected(target),
+            _encoder.encode(rejection),
+            msg_id=f"bad-order-{seq}",
+        )
 
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.

@@ -21,6 +21,8 @@ class Verdict:
     reason: str = ""
     detail: str = ""
     delay_s: float | None = None
+    attempt_reason: str = ""
+    """The attempt's own reason when ``reason`` is about the job (attempts-exhausted)."""
 
 
 @dataclass
