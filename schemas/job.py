@@ -8,7 +8,11 @@ import msgspec
 
 Tier = Literal["high", "normal", "bulk"]
 
-JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_=.-]{0,127}$")]
+# A job id is a KV key and a subject token run: no leading or trailing dot, no "..".
+JobId = Annotated[
+    str,
+    msgspec.Meta(pattern=r"^(?!.*\.\.)[A-Za-z0-9](?:[A-Za-z0-9_=.-]{0,126}[A-Za-z0-9_=-])?$"),
+]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
 Url = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
@@ -23,8 +27,9 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     """
 
     id: JobId
-    """Client-chosen job id (letters, digits, ``_ = . -``, at most 128); submissions with
-    the same id are one job."""
+    """Client-chosen job id (letters, digits, ``_ = . -``, at most 128, starting with a
+    letter or digit, not ending in or doubling a dot); submissions with the same id are
+    one job."""
     url: Url
     """Absolute URL under the target's base_url."""
     handler: ShortText = "http.get"

@@ -245,7 +245,11 @@ class Worker:
             self.stats[f"refused:{reply.reason}"] += 1
             delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason in TARGET_WIDE_REFUSALS:
+                # The refusal concerns this worker's use of the target, not the job: this
+                # worker stops pulling the target, and the job goes back at once for the
+                # others (when the whole target is refused, nobody pulls it anyway).
                 self._hold_until[target] = time.monotonic() + delay
+                delay = MIN_REFUSAL_DELAY_S
             await msg.nak(delay=delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt)
@@ -358,11 +362,12 @@ class Worker:
         if reply.status in ("committed", "suppressed:duplicate-key"):
             if reply.status != "committed":
                 await self._record_duplicate(order, reply.committed_by, "suppressed")
-            await msg.ack()  # the sink confirmed our fence: this is the live delivery
-            await self._give_back(order, held)
+            # The sink confirmed our fence: this is the live delivery. The lease is left to
+            # expire by its TTL: the job is gone from the queue, so releasing it would only
+            # cost the leaser a round trip per job.
+            await msg.ack()
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
-            await self._give_back(order, held)
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import re
+from typing import Any
+
 import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -15,27 +21,73 @@ from jetfleet.stream_reader import read_stream
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(QuarantineRecord)
 PREFIX = "quarantine"
+_PLAIN = re.compile(r"[A-Za-z0-9_=-]{1,200}")
 
 
 def record_key(scope: QuarantineScope, name: str, target: str) -> str:
-    """The KV key of a scope's quarantine on a target."""
-    return f"{PREFIX}.{target}.{scope}.{name}"
+    """The KV key of a scope's quarantine on a target.
+
+    Worker ids and identities are free text; one that is not a plain KV key token
+    (letters, digits, ``_ = -``) is spelled in base32 so any name can be quarantined.
+    """
+    token = (
+        name
+        if _PLAIN.fullmatch(name)
+        else "b32-" + base64.b32encode(name.encode()).decode().rstrip("=").lower()
+    )
+    return f"{PREFIX}.{target}.{scope}.{token}"
 
 
 class QuarantineBook:
-    """Reads and writes quarantine records."""
+    """Reads and writes quarantine records.
+
+    Every grant asks about two scopes, so the book follows the records with a KV watch
+    instead of two KV reads per grant. Only a hit is confirmed with a read: a timed
+    quarantine may have expired by the server's per-key TTL, which a watch does not see.
+    """
 
     def __init__(self, js: JetStreamContext, control: KeyValue) -> None:
         self.js = js
         self.control = control
+        self._known: set[str] = set()
+        self._watching: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Load the records in force and follow changes."""
+        watcher = await self.control.watch(f"{PREFIX}.>")
+        loaded = asyncio.get_running_loop().create_future()
+        self._watching = asyncio.create_task(self._follow(watcher, loaded))
+        await asyncio.wait_for(loaded, 10.0)
+
+    async def stop(self) -> None:
+        """Stop following changes."""
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+
+    async def _follow(self, watcher: Any, loaded: asyncio.Future[None]) -> None:
+        async for entry in watcher:
+            if entry is None:  # the end of the records that existed when we started
+                if not loaded.done():
+                    loaded.set_result(None)
+                continue
+            if entry.operation in ("DEL", "PURGE") or not entry.value:
+                self._known.discard(entry.key)
+            else:
+                self._known.add(entry.key)
 
     async def get(self, scope: QuarantineScope, name: str, target: str) -> QuarantineRecord | None:
         """The record for this scope on ``target``, if it is quarantined."""
         if not name:
             return None
+        key = record_key(scope, name, target)
+        if self._watching is not None and key not in self._known:
+            return None
         try:
-            entry = await self.control.get(record_key(scope, name, target))
+            entry = await self.control.get(key)
         except KeyNotFoundError:
+            self._known.discard(key)
             return None
         return _decoder.decode(entry.value) if entry.value else None
 

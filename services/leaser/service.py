@@ -27,6 +27,7 @@ from jetfleet.schemas.lease import (
     LeaseRequest,
     QuarantineCommand,
     QuarantineList,
+    QuarantineRecord,
     QuarantineRelease,
     QuarantineReply,
     QuarantineSet,
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _encoder = msgspec.json.Encoder()
+QUARANTINE_PROPAGATION_S = 1.0
 
 
 class Leaser:
@@ -59,6 +61,7 @@ class Leaser:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
+        await self.quarantine.start()
         for subject, handler in (
             (subjects.LEASE, self._answer_lease),
             (subjects.QUARANTINE, self._answer_quarantine),
@@ -75,6 +78,7 @@ class Leaser:
             await sub.unsubscribe()
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
+        await self.quarantine.stop()
 
     def _spawner(
         self, handler: Callable[[Msg], Coroutine[Any, Any, None]]
@@ -168,7 +172,25 @@ class Leaser:
             command.record.reason,
             len(revoked),
         )
+        self._spawn_task(self._sweep_again(command.record))
         return QuarantineReply(ok=True, records=[command.record], revoked=revoked)
+
+    async def _sweep_again(self, record: QuarantineRecord) -> None:
+        # Other replicas learn of the quarantine through their KV watch within
+        # milliseconds; a grant they made in that window is revoked by this second sweep.
+        await asyncio.sleep(QUARANTINE_PROPAGATION_S)
+        late = await self.revoke_scope(record.scope, record.name, record.target)
+        if late:
+            log.warning(
+                "revoked %d lease(s) granted while the quarantine propagated: %s",
+                len(late),
+                ", ".join(late),
+            )
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
 
     async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:
         """Revoke the scope's live leases on ``target`` and requeue their jobs at once.
