@@ -22,6 +22,7 @@ from jetfleet.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free
 from jetfleet.errors import StackError
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings, load_settings
+from jetfleet.settings_file import toml_tables
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stack_env import write_env
 
@@ -117,18 +118,15 @@ class DevStack:
         }
         fleet = dict(user.get("fleet", {}))
         fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
-        lines = [
-            "# Written by `jetfleet dev`; regenerated on every start.",
-            f'[nats]\nurl = "{self.nats.url}"',
-            f'[redis]\nurl = "{self.redis.url}"',
-            f'[gateway]\nhost = "127.0.0.1"\nport = {self.gateway_port}',
-            "[fleet]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in fleet.items()),
-        ]
-        for name, body in targets.items():
-            lines.append(
-                f"[targets.{name}]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in body.items())
-            )
-        self.config_path.write_text("\n".join(lines) + "\n")
+        tables: dict[str, dict[str, Any]] = {
+            "nats": {"url": self.nats.url},
+            "redis": {"url": self.redis.url},
+            "gateway": {"host": "127.0.0.1", "port": self.gateway_port},
+            "fleet": fleet,
+        }
+        tables.update({f"targets.{name}": body for name, body in targets.items()})
+        header = "# Written by `jetfleet dev`; regenerated on every start.\n"
+        self.config_path.write_text(header + toml_tables(tables))
 
     def _write_env(self) -> None:
         write_env(
@@ -196,13 +194,3 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-def _toml(value: object) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -143,7 +143,7 @@ class ReadSummary(msgspec.Struct, frozen=True, kw_only=True):
     skipped_blocked: int = 0
     skipped_undecodable: int = 0
     limit_reached: bool = False
-    """Older events exist that the ``limit`` bound left out."""
+    """The ``limit`` bound was hit: older matching events may have been left out."""
     oldest: str = ""
     """Server timestamp of the oldest event read (ISO 8601, UTC)."""
     newest: str = ""
@@ -242,6 +242,8 @@ def lease_margin_s(lease_ttl_s: float) -> float:
 def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWarning]]:
     """The fleet-wide rules for jobs with heartbeats (they need no observations).
 
+    With ``fleet.leases = false`` there is no lease to size, so there are none.
+
     Args:
         settings: the fleet's settings (possibly built without validation).
 
@@ -250,8 +252,10 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
         warnings for current values that break them.
     """
     fleet = settings.fleet
+    if not fleet.leases:
+        return [], []
     ttl, ack_wait = fleet.lease_ttl_s, fleet.ack_wait_s
-    heartbeats = "jobs with heartbeats (renewal and +WPI every lease_ttl_s / 3)"
+    heartbeats = "jobs with heartbeats"
     ttl_rec = max(ttl, MIN_LEASE_TTL_S)
     margin = lease_margin_s(ttl_rec)
     ack_rec = ttl_rec + margin
@@ -261,9 +265,8 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
             applies_to=heartbeats,
             current_s=ttl,
             recommended_s=ttl_rec,
-            rule=f"renewed every ttl/3, so the TTL covers renewal hiccups, not the job: "
-            f"lease_ttl_s >= {MIN_LEASE_TTL_S:g} s (max(current {ttl:g} s, "
-            f"{MIN_LEASE_TTL_S:g} s) = {ttl_rec:g} s)",
+            rule=f"renewed (with +WPI) every ttl/3, so the TTL covers renewal hiccups, not "
+            f"the job: max(current {ttl:g} s, {MIN_LEASE_TTL_S:g} s) = {ttl_rec:g} s",
             ok=ttl >= MIN_LEASE_TTL_S,
         ),
         Recommendation(
@@ -274,7 +277,8 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
             rule=f"lease_ttl_s + max({ACK_WAIT_MARGIN_MIN_S:g} s, "
             f"{ACK_WAIT_MARGIN_SHARE:g} x lease_ttl_s) = {ttl_rec:g} s + "
             f"max({ACK_WAIT_MARGIN_MIN_S:g} s, {ACK_WAIT_MARGIN_SHARE * ttl_rec:g} s) = "
-            f"{ack_rec:g} s, so JetStream redelivers only after a lease is long gone",
+            f"{ack_rec:g} s (with lease_ttl_s = {ttl_rec:g} s), so JetStream redelivers "
+            f"only after a lease is long gone",
             ok=ack_wait >= ack_rec,
         ),
     ]
@@ -308,7 +312,7 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
                     f"max({ACK_WAIT_MARGIN_MIN_S:g} s, {ACK_WAIT_MARGIN_SHARE:g} x "
                     f"lease_ttl_s) = {ttl:g} s + {lease_margin_s(ttl):g} s = {needed:g} s: "
                     f"a lease that just expired may still be in use when JetStream "
-                    f"redelivers; set fleet.ack_wait_s to at least {needed:g}",
+                    f"redelivers; set fleet.ack_wait_s to at least {needed:g} s",
                 )
             )
     return recommendations, warnings
@@ -331,7 +335,7 @@ def target_rules(target: str, attempts: Sequence[Attempt], settings: Settings) -
     recommendations = [
         Recommendation(
             setting="fleet.ack_wait_s",
-            applies_to="jobs without heartbeats (a handler that blocks the event loop)",
+            applies_to="jobs without heartbeats (handler blocks the event loop)",
             current_s=ack_wait,
             recommended_s=_round_up(no_heartbeat_rec),
             rule=f"{NO_HEARTBEAT_FACTOR:g} x p95 = {NO_HEARTBEAT_FACTOR:g} x "
@@ -350,7 +354,7 @@ def target_rules(target: str, attempts: Sequence[Attempt], settings: Settings) -
                 f"{stats.p99_s:.3f} s: without heartbeats, slow jobs would be delivered "
                 f"twice: {longer} of {stats.count} observed attempts "
                 f"({100 * longer / stats.count:.1f} %) ran longer than ack_wait_s; set "
-                f"fleet.ack_wait_s to at least {_round_up(no_heartbeat_rec):g} "
+                f"fleet.ack_wait_s to at least {_round_up(no_heartbeat_rec):g} s "
                 f"({NO_HEARTBEAT_FACTOR:g} x p95)",
             )
         )

@@ -96,6 +96,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     concurrency: int = 8
     targets: tuple[str, ...] = ()
     """Targets this worker pulls from; empty means every declared target."""
+    tier_shares: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"high": 0.5, "normal": 0.3, "bulk": 0.2}
+    )
+    """Each priority tier's guaranteed share of the worker's slots (idle ones are lent)."""
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -240,6 +244,14 @@ def validate(settings: Settings) -> None:
         "redelivers only after a lease is gone",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    shares = settings.worker.tier_shares
+    _require(
+        set(shares) <= {"high", "normal", "bulk"}
+        and all(v >= 0 for v in shares.values())
+        and sum(shares.values()) > 0,
+        "worker.tier_shares",
+        'shares (>= 0, not all 0) for "high", "normal" and "bulk"',
+    )
     _require(0 <= settings.gateway.port <= 65535, "gateway.port", _HINTS["port"])
     _require(1 <= settings.nats.replicas <= 5, "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:

@@ -125,11 +125,16 @@ async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int
 
 
 async def _leased(js: JetStreamContext, target: str) -> int:
-    try:
-        info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer(target))
-    except NotFoundError:
-        return 0
-    return info.num_ack_pending or 0
+    leased = 0
+    for tier in subjects.TIERS:
+        try:
+            info = await js.consumer_info(
+                subjects.STREAM_WORK, subjects.work_consumer(target, tier)
+            )
+        except NotFoundError:
+            continue
+        leased += info.num_ack_pending or 0
+    return leased
 
 
 async def _admitting(js: JetStreamContext) -> int:

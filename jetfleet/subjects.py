@@ -53,9 +53,9 @@ def work(target: str, tier: str) -> str:
     return f"{PREFIX}.work.{target}.{tier}"
 
 
-def work_filter(target: str) -> str:
-    """The filter matching every tier of ``target``'s work."""
-    return f"{PREFIX}.work.{target}.>"
+def work_filter(target: str, tier: str | None = None) -> str:
+    """The filter matching ``target``'s work of one tier (or of every tier)."""
+    return f"{PREFIX}.work.{target}.{tier}" if tier else f"{PREFIX}.work.{target}.>"
 
 
 def results(target: str) -> str:
@@ -96,9 +96,10 @@ def sink_report(target: str) -> str:
     return f"{SINK_REPORT}.{target}"
 
 
-def work_consumer(target: str) -> str:
-    """The durable pull consumer shared by every worker assigned to ``target``."""
-    return f"work-{target}"
+def work_consumer(target: str, tier: str = DEFAULT_TIER) -> str:
+    """The durable pull consumer of one tier of ``target``, shared by every worker
+    assigned to the target (non-overlapping filters, as a WorkQueue stream requires)."""
+    return f"work-{target}-{tier}"
 
 
 def target_of(subject: str) -> str:

@@ -86,25 +86,25 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
             ),
         )
     ]
-    for name, target in sorted(settings.targets.items()):
-        configs.append(
-            (
-                subjects.STREAM_WORK,
-                js_api.ConsumerConfig(
-                    durable_name=subjects.work_consumer(name),
-                    filter_subject=subjects.work_filter(name),
-                    ack_policy=js_api.AckPolicy.EXPLICIT,
-                    ack_wait=settings.fleet.ack_wait_s,
-                    # No server-side cap and no BackOff (see docs/topology.md): attempts
-                    # are counted and dead letters decided in code, so nothing is ever
-                    # left stranded in the stream by max_deliver.
-                    max_deliver=-1,
-                    max_ack_pending=target.max_in_flight,
-                    deliver_policy=js_api.DeliverPolicy.ALL,
-                ),
-            )
-        )
+    for name in sorted(settings.targets):
+        for tier in subjects.TIERS:
+            configs.append((subjects.STREAM_WORK, _work_consumer(settings, name, tier)))
     return configs
+
+
+def _work_consumer(settings: Settings, target: str, tier: str) -> js_api.ConsumerConfig:
+    return js_api.ConsumerConfig(
+        durable_name=subjects.work_consumer(target, tier),
+        filter_subject=subjects.work_filter(target, tier),
+        ack_policy=js_api.AckPolicy.EXPLICIT,
+        ack_wait=settings.fleet.ack_wait_s,
+        # No server-side cap and no BackOff (see docs/topology.md): attempts are counted
+        # and dead letters decided in code, so nothing is left stranded by max_deliver.
+        max_deliver=-1,
+        # Per tier: a target's three tiers together may hold up to 3x this.
+        max_ack_pending=settings.targets[target].max_in_flight,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+    )
 
 
 def bucket_ttls(settings: Settings) -> dict[str, float]:

@@ -125,7 +125,7 @@ CHANNELS: tuple[Channel, ...] = (
             "retention, so each order is delivered to one worker at a time)."
         ),
         stream=subjects.STREAM_WORK,
-        consumer=subjects.work_consumer(_TARGET),
+        consumer=subjects.work_consumer(_TARGET, _TIER),
     ),
     Channel(
         name="sink-report",

@@ -44,6 +44,7 @@ from jetfleet.publish import publish_durably
 from jetfleet.results import iter_results
 from jetfleet.schemas import AttemptRecord, CommittedResult, DeadLetter, Job, WorkOrder
 from jetfleet.settings import Settings, TargetSettings
+from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, wait_for
@@ -82,30 +83,9 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
 # --- the CLI, run as `jetfleet --config FILE dlq ...` -----------------------------------
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a valid TOML basic string
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
 def write_config(settings: Settings, path: Path) -> Path:
     """``settings`` as a jetfleet.toml the CLI loads."""
-    raw = msgspec.to_builtins(settings)
-    lines: list[str] = []
-    for section, body in raw.items():
-        if section != "targets":
-            lines.append(f"[{section}]")
-            lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
-    for name, body in raw["targets"].items():
-        lines.append(f"[targets.{name}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in body.items()]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(settings_toml(settings))
     return path
 
 

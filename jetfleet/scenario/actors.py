@@ -60,7 +60,7 @@ class Dispatcher:
         """The next delivery of ``job_id`` (others fetched meanwhile are kept in hand)."""
         if self._sub is None:
             self._sub = await self.js.pull_subscribe_bind(
-                subjects.work_consumer(self.target), stream=subjects.STREAM_WORK
+                subjects.work_consumer(self.target, "normal"), stream=subjects.STREAM_WORK
             )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s

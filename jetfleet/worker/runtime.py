@@ -47,6 +47,7 @@ from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,7 @@ _order_decoder = msgspec.json.Decoder(WorkOrder)
 _reply_decoder = msgspec.json.Decoder(SinkReply)
 _encoder = msgspec.json.Encoder()
 FETCH_WAIT_S = 1.0
+FETCH_BATCH = 10
 SINK_TIMEOUT_S = 5.0
 SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
@@ -84,7 +86,9 @@ class Worker:
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
         self.stats: Counter[str] = Counter()
-        self._slots = asyncio.Semaphore(settings.worker.concurrency)
+        self._slots = TierSlots(
+            settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
+        )
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -97,7 +101,8 @@ class Worker:
             connector=aiohttp.TCPConnector(limit=self.settings.worker.concurrency * 2)
         )
         for target in self.targets:
-            self._loops.append(asyncio.create_task(self._pull_loop(target)))
+            for tier in subjects.TIERS:
+                self._loops.append(asyncio.create_task(self._pull_loop(target, tier)))
         log.info("worker %s pulling %s", self.worker_id, ", ".join(self.targets))
 
     async def drain(self, timeout_s: float = 30.0) -> None:
@@ -112,7 +117,7 @@ class Worker:
         if self._session is not None:
             await self._session.close()
 
-    async def _pull_loop(self, target: str) -> None:
+    async def _pull_loop(self, target: str, tier: str) -> None:
         sub = None
         while not self._stopping.is_set():
             try:
@@ -120,23 +125,21 @@ class Worker:
                     continue
                 if sub is None:
                     sub = await self.js.pull_subscribe_bind(
-                        subjects.work_consumer(target), stream=subjects.STREAM_WORK
+                        subjects.work_consumer(target, tier), stream=subjects.STREAM_WORK
                     )
-                await self._slots.acquire()
+                taken = await self._slots.acquire(tier, FETCH_BATCH)
                 if self._stopping.is_set():  # drain began while we waited for a slot
-                    self._slots.release()
+                    self._slots.release(tier, taken)
                     break
-                free = 1 + self._take_free_slots(9)
                 try:
-                    msgs = await sub.fetch(free, timeout=FETCH_WAIT_S)
+                    msgs = await sub.fetch(taken, timeout=FETCH_WAIT_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     msgs = []
-                for _ in range(free - len(msgs)):
-                    self._slots.release()
+                self._slots.release(tier, taken - len(msgs))
                 for msg in msgs:
-                    self._spawn(self._run_and_release(msg, target))
+                    self._spawn(self._run_and_release(msg, target, tier))
             except Exception:  # keep pulling through reconnects and leader changes
-                log.exception("pull loop for %s failed; rebinding", target)
+                log.exception("pull loop for %s/%s failed; rebinding", target, tier)
                 sub = None
                 await self._pause(1.0)
 
@@ -153,23 +156,16 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    def _take_free_slots(self, most: int) -> int:
-        taken = 0
-        while taken < most and not self._slots.locked():
-            self._slots._value -= 1  # non-blocking acquire of an idle slot
-            taken += 1
-        return taken
-
     def _spawn(self, coro: object) -> None:
         task: asyncio.Task[None] = asyncio.create_task(coro)  # type: ignore[arg-type]
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_and_release(self, msg: Msg, target: str) -> None:
+    async def _run_and_release(self, msg: Msg, target: str, tier: str) -> None:
         try:
             await self._process(msg, target)
         finally:
-            self._slots.release()
+            self._slots.release(tier)
 
     # The one long core path of the worker. Every branch ends in exactly one of: ack,
     # term, nak (only while holding the live lease, or before taking one), or nothing
