@@ -13,6 +13,7 @@ from jetfleet import __version__
 from jetfleet.cli import (
     data_commands,
     dlq_commands,
+    doctor_command,
     quarantine_commands,
     run_commands,
     scenario_command,
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_commands.register(commands)
     quarantine_commands.register(commands)
     dlq_commands.register(commands)
+    doctor_command.register(commands)
     scenario_command.register(commands)
     return parser
 

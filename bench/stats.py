@@ -1,0 +1,68 @@
+"""Small helpers shared by the bench scenarios: percentiles, process usage, log scans."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted values (``nan`` when empty)."""
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(pct / 100.0 * len(sorted_values)))
+    return sorted_values[min(rank, len(sorted_values)) - 1]
+
+
+def latency_summary(seconds: Iterable[float]) -> dict[str, float | int]:
+    """p50/p90/p99/max (milliseconds) and the sample count of latencies given in seconds."""
+    values = sorted(seconds)
+    return {
+        "n": len(values),
+        "p50_ms": percentile(values, 50) * 1000.0,
+        "p90_ms": percentile(values, 90) * 1000.0,
+        "p99_ms": percentile(values, 99) * 1000.0,
+        "max_ms": (values[-1] * 1000.0) if values else math.nan,
+    }
+
+
+def process_usage(pid: int | None) -> dict[str, float] | None:
+    """RSS (MiB) and CPU time (user+system seconds) of ``pid``; None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            rss = proc.memory_info().rss
+            cpu = proc.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    return {"rss_mib": rss / (1024 * 1024), "cpu_s": cpu.user + cpu.system}
+
+
+_PROBLEM = re.compile(r"\b(ERROR|CRITICAL|WARNING|Traceback)\b|\[ERR\]|\[WRN\]")
+
+
+# Lines about the machine, not the software under test.
+_BENIGN = ("Memory overcommit must be enabled",)
+
+
+def scan_logs(paths: Iterable[Path], samples: int = 5) -> dict[str, dict[str, Any]]:
+    """Per log file: how many lines look like problems, and the first few of them."""
+    found: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if not path.is_file():
+            continue
+        lines = [
+            ln
+            for ln in path.read_text(errors="replace").splitlines()
+            if _PROBLEM.search(ln) and not any(s in ln for s in _BENIGN)
+        ]
+        if lines:
+            found[path.name] = {"count": len(lines), "first": [ln[:300] for ln in lines[:samples]]}
+    return found
