@@ -1,0 +1,147 @@
+"""`jetfleet dev` as a user runs it: starts everything, serves the CLI from another shell,
+stops on Ctrl-C leaving no process behind, and two stacks in two folders do not collide."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from jetfleet.stack_env import read_env
+
+START_TIMEOUT_S = 60.0
+
+
+class RunningDev:
+    """A `jetfleet dev` process and everything it started."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+        }
+        self.log = folder.with_suffix(".out")
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "jetfleet", "dev", "--workers", "2", "--data", str(folder)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        self.env: dict[str, str] = {}
+
+    def wait_ready(self) -> dict[str, str]:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            env = read_env(self.folder / "env")
+            if "JETFLEET_GATEWAY_URL" in env:
+                self.env = env
+                return env
+            assert self.proc.poll() is None, self.output()
+            time.sleep(0.05)
+        raise AssertionError(f"jetfleet dev did not write its env file:\n{self.output()}")
+
+    def descendants(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`jetfleet ARGS` from another shell in the same folder (found via ./.jetfleet
+        is the default; here the folder is named with JETFLEET_STACK)."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+        }
+        env["JETFLEET_STACK"] = str(self.folder)
+        return subprocess.run(
+            [sys.executable, "-m", "jetfleet", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+
+
+@pytest.fixture
+def dev_stacks(tmp_path: Path) -> Iterator[list[RunningDev]]:
+    started: list[RunningDev] = []
+    yield started
+    for dev in started:
+        if dev.proc.poll() is None:
+            dev.stop()  # Ctrl-C, as a user would; it kills after 30 s
+        dev.proc.wait()
+
+
+def _wait_all_committed(dev: RunningDev, n: int) -> dict[str, object]:
+    deadline = time.monotonic() + 60
+    while True:
+        status = json.loads(dev.cli("status", "--json").stdout)
+        if status["totals"]["committed"] + status["totals"]["dead"] >= n:
+            return status  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+
+
+def test_two_dev_stacks_serve_the_cli_and_stop_leaving_no_process(
+    tmp_path: Path, dev_stacks: list[RunningDev]
+) -> None:
+    first = RunningDev(tmp_path / "one")
+    second = RunningDev(tmp_path / "two")
+    dev_stacks += [first, second]
+    env1, env2 = first.wait_ready(), second.wait_ready()
+    assert env1["NATS_URL"] != env2["NATS_URL"]
+    assert env1["JETFLEET_GATEWAY_URL"] != env2["JETFLEET_GATEWAY_URL"]
+
+    submitted = first.cli("submit", "demo", "/page/1", "/page/2", "/missing/3")
+    assert submitted.returncode == 0, submitted.stderr
+    status = _wait_all_committed(first, 3)
+    totals = status["totals"]
+    assert isinstance(totals, dict)
+    assert (totals["submitted"], totals["committed"], totals["dead"]) == (3, 2, 1)
+    exported = [json.loads(line) for line in first.cli("results", "export").stdout.splitlines()]
+    assert sorted(r["url"].rsplit("/", 2)[-2:][1] for r in exported) == ["1", "2"]
+    # The other stack saw none of it.
+    other = json.loads(second.cli("status", "--json").stdout)
+    assert other["totals"]["submitted"] == 0
+
+    children = first.descendants() + second.descendants()
+    assert len(children) >= 2 * 7  # nats, redis, 4 services, 2 workers each
+    assert first.stop() == 0 and second.stop() == 0
+    _, alive = psutil.wait_procs(children, timeout=15)
+    assert alive == [], [p.info if hasattr(p, "info") else p.pid for p in alive]
+    assert not (first.folder / "env").exists()
+
+
+def test_a_second_dev_in_the_same_folder_is_refused(
+    tmp_path: Path, dev_stacks: list[RunningDev]
+) -> None:
+    first = RunningDev(tmp_path / "same")
+    dev_stacks.append(first)
+    first.wait_ready()
+    second = RunningDev(tmp_path / "same")
+    dev_stacks.append(second)
+    assert second.proc.wait(30) == 2
+    assert "already runs in" in second.output()
+    assert first.proc.poll() is None
