@@ -23,6 +23,13 @@ _JOB_FIELDS = frozenset(Job.__struct_fields__)
 _Reject = Callable[..., Rejection]
 
 
+def job_key(job: Job) -> str:
+    """The idempotency key of ``job``: the one derivation admission and replay share."""
+    return idempotency_key(
+        job.handler, job.url, job.pin_identity, job.idempotency_key, job.args, job.store_body
+    )
+
+
 def known_handlers(settings: Settings) -> tuple[str, ...]:
     """The handler names a job may ask for: the built-ins and ``fleet.handlers``."""
     return BUILTIN_HANDLERS + tuple(settings.fleet.handlers)
@@ -112,7 +119,7 @@ def _check_job(
     return WorkOrder(
         job=job,
         target=target,
-        key=idempotency_key(job.handler, job.url, job.pin_identity, job.idempotency_key),
+        key=job_key(job),
         max_attempts=attempts,
         timeout_s=job.timeout_s or config.timeout_s,
     )

@@ -8,8 +8,10 @@ submissions of the same page, however spelled, share a key.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import string
+from collections.abc import Mapping
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -31,15 +33,29 @@ def canonical_url(url: str) -> str:
     return urlunsplit((scheme, netloc, path, query, ""))
 
 
-def idempotency_key(handler: str, url: str, pin_identity: str = "", explicit: str = "") -> str:
-    """The key for one unit of work, safe to use as a NATS KV key.
+def idempotency_key(
+    handler: str,
+    url: str,
+    pin_identity: str = "",
+    explicit: str = "",
+    args: Mapping[str, str] | None = None,
+    store_body: bool = False,
+) -> str:
+    """The key for one unit of work, safe to use as a NATS KV key and subject token.
 
     An explicit key (for example a payment provider's) wins and is carried unchanged in
-    meaning through every retry; otherwise the key is built from the work itself.
+    meaning through every retry; otherwise the key is built from the work itself: what
+    is fetched (handler, pinned identity, canonical URL) and what is made of it (the
+    handler's args, whether the body is kept), so two different jobs never share one.
     """
     if explicit:
         return "x-" + _digest(explicit)
-    return "u-" + _digest(f"{handler}\n{pin_identity}\n{canonical_url(url)}")
+    work = f"{handler}\n{pin_identity}\n{canonical_url(url)}"
+    if args:
+        work += "\n" + json.dumps(sorted(args.items()))
+    if store_body:
+        work += "\nstore-body"
+    return "u-" + _digest(work)
 
 
 def _normalise_path(path: str) -> str:

@@ -25,7 +25,8 @@ async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
     """
     try:
         nc = await nats.connect(
-            settings.url,
+            # A cluster is given as a comma-separated list of seed URLs.
+            servers=[u.strip() for u in settings.url.split(",") if u.strip()],
             name=name,
             connect_timeout=settings.connect_timeout_s,
             ping_interval=settings.ping_interval_s,

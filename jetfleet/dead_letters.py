@@ -28,8 +28,7 @@ from nats.js.errors import (
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
-from jetfleet.admission import admit
-from jetfleet.canonical import idempotency_key
+from jetfleet.admission import admit, job_key
 from jetfleet.errors import JetfleetError
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import DeadLetter, Job, Rejection
@@ -155,7 +154,7 @@ def replay_copy(entry: DeadLetterEntry) -> Job:
     """
     order = entry.letter.order
     job = msgspec.structs.replace(order.job, id=replay_job_id(order.job.id, entry.id))
-    key = idempotency_key(job.handler, job.url, job.pin_identity, job.idempotency_key)
+    key = job_key(job)
     if key != order.key:
         raise JetfleetError(
             f"dead letter {entry.id}: a replay of job {order.job.id} would get idempotency "

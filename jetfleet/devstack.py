@@ -28,7 +28,8 @@ from jetfleet.stack_env import write_env
 
 log = logging.getLogger(__name__)
 
-STOP_TIMEOUT_S = 15.0
+# Longer than a service's own drain (30 s), so a draining child is not killed mid-drain.
+STOP_TIMEOUT_S = 35.0
 
 
 class DevStack:
@@ -173,13 +174,15 @@ class DevStack:
         return "\n".join(parts)
 
     async def stop(self) -> None:
-        """Stop workers first (they drain), then services, simulator and servers."""
-        order = sorted(self.children, key=lambda n: (not n.startswith("worker"), n))
-        for name in order:
-            if self.children[name].poll() is None:
-                self.children[name].terminate()
-        for name in order:
-            await asyncio.to_thread(_wait_or_kill, self.children[name])
+        """Stop workers first (they drain and report), then services, simulator, servers."""
+        workers = [n for n in self.children if n.startswith("worker")]
+        others = [n for n in self.children if n not in workers]
+        for group in (workers, others):
+            for name in group:
+                if self.children[name].poll() is None:
+                    self.children[name].terminate()
+            for name in group:
+                await asyncio.to_thread(_wait_or_kill, self.children[name])
         self.children.clear()
         await self.simulator.stop()
         await asyncio.to_thread(self.redis.stop)

@@ -7,6 +7,7 @@ example ``JETFLEET_FLEET__DEDUPE_TTL_S=86400``). Every error names the key and t
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -33,7 +34,8 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     burst: int = 1
     """How many requests may go at once after an idle spell."""
     max_in_flight: int = 16
-    """Server-enforced cap on jobs of this target leased at once across the fleet."""
+    """Server-enforced cap on jobs of this target delivered and unacked at once across the
+    fleet, per priority tier (a target's three tiers together may hold 3x this)."""
     max_attempts: int = 3
     timeout_s: float = 30.0
     max_body_bytes: int = 5_000_000
@@ -237,11 +239,13 @@ def validate(settings: Settings) -> None:
     _require(settings.fleet.max_job_bytes >= 1024, "fleet.max_job_bytes", "at least 1024")
     _require(settings.fleet.ack_wait_s > 0, "fleet.ack_wait_s", "a positive number of seconds")
     _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
+    # The server's per-key TTL is whole seconds: a 2.5 s lease lives 3 s.
+    lease_lives_s = math.ceil(settings.fleet.lease_ttl_s)
     _require(
-        settings.fleet.ack_wait_s > settings.fleet.lease_ttl_s,
+        settings.fleet.ack_wait_s > lease_lives_s,
         "fleet.ack_wait_s",
-        f"more than fleet.lease_ttl_s ({settings.fleet.lease_ttl_s:g} s), so JetStream "
-        "redelivers only after a lease is gone",
+        f"more than fleet.lease_ttl_s ({lease_lives_s} s) as the server keeps it (whole "
+        "seconds, rounded up), so JetStream redelivers only after a lease is gone",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
     shares = settings.worker.tier_shares
@@ -253,7 +257,7 @@ def validate(settings: Settings) -> None:
         'shares (>= 0, not all 0) for "high", "normal" and "bulk"',
     )
     _require(0 <= settings.gateway.port <= 65535, "gateway.port", _HINTS["port"])
-    _require(1 <= settings.nats.replicas <= 5, "nats.replicas", "1, 3 or 5")
+    _require(settings.nats.replicas in (1, 3, 5), "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
     _validate_dedupe_ttl(settings)

@@ -141,11 +141,32 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         drifts += await _ensure_stream(js, stream_config, update)
     for bucket, ttl in bucket_ttls(settings).items():
         await _ensure_bucket(js, bucket, ttl, settings)
+    await _remove_pre_tier_consumers(js, settings)
     for stream, config in consumer_configs(settings):
         drifts += await _ensure_consumer(js, stream, config, update)
     for drift in drifts:
         log.warning("topology drift %s%s", drift, " (updated)" if update else "")
     return drifts
+
+
+async def _remove_pre_tier_consumers(js: JetStreamContext, settings: Settings) -> None:
+    """Remove the one-per-target work consumers of jetfleet before priority tiers.
+
+    Their filter overlaps the per-tier consumers', which a WorkQueue stream refuses, so
+    an old data folder would stop every service at start. Their unacked messages stay in
+    the stream and are delivered again through the tier consumers.
+    """
+    for name in settings.targets:
+        old = f"work-{name}"
+        try:
+            await js.delete_consumer(subjects.STREAM_WORK, old)
+        except NotFoundError:
+            continue
+        log.warning(
+            "removed pre-tier consumer %s/%s; its jobs go to the tier consumers",
+            subjects.STREAM_WORK,
+            old,
+        )
 
 
 async def _ensure_stream(

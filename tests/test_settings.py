@@ -111,9 +111,7 @@ def test_a_base_url_that_is_not_an_absolute_http_url_is_refused(
 
 
 @pytest.mark.parametrize("name", ["Demo", "a.b", "-lead", "has space", "x" * 65, "_under"])
-def test_a_target_name_that_cannot_be_a_subject_token_is_refused(
-    tmp_path: Path, name: str
-) -> None:
+def test_a_target_name_that_cannot_be_a_subject_token_is_refused(tmp_path: Path, name: str) -> None:
     message = config_error(tmp_path, f'[targets."{name}"]\nbase_url = "https://example.org/"\n')
     assert f"targets.{name}" in message
     assert "lowercase letters, digits, '-' or '_'" in message
@@ -142,6 +140,12 @@ def test_ack_wait_not_above_the_lease_ttl_is_refused_naming_both(
     )
     assert "fleet.ack_wait_s" in message
     assert "more than fleet.lease_ttl_s (30 s)" in message
+
+
+def test_ack_wait_must_exceed_the_lease_ttl_as_the_server_rounds_it(tmp_path: Path) -> None:
+    # A 2.5 s lease lives 3 s on the server (per-key TTLs are whole seconds).
+    message = config_error(tmp_path, "[fleet]\nack_wait_s = 2.8\nlease_ttl_s = 2.5\n" + TARGET)
+    assert "more than fleet.lease_ttl_s (3 s)" in message
 
 
 def test_ack_wait_just_above_the_lease_ttl_is_accepted(tmp_path: Path) -> None:
@@ -256,8 +260,9 @@ def test_nats_url_and_redis_url_from_the_environment_override_the_file(
 
 
 def test_a_section_key_variable_becomes_a_typed_float(tmp_path: Path) -> None:
-    settings = load_text(tmp_path, "[fleet]\nack_wait_s = 45\n" + TARGET,
-                         {"JETFLEET_FLEET__ACK_WAIT_S": "90"})
+    settings = load_text(
+        tmp_path, "[fleet]\nack_wait_s = 45\n" + TARGET, {"JETFLEET_FLEET__ACK_WAIT_S": "90"}
+    )
     assert settings.fleet.ack_wait_s == 90.0
     assert isinstance(settings.fleet.ack_wait_s, float)
 
@@ -299,8 +304,9 @@ def test_environment_overrides_are_validated_like_the_file(tmp_path: Path) -> No
 
 
 def test_unrelated_environment_variables_are_ignored(tmp_path: Path) -> None:
-    settings = load_text(tmp_path, TARGET, {"HOME": "/root", "JETFLEET_CONFIGX": "1",
-                                            "PATH": "/bin"})
+    settings = load_text(
+        tmp_path, TARGET, {"HOME": "/root", "JETFLEET_CONFIGX": "1", "PATH": "/bin"}
+    )
     assert settings.fleet.ack_wait_s == 60.0
 
 

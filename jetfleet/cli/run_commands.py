@@ -92,8 +92,6 @@ def _run_dev(args: argparse.Namespace) -> int:
 
 
 async def _dev(args: argparse.Namespace) -> int:
-    from jetfleet.cli.main import settings_from  # noqa: F401  (validates --config early)
-
     stack = DevStack(args.data, workers=args.workers, user_config=args.config)
     await stack.start()
     urls = {

@@ -135,6 +135,9 @@ class Worker:
                     msgs = await sub.fetch(taken, timeout=FETCH_WAIT_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     msgs = []
+                except BaseException:
+                    self._slots.release(tier, taken)  # a failed fetch must not leak slots
+                    raise
                 self._slots.release(tier, taken - len(msgs))
                 for msg in msgs:
                     self._spawn(self._run_and_release(msg, target, tier))

@@ -18,10 +18,12 @@ def reserved_slots(total: int, shares: Mapping[str, float], tiers: Sequence[str]
     """Each tier's guaranteed slots: its share of ``total``, at least 1 while slots last."""
     weight = sum(shares.get(t, 0.0) for t in tiers) or 1.0
     reserved = {t: max(1, math.floor(total * shares.get(t, 0.0) / weight)) for t in tiers}
-    # With very few slots the minimum of one each can overshoot: trim from the lowest tier.
-    for tier in reversed(tiers):
-        while sum(reserved.values()) > total and reserved[tier] > 0:
-            reserved[tier] -= 1
+    # The minimum of one each can overshoot: trim the largest reservation first (the
+    # lowest tier among equals), so every tier keeps one slot while slots last.
+    while sum(reserved.values()) > total:
+        largest = max(reserved.values())
+        victim = next(t for t in reversed(tiers) if reserved[t] == largest)
+        reserved[victim] -= 1
     return reserved
 
 

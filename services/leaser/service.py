@@ -71,6 +71,8 @@ class Leaser:
                     subject, queue=subjects.QUEUE_LEASER, cb=self._spawner(handler)
                 )
             )
+        # Started means answering: make sure the server has the subscriptions.
+        await self.nc.flush()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking requests and finish the ones in hand."""

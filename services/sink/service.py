@@ -12,10 +12,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
-from jetfleet.publish import publish_durably
-from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
 from jetfleet.attempt_history import attempt_history
 from jetfleet.lease_store import LeaseStore
+from jetfleet.publish import publish_durably
+from jetfleet.results import committed_job
+from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
 
@@ -47,6 +48,8 @@ class Sink:
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
         )
+        # Started means answering: make sure the server has the subscription.
+        await self.nc.flush()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
@@ -85,6 +88,13 @@ class Sink:
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
+        holder = await committed_job(self.js, order.target, order.key)
+        if holder is not None:
+            # The work is already done (a lost ack or term, then a failing rerun): the job
+            # is settled as a duplicate, never both committed and dead.
+            return SinkReply(
+                status="suppressed:duplicate-key", detail=order.key, committed_by=holder
+            )
         history = await attempt_history(self.js, order.target, order.job.id, failure.history)
         letter = DeadLetter(
             order=order, reason=failure.reason, history=history, detail=failure.detail

@@ -1,0 +1,388 @@
+"""I2 fencing (DESIGN.md section 3), against real servers.
+
+A commit whose fence is not the job's current lease fence, or lower than the highest
+granted, is rejected; a commit after the lease expired by the server's clock is rejected;
+a worker's clock, skewed by any amount, decides nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import shutil
+import signal
+import sys
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from nats.aio.client import Client as NatsClient
+
+import jetfleet
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.client import jobs_for, new_job_id, resolve_url, submit_jobs
+from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_store import LeaseStore
+from jetfleet.results import iter_results
+from jetfleet.schemas import (
+    CommittedResult,
+    DataOutput,
+    Job,
+    LeaseGrant,
+    LeaseRequest,
+    NoopOutput,
+    Outcome,
+    SinkReply,
+    Success,
+    Versions,
+    WorkOrder,
+)
+from jetfleet.settings import Settings, TargetSettings, load_settings
+from jetfleet.simulator import TargetSimulator
+from jetfleet.stream_reader import read_stream
+from tests.conftest import make_settings, wait_for
+from tests.stack import InProcessStack
+
+pytestmark = pytest.mark.timeout(60)
+
+TTL_S = 2.0
+ACK_WAIT_S = 4.0
+VERSIONS = Versions(jetfleet=jetfleet.__version__, handler="noop@1")
+REPO = Path(__file__).resolve().parents[1]
+_encoder = msgspec.json.Encoder()
+
+
+@pytest.fixture
+def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    """A short lease TTL (2 s) under a short ack_wait (4 s), and the test handler."""
+    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
+                            max_in_flight=64, timeout_s=5.0)
+    return make_settings(nats_url, redis_url, {"demo": target}, lease_ttl_s=TTL_S,
+                         ack_wait_s=ACK_WAIT_S, handlers=("test.slow",))
+
+
+@pytest.fixture
+async def services(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
+    """The real scheduler, leaser and sink, each on its own connection; no workers."""
+    running = InProcessStack(settings)
+    await running.start(workers=0)
+    # start() returns before the server has the services' subscriptions: without this a
+    # first request can meet "no responders" on a loaded machine.
+    for conn in running.connections:
+        await conn.flush()
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def store(nc: NatsClient) -> LeaseStore:
+    return await LeaseStore.open(nc.jetstream())
+
+
+def order_for(settings: Settings, path: str) -> WorkOrder:
+    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", path), handler="noop")
+    order = admit(subjects.submit("demo"), _encoder.encode(job), settings)
+    assert isinstance(order, WorkOrder), order
+    return order
+
+
+async def grant(client: LeaseClient, order: WorkOrder, worker: str) -> int:
+    reply = await client.grant(LeaseRequest(job_id=order.job.id, target=order.target,
+                                            key=order.key, worker=worker, versions=VERSIONS))
+    assert isinstance(reply, LeaseGrant), reply
+    return reply.fence
+
+
+async def commit(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> str:
+    success = Success(order=order, worker=worker, attempt=1, duration_s=0.01,
+                      output=NoopOutput(), versions=VERSIONS, fence=fence)
+    answer = await nc.request(subjects.sink_report(order.target), _encoder.encode(success),
+                              timeout=5.0)
+    return msgspec.json.decode(answer.data, type=SinkReply).status
+
+
+async def results_for(nc: NatsClient, key: str) -> list[CommittedResult]:
+    return [r async for r in iter_results(nc.jetstream(), "demo") if r.key == key]
+
+
+async def lease_gone(store: LeaseStore, job_id: str) -> None:
+    async def gone() -> bool:
+        return await store.live(job_id) is None
+
+    await wait_for(gone, 3 * TTL_S, f"the lease of {job_id} to expire by the server's clock")
+
+
+async def test_I2_a_stale_fence_commit_is_rejected_whatever_the_order_of_arrival(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    client = LeaseClient(nc)
+
+    # Case 1: A's lease is released, B is granted; B commits first, then A.
+    order = order_for(settings, "/page/1")
+    f1 = await grant(client, order, "A")
+    assert await client.release(order.job.id, f1) is True
+    f2 = await grant(client, order, "B")
+    assert f2 > f1
+    assert await commit(nc, order, f2, "B") == "committed"
+    assert await commit(nc, order, f1, "A") == "rejected:fenced-out"
+    [result] = await results_for(nc, order.key)
+    assert (result.worker, result.fence) == ("B", f2)
+
+    # Case 2: A's lease expires by the server's clock, B is granted; A commits first:
+    # rejected although nothing is committed yet. Then B commits.
+    order = order_for(settings, "/page/2")
+    f1 = await grant(client, order, "A")
+    await lease_gone(store, order.job.id)
+    f2 = await grant(client, order, "B")
+    assert f2 > f1
+    assert await commit(nc, order, f1, "A") == "rejected:fenced-out"
+    assert await results_for(nc, order.key) == []
+    assert await commit(nc, order, f2, "B") == "committed"
+    assert await commit(nc, order, f1, "A") == "rejected:fenced-out"
+    [result] = await results_for(nc, order.key)
+    assert (result.worker, result.fence) == ("B", f2)
+    assert services.sink is not None
+    assert services.sink.counts == {"committed": 2, "rejected:fenced-out": 3}
+
+
+async def test_I2_fences_only_grow_across_jobs_and_grants(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    client = LeaseClient(nc)
+    orders = [order_for(settings, f"/page/{n}") for n in range(10)]
+    issued: list[int] = []
+    last: dict[str, int] = {}
+    for round_no in range(3):
+        for n, order in enumerate(orders):
+            fence = await grant(client, order, f"w-{(n + round_no) % 3}")
+            issued.append(fence)
+            last[order.job.id] = fence
+            if n % 2:  # renewals in between must not disturb the order
+                assert await client.renew(order.job.id, fence) is True
+        for order in orders:
+            assert await client.release(order.job.id, last[order.job.id]) is True
+    assert all(a < b for a, b in itertools.pairwise(issued)), issued
+
+    # Grants made at the same time are all distinct and above everything before them.
+    concurrent = await asyncio.gather(*(grant(client, order, "w-c") for order in orders))
+    assert len(set(concurrent)) == len(orders)
+    assert min(concurrent) > max(issued)
+
+    for order, fence in zip(orders, concurrent, strict=True):
+        history = await store.highest_fence(order.job.id)
+        assert (history.fence, history.grants) == (fence, 4)
+
+
+async def test_I2_a_commit_after_server_side_expiry_is_rejected(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/3")
+    loop = asyncio.get_running_loop()
+    fence = await grant(client, order, "A")
+    granted_at = loop.time()
+    await lease_gone(store, order.job.id)  # never renewed
+    assert loop.time() - granted_at >= TTL_S / 2
+
+    assert await commit(nc, order, fence, "A") == "rejected:lease-expired"
+    assert await client.renew(order.job.id, fence) is False
+    assert await store.live(order.job.id) is None  # the refused renewal revived nothing
+    assert await results_for(nc, order.key) == []
+
+    # The job can be granted again, and the expired holder stays fenced out.
+    f2 = await grant(client, order, "B")
+    assert f2 > fence
+    assert await commit(nc, order, fence, "A") == "rejected:fenced-out"
+    assert await commit(nc, order, f2, "B") == "committed"
+    assert len(await results_for(nc, order.key)) == 1
+
+
+# --- a worker's clock decides nothing -------------------------------------------------
+
+SKEWS = {"skew-plus": "+1h", "skew-minus": "-1h"}
+SLOW_S = ACK_WAIT_S + 0.5  # longer than the lease TTL and than ack_wait
+FAST_S = 0.3
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()  # a valid TOML basic string
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}"
+                               for k, v in value.items() if v is not None) + "}"
+    raise TypeError(f"cannot write {value!r} as TOML")
+
+
+def settings_toml(settings: Settings) -> str:
+    """``settings`` as a jetfleet.toml, so a worker process runs with exactly them."""
+    raw = msgspec.to_builtins(settings)
+    targets = raw.pop("targets")
+    tables = {name: body for name, body in raw.items() if isinstance(body, dict)}
+    tables.update({f"targets.{name}": body for name, body in targets.items()})
+    # TOML has no null: a None is left out (its default applies).
+    lines = [f"{key} = {_toml_value(value)}" for key, value in raw.items()
+             if key not in tables and value is not None]
+    for table, body in tables.items():
+        lines.append(f"[{table}]")
+        lines += [f"{key} = {_toml_value(value)}" for key, value in body.items()
+                  if value is not None]
+    return "\n".join(lines) + "\n"
+
+
+class SkewedWorker:
+    """``python -m tests.i2_worker worker`` under libfaketime, in its own process group."""
+
+    def __init__(self, worker_id: str, skew: str, config: Path, log_dir: Path,
+                 settings: Settings) -> None:
+        self.worker_id = worker_id
+        self.skew = skew
+        self.config = config
+        self.log_path = log_dir / f"{worker_id}.log"
+        self.settings = settings
+        self.proc: asyncio.subprocess.Process | None = None
+        self.clock = 0.0
+
+    async def start(self) -> None:
+        env = dict(os.environ)
+        env.update(JETFLEET_CONFIG=str(self.config), NATS_URL=self.settings.nats.url,
+                   REDIS_URL=self.settings.redis.url,
+                   JETFLEET_STACK=str(self.config.parent / "no-stack"))
+        with self.log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                "faketime", "-f", self.skew, sys.executable, "-m", "tests.i2_worker",
+                "worker", "--id", self.worker_id, "--targets", "demo",
+                cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=log,
+                start_new_session=True,
+            )
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), 15.0)
+        fields = dict(part.split("=", 1) for part in line.decode().split()[1:])
+        self.clock = float(fields["clock"]) - time.time()
+
+    def log_tail(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+    async def stop(self) -> None:
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        # faketime does not forward signals: signal the group (faketime and the worker).
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        assert self.proc.stdout is not None
+        try:
+            # EOF on stdout: the worker itself (not only faketime) has exited.
+            await asyncio.wait_for(self.proc.stdout.read(), 15.0)
+            await asyncio.wait_for(self.proc.wait(), 5.0)
+        except TimeoutError:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+
+
+async def faked_date(skew: str) -> float:
+    proc = await asyncio.create_subprocess_exec(
+        "faketime", "-f", skew, "date", "+%s", stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
+    assert proc.returncode == 0
+    return float(out.decode().strip())
+
+
+async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore,
+    simulator: TargetSimulator, tmp_path: Path
+) -> None:
+    if shutil.which("faketime") is None:
+        pytest.fail("this test needs libfaketime's `faketime` (apt-get install faketime)")
+    js = nc.jetstream()
+
+    # The skew is in effect for a faketime'd program.
+    for skew, offset in (("+1h", 3600.0), ("-1h", -3600.0)):
+        assert abs(await faked_date(skew) - time.time() - offset) < 60, skew
+
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(settings))
+    assert load_settings(config, {}) == settings
+    workers = [SkewedWorker(worker_id, skew, config, tmp_path, settings)
+               for worker_id, skew in SKEWS.items()]
+    try:
+        for worker in workers:
+            await worker.start()
+        # ... and in each worker process itself.
+        assert abs(workers[0].clock - 3600) < 60, workers[0].clock
+        assert abs(workers[1].clock + 3600) < 60, workers[1].clock
+
+        async def both_pulling() -> bool:
+            for worker in workers:
+                assert worker.proc is not None
+                if worker.proc.returncode is not None:
+                    raise AssertionError(f"{worker.worker_id} exited:\n{worker.log_tail()}")
+            info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
+            return (info.num_waiting or 0) >= 2
+
+        await wait_for(both_pulling, 15.0, "both worker processes to pull")
+
+        slow = jobs_for("demo", settings, [f"/page/{n}" for n in range(10)],
+                        handler="test.slow", args={"sleep_s": str(SLOW_S)})
+        fast = jobs_for("demo", settings, [f"/page/{n}" for n in range(10, 50)],
+                        handler="test.slow", args={"sleep_s": str(FAST_S)})
+        jobs = slow + fast
+        submitted = await submit_jobs(js, settings, "demo", jobs)
+        assert all(s.published and s.rejection is None for s in submitted), submitted
+
+        async def all_committed_and_acked() -> bool:
+            status = await services.status()
+            return (status.totals.committed, status.totals.queued,
+                    status.totals.leased) == (50, 0, 0)
+
+        try:
+            await wait_for(all_committed_and_acked, 25.0, "50 commits and acks")
+        except AssertionError as exc:
+            logs = "\n".join(f"--- {w.worker_id}\n{w.log_tail()}" for w in workers)
+            raise AssertionError(f"{exc}; {await services.status()}\n{logs}") from None
+    finally:
+        for worker in workers:
+            await worker.stop()
+
+    results = [r async for r in iter_results(js, "demo")]
+    # Exactly once: one result per job, one request per page at the target.
+    assert sorted(r.job_id for r in results) == sorted(j.id for j in jobs)
+    assert len({r.key for r in results}) == 50
+    assert simulator.counts()["by_path_kind"]["page"] == 50
+    assert services.sink is not None
+    assert services.sink.counts == {"committed": 50}, services.sink.counts
+
+    by_worker = Counter(r.worker for r in results)
+    assert set(by_worker) == set(SKEWS), by_worker  # both skewed workers committed
+    slow_ids = {j.id for j in slow}
+    for record in results:
+        assert isinstance(record.output, DataOutput)
+        assert record.output.data["status"] == 200
+        # The result was produced on the worker's skewed wall clock.
+        produced_at = record.output.data["clock"]
+        assert isinstance(produced_at, float)
+        offset = 3600.0 if record.worker == "skew-plus" else -3600.0
+        assert abs(produced_at - time.time() - offset) < 120, (record.worker, produced_at)
+        # One grant per job: no lease lapsed, even for jobs running past TTL and ack_wait.
+        assert record.attempt == 1
+        history = await store.highest_fence(record.job_id)
+        assert (history.grants, history.fence) == (1, record.fence), record.job_id
+        if record.job_id in slow_ids:
+            assert record.duration_s >= SLOW_S > ACK_WAIT_S > TTL_S
+
+    # Every attempt ended ok: no lost lease, no retry, and JetStream redelivered nothing.
+    outcomes = [msgspec.json.decode(m.data, type=Outcome)
+                async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")]
+    assert Counter(o.kind for o in outcomes) == {"ok": 50}
+    info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
+    assert info.delivered.consumer_seq == 50
+    assert (info.num_redelivered or 0) == 0
