@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from stats import latency_summary, process_usage, scan_logs
 
+from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.devstack import DevStack
@@ -161,7 +162,11 @@ async def run_jetfleet(
         await sub.unsubscribe()
 
         status = (await fleet_status(js, settings)).totals
-        consumer = await js.consumer_info("JF_WORK", f"work-{TARGET}")
+        # One durable consumer per (target, tier): add the three up.
+        consumers = [
+            await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer(TARGET, tier))
+            for tier in subjects.TIERS
+        ]
         last = max(arrived_at.values()) if arrived_at else time.monotonic()
         elapsed = last - first_submit
         committed = len(arrived_at)
@@ -175,9 +180,9 @@ async def run_jetfleet(
                 "lost": jobs - committed - status.dead - status.rejected,
                 "status_at_end": msgspec.structs.asdict(status),
                 "work_consumer_at_end": {
-                    "num_pending": consumer.num_pending,
-                    "num_ack_pending": consumer.num_ack_pending,
-                    "num_redelivered": consumer.num_redelivered,
+                    "num_pending": sum(c.num_pending or 0 for c in consumers),
+                    "num_ack_pending": sum(c.num_ack_pending or 0 for c in consumers),
+                    "num_redelivered": sum(c.num_redelivered or 0 for c in consumers),
                 },
                 **extra,
                 "submit_s": submit_done - first_submit,

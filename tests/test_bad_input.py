@@ -54,8 +54,10 @@ MakeBad = Callable[[Settings, str], Bad]
 
 
 def _job(settings: Settings, tag: str, **fields: object) -> dict[str, object]:
-    body: dict[str, object] = {"id": f"bad-{tag}", "url": settings.targets["demo"].base_url
-                               + f"bad/{tag}"}
+    body: dict[str, object] = {
+        "id": f"bad-{tag}",
+        "url": settings.targets["demo"].base_url + f"bad/{tag}",
+    }
     body.update(fields)
     return body
 
@@ -65,8 +67,9 @@ def _encode(body: object) -> bytes:
 
 
 def invalid_json(settings: Settings, tag: str) -> Bad:
-    return Bad("demo", f'{{"id": "bad-{tag}", "url": '.encode(), "invalid-json",
-               ("not valid JSON",))
+    return Bad(
+        "demo", f'{{"id": "bad-{tag}", "url": '.encode(), "invalid-json", ("not valid JSON",)
+    )
 
 
 def invalid_utf8(settings: Settings, tag: str) -> Bad:
@@ -80,16 +83,21 @@ def empty_payload(settings: Settings, tag: str) -> Bad:
 
 def wrong_type(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag, max_attempts="three")
-    return Bad("demo", _encode(body), "invalid-job",
-               ("Job schema", "Expected `int`, got `str`", "$.max_attempts"))
+    return Bad(
+        "demo",
+        _encode(body),
+        "invalid-job",
+        ("Job schema", "Expected `int`, got `str`", "$.max_attempts"),
+    )
 
 
 def wrong_type_id(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag)
     body["id"] = 12345
     body["args"] = {"tag": tag}
-    return Bad("demo", _encode(body), "invalid-job",
-               ("Job schema", "Expected `str`, got `int`", "$.id"))
+    return Bad(
+        "demo", _encode(body), "invalid-job", ("Job schema", "Expected `str`, got `int`", "$.id")
+    )
 
 
 def unsafe_id(settings: Settings, tag: str) -> Bad:
@@ -100,85 +108,131 @@ def unsafe_id(settings: Settings, tag: str) -> Bad:
 
 
 def not_an_object(settings: Settings, tag: str) -> Bad:
-    return Bad("demo", _encode([tag, "http://x/"]), "invalid-job",
-               ("Job schema", "Expected `object`, got `array`"))
+    return Bad(
+        "demo",
+        _encode([tag, "http://x/"]),
+        "invalid-job",
+        ("Job schema", "Expected `object`, got `array`"),
+    )
 
 
 def missing_id(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag)
     del body["id"]
-    return Bad("demo", _encode(body), "invalid-job",
-               ("Job schema", "missing required field `id`"))
+    return Bad("demo", _encode(body), "invalid-job", ("Job schema", "missing required field `id`"))
 
 
 def missing_url(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag)
     del body["url"]
-    return Bad("demo", _encode(body), "invalid-job",
-               ("Job schema", "missing required field `url`"))
+    return Bad("demo", _encode(body), "invalid-job", ("Job schema", "missing required field `url`"))
 
 
 def unknown_field(settings: Settings, tag: str) -> Bad:
-    return Bad("demo", _encode(_job(settings, tag, colour="blue")), "invalid-job",
-               ("colour",), job_id=f"bad-{tag}")
+    return Bad(
+        "demo",
+        _encode(_job(settings, tag, colour="blue")),
+        "invalid-job",
+        ("colour",),
+        job_id=f"bad-{tag}",
+    )
 
 
 def bad_tier(settings: Settings, tag: str) -> Bad:
-    return Bad("demo", _encode(_job(settings, tag, tier="urgent")), "invalid-job",
-               ("Job schema", "$.tier"))
+    return Bad(
+        "demo", _encode(_job(settings, tag, tier="urgent")), "invalid-job", ("Job schema", "$.tier")
+    )
 
 
 def unknown_target(settings: Settings, tag: str) -> Bad:
-    return Bad("nosuch", _encode(_job(settings, tag)), "unknown-target",
-               ("'nosuch' is not declared", "known: demo", "[targets.nosuch]"))
+    return Bad(
+        "nosuch",
+        _encode(_job(settings, tag)),
+        "unknown-target",
+        ("'nosuch' is not declared", "known: demo", "[targets.nosuch]"),
+    )
 
 
 def url_outside_target(settings: Settings, tag: str) -> Bad:
     url = f"http://elsewhere.invalid/{tag}"
-    return Bad("demo", _encode(_job(settings, tag, url=url)), "url-outside-target",
-               (url, "not under target 'demo'", settings.targets["demo"].base_url,
-                "submit it to the target that owns it"),
-               job_id=f"bad-{tag}")
+    return Bad(
+        "demo",
+        _encode(_job(settings, tag, url=url)),
+        "url-outside-target",
+        (
+            url,
+            "not under target 'demo'",
+            settings.targets["demo"].base_url,
+            "submit it to the target that owns it",
+        ),
+        job_id=f"bad-{tag}",
+    )
 
 
 def not_http_url(settings: Settings, tag: str) -> Bad:
     url = f"ftp://elsewhere.invalid/{tag}"
-    return Bad("demo", _encode(_job(settings, tag, url=url)), "invalid-url",
-               (url, "absolute http(s) URL"), job_id=f"bad-{tag}")
+    return Bad(
+        "demo",
+        _encode(_job(settings, tag, url=url)),
+        "invalid-url",
+        (url, "absolute http(s) URL"),
+        job_id=f"bad-{tag}",
+    )
 
 
 def oversized(settings: Settings, tag: str) -> Bad:
     # A well-formed job, 100 KB: over fleet.max_job_bytes (64 KiB), under NATS's 1 MB.
     payload = _encode(_job(settings, tag, args={"blob": "x" * 100_000}))
     assert settings.fleet.max_job_bytes < len(payload) < 1_000_000
-    return Bad("demo", payload, "oversized",
-               (f"payload is {len(payload)} bytes",
-                f"fleet.max_job_bytes = {settings.fleet.max_job_bytes}",
-                "keep large inputs out of the job"))
+    return Bad(
+        "demo",
+        payload,
+        "oversized",
+        (
+            f"payload is {len(payload)} bytes",
+            f"fleet.max_job_bytes = {settings.fleet.max_job_bytes}",
+            "keep large inputs out of the job",
+        ),
+    )
 
 
 def unknown_handler(settings: Settings, tag: str) -> Bad:
-    return Bad("demo", _encode(_job(settings, tag, handler="browser.click")),
-               "unknown-handler",
-               ("'browser.click' is not known", "known: http.get, noop"), job_id=f"bad-{tag}")
+    return Bad(
+        "demo",
+        _encode(_job(settings, tag, handler="browser.click")),
+        "unknown-handler",
+        ("'browser.click' is not known", "known: http.get, noop"),
+        job_id=f"bad-{tag}",
+    )
 
 
 def invalid_subject(settings: Settings, tag: str) -> Bad:
     # "Demo" is not a target name (upper case): no usable target token at all.
-    return Bad("Demo", _encode(_job(settings, tag)), "invalid-subject",
-               ("publish jobs to jf.submit.<target>", "'jf.submit.Demo'"),
-               filed_under=subjects.UNPARSABLE_TARGET)
+    return Bad(
+        "Demo",
+        _encode(_job(settings, tag)),
+        "invalid-subject",
+        ("publish jobs to jf.submit.<target>", "'jf.submit.Demo'"),
+        filed_under=subjects.UNPARSABLE_TARGET,
+    )
 
 
 def invalid_subject_leading_dash(settings: Settings, tag: str) -> Bad:
-    return Bad("-demo", _encode(_job(settings, tag)), "invalid-subject",
-               ("publish jobs to jf.submit.<target>",), filed_under=subjects.UNPARSABLE_TARGET)
+    return Bad(
+        "-demo",
+        _encode(_job(settings, tag)),
+        "invalid-subject",
+        ("publish jobs to jf.submit.<target>",),
+        filed_under=subjects.UNPARSABLE_TARGET,
+    )
 
 
 async def rejections(js: JetStreamContext) -> list[tuple[str, Rejection]]:
     """Every rejection kept on JF_REJECTED, with the subject it is filed under."""
-    return [(msg.subject, _rejection.decode(msg.data))
-            async for msg in read_stream(js, subjects.STREAM_REJECTED, "jf.rejected.>")]
+    return [
+        (msg.subject, _rejection.decode(msg.data))
+        async for msg in read_stream(js, subjects.STREAM_REJECTED, "jf.rejected.>")
+    ]
 
 
 def _valid_raw(settings: Settings, n: int) -> tuple[str, bytes]:
@@ -214,8 +268,11 @@ async def submit_interleaved(
 async def wait_settled(stack: InProcessStack, committed: int, rejected: int) -> None:
     async def settled() -> bool:
         status = await stack.status()
-        return (status.targets["demo"].committed == committed
-                and status.totals.rejected == rejected and status.admitting == 0)
+        return (
+            status.targets["demo"].committed == committed
+            and status.totals.rejected == rejected
+            and status.admitting == 0
+        )
 
     try:
         await wait_for(settled, 10, f"{committed} commits and {rejected} rejections")
@@ -244,8 +301,9 @@ async def check_raw_kept(js: JetStreamContext, rejection: Rejection, payload: by
         assert original.subject == rejection.subject
 
 
-async def check_rejections(js: JetStreamContext, kept: list[tuple[str, Rejection]],
-                           bads: list[Bad], copies: int = 2) -> None:
+async def check_rejections(
+    js: JetStreamContext, kept: list[tuple[str, Rejection]], bads: list[Bad], copies: int = 2
+) -> None:
     """Each bad input is kept ``copies`` times, under the right subject, with its reason,
     a message saying what to fix, its job id when it had one, and its bytes."""
     assert len(kept) == copies * len(bads)
@@ -267,8 +325,9 @@ async def assert_nothing_valid_lost(js: JetStreamContext, valid_ids: list[str]) 
     assert sorted(exported) == sorted(valid_ids)
 
 
-async def assert_still_admitting(js: JetStreamContext, settings: Settings,
-                                 stack: InProcessStack, committed_before: int) -> None:
+async def assert_still_admitting(
+    js: JetStreamContext, settings: Settings, stack: InProcessStack, committed_before: int
+) -> None:
     [job] = jobs_for("demo", settings, ["/page/9999"])
     await submit_jobs(js, settings, "demo", [job])
 
@@ -279,8 +338,9 @@ async def assert_still_admitting(js: JetStreamContext, settings: Settings,
     assert job.id in [r.job_id async for r in iter_results(js, "demo")]
 
 
-async def run_bad_inputs(settings: Settings, nc: NatsClient, stack: InProcessStack,
-                         makers: list[MakeBad]) -> None:
+async def run_bad_inputs(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, makers: list[MakeBad]
+) -> None:
     js = nc.jetstream()
     bads = [make(settings, f"{make.__name__}-{n}") for n, make in enumerate(makers)]
     valid_ids = await submit_interleaved(js, settings, bads)
@@ -308,8 +368,9 @@ async def test_an_empty_payload_is_rejected_as_invalid_json(
 async def test_wrong_types_are_rejected_naming_the_field_and_nothing_valid_is_lost(
     settings: Settings, nc: NatsClient, stack: InProcessStack
 ) -> None:
-    await run_bad_inputs(settings, nc, stack, [wrong_type, wrong_type_id, unsafe_id,
-                                               not_an_object, bad_tier])
+    await run_bad_inputs(
+        settings, nc, stack, [wrong_type, wrong_type_id, unsafe_id, not_an_object, bad_tier]
+    )
 
 
 async def test_missing_and_unknown_fields_are_rejected_naming_the_field(
@@ -355,9 +416,22 @@ async def test_a_subject_token_that_is_not_a_target_name_is_rejected_as_invalid_
 
 
 ALL_KINDS: list[MakeBad] = [
-    invalid_json, invalid_utf8, wrong_type, wrong_type_id, unsafe_id, not_an_object, missing_id,
-    missing_url, unknown_field, bad_tier, unknown_target, url_outside_target, not_http_url,
-    oversized, unknown_handler, invalid_subject,
+    invalid_json,
+    invalid_utf8,
+    wrong_type,
+    wrong_type_id,
+    unsafe_id,
+    not_an_object,
+    missing_id,
+    missing_url,
+    unknown_field,
+    bad_tier,
+    unknown_target,
+    url_outside_target,
+    not_http_url,
+    oversized,
+    unknown_handler,
+    invalid_subject,
 ]
 
 
@@ -372,8 +446,14 @@ async def test_every_kind_of_bad_input_mixed_with_valid_jobs_is_counted_per_targ
     kept = await rejections(js)
     await check_rejections(js, kept, bads)
     assert {r.reason for _, r in kept} == {
-        "invalid-json", "invalid-job", "unknown-target", "url-outside-target", "invalid-url",
-        "oversized", "unknown-handler", "invalid-subject",
+        "invalid-json",
+        "invalid-job",
+        "unknown-target",
+        "url-outside-target",
+        "invalid-url",
+        "oversized",
+        "unknown-handler",
+        "invalid-subject",
     }
 
     status = await stack.status()
@@ -403,7 +483,8 @@ async def test_the_same_bad_bytes_published_twice_are_kept_twice(
     await wait_settled(stack, committed=0, rejected=3)
     kept = await rejections(js)
     assert [(s, r.reason, r.raw) for s, r in kept] == [
-        ("jf.rejected.demo", "invalid-json", payload)] * 3
+        ("jf.rejected.demo", "invalid-json", payload)
+    ] * 3
     for _, rejection in kept:
         await check_raw_kept(js, rejection, payload)
 
@@ -437,8 +518,14 @@ async def test_a_kept_rejection_points_at_the_original_submission(
         b'{"type": "teleport", "order": {}}',
         b'{"type": "failure", "order": {"job": {"id": "x", "url": "http://h/"}}}',
     ],
-    ids=["invalid-json", "empty", "array", "success-missing-fields", "unknown-tag",
-         "failure-missing-fields"],
+    ids=[
+        "invalid-json",
+        "empty",
+        "array",
+        "success-missing-fields",
+        "unknown-tag",
+        "failure-missing-fields",
+    ],
 )
 async def test_a_malformed_report_gets_an_error_reply_and_the_sink_keeps_serving(
     settings: Settings, nc: NatsClient, stack: InProcessStack, report: bytes
@@ -451,8 +538,7 @@ async def test_a_malformed_report_gets_an_error_reply_and_the_sink_keeps_serving
     # Fire-and-forget garbage (no reply subject) must not upset it either.
     await nc.publish(subjects.sink_report("demo"), report)
     await nc.flush()
-    again = _reply.decode((await nc.request(subjects.sink_report("demo"), report,
-                                            timeout=5)).data)
+    again = _reply.decode((await nc.request(subjects.sink_report("demo"), report, timeout=5)).data)
     assert again.status == "error"
 
     # Nothing was committed or dead-lettered by the garbage...

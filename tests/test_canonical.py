@@ -191,14 +191,16 @@ def _maybe_encode(rng: random.Random, text: str) -> str:
     return "".join(out)
 
 
-def _spelling(rng: random.Random, scheme: str, host: str, segments: list[str],
-              query: list[tuple[str, str]]) -> str:
+def _spelling(
+    rng: random.Random, scheme: str, host: str, segments: list[str], query: list[tuple[str, str]]
+) -> str:
     port = {"http": ":80", "https": ":443"}[scheme] if rng.random() < 0.5 else ""
     path = "/" + "/".join(_maybe_encode(rng, s) for s in segments)
     pairs = query[:]
     rng.shuffle(pairs)
-    qs = "&".join(f"{quote(k)}={quote(v) if rng.random() < 0.5 else quote(v, safe='')}"
-                  for k, v in pairs)
+    qs = "&".join(
+        f"{quote(k)}={quote(v) if rng.random() < 0.5 else quote(v, safe='')}" for k, v in pairs
+    )
     fragment = "#" + rng.choice(["", "top", "x/y"]) if rng.random() < 0.5 else ""
     url = f"{_random_case(rng, scheme)}://{_random_case(rng, host)}{port}{path}"
     return url + (f"?{qs}" if qs else "") + fragment
@@ -207,10 +209,14 @@ def _spelling(rng: random.Random, scheme: str, host: str, segments: list[str],
 def _random_work(rng: random.Random) -> tuple[str, str, list[str], list[tuple[str, str]]]:
     scheme = rng.choice(["http", "https"])
     host = rng.choice(["example.org", "shop.example.com", "127.0.0.1"])
-    segments = ["".join(rng.choice(_UNRESERVED_LETTERS) for _ in range(rng.randint(1, 8)))
-                for _ in range(rng.randint(1, 4))]
-    query = [(rng.choice("abcxyz"), "".join(rng.choice("abc 123~") for _ in range(3)))
-             for _ in range(rng.randint(0, 4))]
+    segments = [
+        "".join(rng.choice(_UNRESERVED_LETTERS) for _ in range(rng.randint(1, 8)))
+        for _ in range(rng.randint(1, 4))
+    ]
+    query = [
+        (rng.choice("abcxyz"), "".join(rng.choice("abc 123~") for _ in range(3)))
+        for _ in range(rng.randint(0, 4))
+    ]
     return scheme, host, segments, query
 
 
@@ -293,8 +299,18 @@ def test_the_key_is_stable_across_calls() -> None:
 
 @pytest.mark.parametrize(
     "explicit",
-    ["", "order-42", "has spaces and * > wildcards", "dots.at.end.", "ünïcødé €", "a/b\\c\n",
-     "x" * 256, ".", "*", ">"],
+    [
+        "",
+        "order-42",
+        "has spaces and * > wildcards",
+        "dots.at.end.",
+        "ünïcødé €",
+        "a/b\\c\n",
+        "x" * 256,
+        ".",
+        "*",
+        ">",
+    ],
 )
 @pytest.mark.parametrize("url", [*SAMPLES, "http://h/ä ö?é=ü#ß"])
 def test_keys_are_valid_nats_kv_keys(explicit: str, url: str) -> None:

@@ -64,15 +64,17 @@ async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
         return await response.json()
 
 
-async def post(http: aiohttp.ClientSession, url: str, body: bytes | Any,
-               headers: dict[str, str] | None = None) -> tuple[int, Any]:
+async def post(
+    http: aiohttp.ClientSession, url: str, body: bytes | Any, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     data = body if isinstance(body, bytes) else msgspec.json.encode(body)
     async with http.post(url, data=data, headers=headers) as response:
         return response.status, await response.json()
 
 
-async def wait_totals(gateway: Gateway, http: aiohttp.ClientSession, what: str,
-                      **expected: int) -> dict[str, Any]:
+async def wait_totals(
+    gateway: Gateway, http: aiohttp.ClientSession, what: str, **expected: int
+) -> dict[str, Any]:
     """Poll /v1/status until the totals show ``expected``; return that status."""
     seen: dict[str, Any] = {}
 
@@ -84,8 +86,9 @@ async def wait_totals(gateway: Gateway, http: aiohttp.ClientSession, what: str,
     return seen
 
 
-async def test_healthz_reports_the_nats_connection(gateway: Gateway,
-                                                   http: aiohttp.ClientSession) -> None:
+async def test_healthz_reports_the_nats_connection(
+    gateway: Gateway, http: aiohttp.ClientSession
+) -> None:
     assert gateway.url.startswith("http://127.0.0.1:")
     assert await get_json(http, f"{gateway.url}/healthz") == {"ok": True, "nats": "connected"}
 
@@ -112,8 +115,14 @@ async def test_a_batch_of_relative_urls_is_committed_and_counted(
     assert answer["rejected"] == []
     assert len(set(answer["accepted"])) == 20
     shown = await wait_totals(gateway, http, "20 commits", committed=20)
-    assert shown["totals"] == {"submitted": 20, "queued": 0, "leased": 0, "committed": 20,
-                               "dead": 0, "rejected": 0}
+    assert shown["totals"] == {
+        "submitted": 20,
+        "queued": 0,
+        "leased": 0,
+        "committed": 20,
+        "dead": 0,
+        "rejected": 0,
+    }
     assert shown["targets"]["demo"] == shown["totals"]
     assert shown["admitting"] == 0
     # Same shape and numbers as `jetfleet status --json` (both encode fleet_status).
@@ -126,7 +135,9 @@ async def test_a_batch_of_relative_urls_is_committed_and_counted(
 
 
 async def test_a_mixed_batch_lists_each_rejection_and_runs_the_rest(
-    gateway: Gateway, stack: InProcessStack, http: aiohttp.ClientSession,
+    gateway: Gateway,
+    stack: InProcessStack,
+    http: aiohttp.ClientSession,
     simulator: TargetSimulator,
 ) -> None:
     jobs = [
@@ -146,15 +157,17 @@ async def test_a_mixed_batch_lists_each_rejection_and_runs_the_rest(
         (3, "elsewhere", "url-outside-target"),
     ]
     assert all(r["message"] for r in answer["rejected"])
-    shown = await wait_totals(gateway, http, "3 commits and 2 rejections",
-                              committed=3, rejected=2)
+    shown = await wait_totals(gateway, http, "3 commits and 2 rejections", committed=3, rejected=2)
     assert shown["targets"]["demo"]["submitted"] == 5
     assert shown["totals"]["dead"] == 0
 
 
 @pytest.mark.parametrize("body", [b"this is {not json", b'"a JSON string"', b"[]"])
 async def test_a_body_that_is_not_a_job_is_refused_and_kept(
-    gateway: Gateway, stack: InProcessStack, http: aiohttp.ClientSession, nc: NatsClient,
+    gateway: Gateway,
+    stack: InProcessStack,
+    http: aiohttp.ClientSession,
+    nc: NatsClient,
     body: bytes,
 ) -> None:
     before = (await get_json(http, f"{gateway.url}/v1/status"))["totals"]["rejected"]
@@ -164,8 +177,12 @@ async def test_a_body_that_is_not_a_job_is_refused_and_kept(
     assert status == 400
     assert answer["error"]
     await wait_totals(gateway, http, "the rejection", rejected=before + 1)
-    kept = [msgspec.json.decode(m.data, type=Rejection) async for m in
-            read_stream(nc.jetstream(), subjects.STREAM_REJECTED, subjects.rejected("demo"))]
+    kept = [
+        msgspec.json.decode(m.data, type=Rejection)
+        async for m in read_stream(
+            nc.jetstream(), subjects.STREAM_REJECTED, subjects.rejected("demo")
+        )
+    ]
     assert [r.raw for r in kept] == [body]
     assert answer["reason"] == kept[0].reason
 
@@ -173,14 +190,18 @@ async def test_a_body_that_is_not_a_job_is_refused_and_kept(
 async def test_an_unknown_target_is_published_and_rejected_by_name(
     gateway: Gateway, stack: InProcessStack, http: aiohttp.ClientSession
 ) -> None:
-    status, answer = await post(http, f"{gateway.url}/v1/targets/nope/jobs",
-                                {"id": "j1", "url": "/page/1"})
+    status, answer = await post(
+        http, f"{gateway.url}/v1/targets/nope/jobs", {"id": "j1", "url": "/page/1"}
+    )
 
     assert status == 400
     assert answer["accepted"] == []
     [rejected] = answer["rejected"]
     assert (rejected["index"], rejected["job_id"], rejected["reason"]) == (
-        0, "j1", "unknown-target")
+        0,
+        "j1",
+        "unknown-target",
+    )
     assert "[targets.nope]" in rejected["message"]
     shown = await wait_totals(gateway, http, "the rejection", rejected=1)
     assert shown["targets"]["nope"]["rejected"] == 1
@@ -189,8 +210,9 @@ async def test_an_unknown_target_is_published_and_rejected_by_name(
 async def test_a_target_name_that_is_no_subject_token_is_refused_and_kept(
     gateway: Gateway, stack: InProcessStack, http: aiohttp.ClientSession
 ) -> None:
-    status, answer = await post(http, f"{gateway.url}/v1/targets/Bad%20Name.x/jobs",
-                                {"url": "/page/1"})
+    status, answer = await post(
+        http, f"{gateway.url}/v1/targets/Bad%20Name.x/jobs", {"url": "/page/1"}
+    )
 
     assert status == 400
     assert "not valid" in answer["error"]
@@ -238,18 +260,29 @@ async def test_without_a_token_posts_need_a_loopback_listener(
     gateway = await open_gateway(host="0.0.0.0")  # every interface, for this test only
     port = gateway.url.rsplit(":", 1)[1]
 
-    status, answer = await post(http, f"http://127.0.0.1:{port}/v1/targets/demo/jobs",
-                                {"url": "/page/1"})
+    status, answer = await post(
+        http, f"http://127.0.0.1:{port}/v1/targets/demo/jobs", {"url": "/page/1"}
+    )
 
     assert status == 403
     assert "set gateway.token" in answer["error"]
 
 
-@pytest.mark.parametrize(("host", "loopback"), [
-    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("[::1]", True),
-    ("localhost", True), ("0.0.0.0", False), ("", False), ("::", False),
-    ("10.1.2.3", False), ("gateway.internal", False),
-])
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.2", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("", False),
+        ("::", False),
+        ("10.1.2.3", False),
+        ("gateway.internal", False),
+    ],
+)
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
     allowed = check_write(GatewaySettings(host=host), None) is None
@@ -259,8 +292,11 @@ def test_loopback_hosts(host: str, loopback: bool) -> None:
 async def test_metrics_are_prometheus_gauges_of_the_status(
     gateway: Gateway, stack: InProcessStack, http: aiohttp.ClientSession
 ) -> None:
-    await post(http, f"{gateway.url}/v1/targets/demo/jobs",
-               [{"url": f"/page/{n}"} for n in range(3)] + [{"url": "/page/9", "handler": "x"}])
+    await post(
+        http,
+        f"{gateway.url}/v1/targets/demo/jobs",
+        [{"url": f"/page/{n}"} for n in range(3)] + [{"url": "/page/9", "handler": "x"}],
+    )
     await wait_totals(gateway, http, "3 commits, 1 rejection", committed=3, rejected=1)
 
     async with http.get(f"{gateway.url}/metrics") as response:
@@ -271,8 +307,7 @@ async def test_metrics_are_prometheus_gauges_of_the_status(
     assert "# TYPE jetfleet_jobs gauge" in lines
     assert "# TYPE jetfleet_admitting gauge" in lines
     assert any(line.startswith("# HELP jetfleet_jobs ") for line in lines)
-    expected = {"submitted": 4, "queued": 0, "leased": 0, "committed": 3, "dead": 0,
-                "rejected": 1}
+    expected = {"submitted": 4, "queued": 0, "leased": 0, "committed": 3, "dead": 0, "rejected": 1}
     for state in FIELDS:
         assert f'jetfleet_jobs{{target="demo",state="{state}"}} {expected[state]}' in lines
     assert "jetfleet_admitting 0" in lines

@@ -124,7 +124,8 @@ class FaultEnv:
     async def submit(self, jobs: list[Job]) -> None:
         results = await submit_jobs(self.js, self.settings, TARGET, jobs)
         assert all(r.published and r.rejection is None for r in results), [
-            r for r in results if not r.published or r.rejection][:3]
+            r for r in results if not r.published or r.rejection
+        ][:3]
 
     async def committed_count(self) -> int:
         return await count_messages(self.js, subjects.STREAM_RESULTS, "jf.results.>")
@@ -139,14 +140,13 @@ class FaultEnv:
     async def records(self) -> list[Any]:
         return [r async for r in iter_results(self.js, TARGET)]
 
-    async def wait_settled(self, jobs: list[Job], timeout_s: float,
-                           also: Any = None) -> None:
+    async def wait_settled(self, jobs: list[Job], timeout_s: float, also: Any = None) -> None:
         """Until every job is committed and its message acked (work stream empty)."""
+
         async def settled() -> bool:
             if also is not None and not await also():
                 return False
-            return (await self.committed_count() >= len(jobs)
-                    and await self.work_left() == 0)
+            return await self.committed_count() >= len(jobs) and await self.work_left() == 0
 
         try:
             await wait_for(settled, timeout_s, f"{len(jobs)} jobs committed and acked")
@@ -158,10 +158,12 @@ class FaultEnv:
         counts = Counter(r.job_id for r in await self.records())
         missing = [j.id for j in jobs if counts[j.id] == 0]
         events = self.fleet.events()
-        lines = [f"committed records {sum(counts.values())}, missing {len(missing)}, "
-                 f"work left {await self.work_left()}, dead letters {await self.dead_count()}, "
-                 f"sink {self.sink.counts}, kills {[k.worker for k in self.fleet.kills]}, "
-                 f"dead unexpectedly {self.fleet.dead_unexpectedly()}"]
+        lines = [
+            f"committed records {sum(counts.values())}, missing {len(missing)}, "
+            f"work left {await self.work_left()}, dead letters {await self.dead_count()}, "
+            f"sink {self.sink.counts}, kills {[k.worker for k in self.fleet.kills]}, "
+            f"dead unexpectedly {self.fleet.dead_unexpectedly()}"
+        ]
         for job_id in missing[:5]:
             lines.append(f"-- {job_id}:")
             lines += [f"   {e}" for e in events if e.get("job") == job_id]
@@ -225,7 +227,8 @@ def _assert_once_each(jobs: list[Job], records: list[Any]) -> float:
     duplicated = {j: n for j, n in per_job.items() if n > 1}
     assert not duplicated, f"over-applied jobs (committed more than once): {duplicated}"
     assert set(per_job) == ids, (
-        f"missing {sorted(ids - set(per_job))[:10]}, unknown {sorted(set(per_job) - ids)[:10]}")
+        f"missing {sorted(ids - set(per_job))[:10]}, unknown {sorted(set(per_job) - ids)[:10]}"
+    )
     return len(records) / len(ids)
 
 
@@ -244,9 +247,13 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         await env.submit(jobs)
         # Kills spread over the run by progress (not by clock), each of a worker with
         # jobs in its hands, each followed at once by a replacement with a new id.
-        killer = asyncio.create_task(fleet.kill_on_progress(
-            env.committed_count, [150 * (k + 1) for k in range(kills_n)], seed=1))
+        killer = asyncio.create_task(
+            fleet.kill_on_progress(
+                env.committed_count, [150 * (k + 1) for k in range(kills_n)], seed=1
+            )
+        )
         try:
+
             async def killer_done() -> bool:
                 if killer.done():
                     killer.result()  # raise what went wrong in the killer
@@ -290,14 +297,16 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         # target was not asked again after the commit.
         dropped = _by_job(events, "ack-dropped")
         already = _by_job(events, "already-done")
-        suppressed = {e["job"] for e in events
-                      if e["event"] == "settle" and e["status"] == "suppressed:duplicate-key"}
+        suppressed = {
+            e["job"]
+            for e in events
+            if e["event"] == "settle" and e["status"] == "suppressed:duplicate-key"
+        }
         assert dropped, "no ack was dropped after a commit"
         assert set(dropped) <= {j.id for j in jobs if plan.drops_ack(j.id)}
         unanswered = sorted(j for j in dropped if j not in already and j not in suppressed)
         assert not unanswered, f"lost-ack jobs never met already-done/suppressed: {unanswered}"
-        rerun = sorted(j for j in dropped
-                       if any(s["attempt"] > attempt_of[j] for s in starts[j]))
+        rerun = sorted(j for j in dropped if any(s["attempt"] > attempt_of[j] for s in starts[j]))
         assert not rerun, f"lost-ack jobs ran again after their commit: {rerun}"
 
         # (c) Stalls past the TTL: the late report is rejected, another holder commits.
@@ -310,15 +319,20 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         assert all(attempt_of[j] > 1 for j in stalled), "a stalled attempt's result committed"
         # A stalled attempt that never reported late died with its SIGKILLed worker.
         reported = {(e["worker"], e["job"]) for e in late}
-        silent = [(e["worker"], j) for j, es in stalled.items() for e in es
-                  if (e["worker"], j) not in reported and e["worker"] not in killed]
+        silent = [
+            (e["worker"], j)
+            for j, es in stalled.items()
+            for e in es
+            if (e["worker"], j) not in reported and e["worker"] not in killed
+        ]
         assert not silent, f"stalled attempts that never reported, in live workers: {silent}"
         rejections = sum(counts.get(s, 0) for s in REJECTED)
         assert rejections >= len(late)
         assert len(already) + counts.get("suppressed:duplicate-key", 0) > 0
 
         reruns_after_commit = sum(
-            1 for j, ss in starts.items() for s in ss if s["attempt"] > attempt_of[j])
+            1 for j, ss in starts.items() for s in ss if s["attempt"] > attempt_of[j]
+        )
         print(
             f"\nI1: {jobs_n} jobs, {len(records)} committed records, over-apply ratio "
             f"{ratio:.2f}; settled in {settled_s:.1f} s, total {time.monotonic() - began:.1f} s"
@@ -356,7 +370,8 @@ async def test_I1_lost_ack_after_commit_is_acked_as_already_done_without_a_secon
         assert set(already) == {j.id for j in jobs}
         starts = _by_job(events, "start")
         assert all(len(starts[j.id]) == 1 for j in jobs), {
-            j: len(s) for j, s in starts.items() if len(s) != 1}
+            j: len(s) for j, s in starts.items() if len(s) != 1
+        }
         assert env.sink.counts == {"committed": len(jobs)}
 
 
@@ -404,7 +419,9 @@ async def test_I1_sigkilled_worker_process_leaves_its_jobs_to_be_committed_once(
         await wait_for(lambda: _ready(fleet, len(fleet.live())), 60, "replacement ready")
         await env.stop_workers()
         assert not fleet.forced and all(c == 0 for c in fleet.exit_codes.values()), (
-            fleet.forced, fleet.exit_codes)
+            fleet.forced,
+            fleet.exit_codes,
+        )
 
         records = await env.records()
         assert _assert_once_each(jobs, records) == 1.0

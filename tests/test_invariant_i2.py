@@ -61,10 +61,17 @@ _encoder = msgspec.json.Encoder()
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
     """A short lease TTL (2 s) under a short ack_wait (4 s), and the test handler."""
-    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
-                            max_in_flight=64, timeout_s=5.0)
-    return make_settings(nats_url, redis_url, {"demo": target}, lease_ttl_s=TTL_S,
-                         ack_wait_s=ACK_WAIT_S, handlers=("test.slow",))
+    target = TargetSettings(
+        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
+    )
+    return make_settings(
+        nats_url,
+        redis_url,
+        {"demo": target},
+        lease_ttl_s=TTL_S,
+        ack_wait_s=ACK_WAIT_S,
+        handlers=("test.slow",),
+    )
 
 
 @pytest.fixture
@@ -93,17 +100,32 @@ def order_for(settings: Settings, path: str) -> WorkOrder:
 
 
 async def grant(client: LeaseClient, order: WorkOrder, worker: str) -> int:
-    reply = await client.grant(LeaseRequest(job_id=order.job.id, target=order.target,
-                                            key=order.key, worker=worker, versions=VERSIONS))
+    reply = await client.grant(
+        LeaseRequest(
+            job_id=order.job.id,
+            target=order.target,
+            key=order.key,
+            worker=worker,
+            versions=VERSIONS,
+        )
+    )
     assert isinstance(reply, LeaseGrant), reply
     return reply.fence
 
 
 async def commit(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> str:
-    success = Success(order=order, worker=worker, attempt=1, duration_s=0.01,
-                      output=NoopOutput(), versions=VERSIONS, fence=fence)
-    answer = await nc.request(subjects.sink_report(order.target), _encoder.encode(success),
-                              timeout=5.0)
+    success = Success(
+        order=order,
+        worker=worker,
+        attempt=1,
+        duration_s=0.01,
+        output=NoopOutput(),
+        versions=VERSIONS,
+        fence=fence,
+    )
+    answer = await nc.request(
+        subjects.sink_report(order.target), _encoder.encode(success), timeout=5.0
+    )
     return msgspec.json.decode(answer.data, type=SinkReply).status
 
 
@@ -220,8 +242,15 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table
-        return "{" + ", ".join(f"{_toml_value(str(k))} = {_toml_value(v)}"
-                               for k, v in value.items() if v is not None) + "}"
+        return (
+            "{"
+            + ", ".join(
+                f"{_toml_value(str(k))} = {_toml_value(v)}"
+                for k, v in value.items()
+                if v is not None
+            )
+            + "}"
+        )
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -232,20 +261,25 @@ def settings_toml(settings: Settings) -> str:
     tables = {name: body for name, body in raw.items() if isinstance(body, dict)}
     tables.update({f"targets.{name}": body for name, body in targets.items()})
     # TOML has no null: a None is left out (its default applies).
-    lines = [f"{key} = {_toml_value(value)}" for key, value in raw.items()
-             if key not in tables and value is not None]
+    lines = [
+        f"{key} = {_toml_value(value)}"
+        for key, value in raw.items()
+        if key not in tables and value is not None
+    ]
     for table, body in tables.items():
         lines.append(f"[{table}]")
-        lines += [f"{key} = {_toml_value(value)}" for key, value in body.items()
-                  if value is not None]
+        lines += [
+            f"{key} = {_toml_value(value)}" for key, value in body.items() if value is not None
+        ]
     return "\n".join(lines) + "\n"
 
 
 class SkewedWorker:
     """``python -m tests.i2_worker worker`` under libfaketime, in its own process group."""
 
-    def __init__(self, worker_id: str, skew: str, config: Path, log_dir: Path,
-                 settings: Settings) -> None:
+    def __init__(
+        self, worker_id: str, skew: str, config: Path, log_dir: Path, settings: Settings
+    ) -> None:
         self.worker_id = worker_id
         self.skew = skew
         self.config = config
@@ -256,14 +290,29 @@ class SkewedWorker:
 
     async def start(self) -> None:
         env = dict(os.environ)
-        env.update(JETFLEET_CONFIG=str(self.config), NATS_URL=self.settings.nats.url,
-                   REDIS_URL=self.settings.redis.url,
-                   JETFLEET_STACK=str(self.config.parent / "no-stack"))
+        env.update(
+            JETFLEET_CONFIG=str(self.config),
+            NATS_URL=self.settings.nats.url,
+            REDIS_URL=self.settings.redis.url,
+            JETFLEET_STACK=str(self.config.parent / "no-stack"),
+        )
         with self.log_path.open("wb") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                "faketime", "-f", self.skew, sys.executable, "-m", "tests.i2_worker",
-                "worker", "--id", self.worker_id, "--targets", "demo",
-                cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=log,
+                "faketime",
+                "-f",
+                self.skew,
+                sys.executable,
+                "-m",
+                "tests.i2_worker",
+                "worker",
+                "--id",
+                self.worker_id,
+                "--targets",
+                "demo",
+                cwd=REPO,
+                env=env,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=log,
                 start_new_session=True,
             )
         assert self.proc.stdout is not None
@@ -291,15 +340,20 @@ class SkewedWorker:
 
 async def faked_date(skew: str) -> float:
     proc = await asyncio.create_subprocess_exec(
-        "faketime", "-f", skew, "date", "+%s", stdout=asyncio.subprocess.PIPE)
+        "faketime", "-f", skew, "date", "+%s", stdout=asyncio.subprocess.PIPE
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
     assert proc.returncode == 0
     return float(out.decode().strip())
 
 
 async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
-    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore,
-    simulator: TargetSimulator, tmp_path: Path
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    store: LeaseStore,
+    simulator: TargetSimulator,
+    tmp_path: Path,
 ) -> None:
     if shutil.which("faketime") is None:
         pytest.fail("this test needs libfaketime's `faketime` (apt-get install faketime)")
@@ -312,8 +366,10 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
     config = tmp_path / "jetfleet.toml"
     config.write_text(settings_toml(settings))
     assert load_settings(config, {}) == settings
-    workers = [SkewedWorker(worker_id, skew, config, tmp_path, settings)
-               for worker_id, skew in SKEWS.items()]
+    workers = [
+        SkewedWorker(worker_id, skew, config, tmp_path, settings)
+        for worker_id, skew in SKEWS.items()
+    ]
     try:
         for worker in workers:
             await worker.start()
@@ -331,18 +387,31 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
 
         await wait_for(both_pulling, 15.0, "both worker processes to pull")
 
-        slow = jobs_for("demo", settings, [f"/page/{n}" for n in range(10)],
-                        handler="test.slow", args={"sleep_s": str(SLOW_S)})
-        fast = jobs_for("demo", settings, [f"/page/{n}" for n in range(10, 50)],
-                        handler="test.slow", args={"sleep_s": str(FAST_S)})
+        slow = jobs_for(
+            "demo",
+            settings,
+            [f"/page/{n}" for n in range(10)],
+            handler="test.slow",
+            args={"sleep_s": str(SLOW_S)},
+        )
+        fast = jobs_for(
+            "demo",
+            settings,
+            [f"/page/{n}" for n in range(10, 50)],
+            handler="test.slow",
+            args={"sleep_s": str(FAST_S)},
+        )
         jobs = slow + fast
         submitted = await submit_jobs(js, settings, "demo", jobs)
         assert all(s.published and s.rejection is None for s in submitted), submitted
 
         async def all_committed_and_acked() -> bool:
             status = await services.status()
-            return (status.totals.committed, status.totals.queued,
-                    status.totals.leased) == (50, 0, 0)
+            return (status.totals.committed, status.totals.queued, status.totals.leased) == (
+                50,
+                0,
+                0,
+            )
 
         try:
             await wait_for(all_committed_and_acked, 25.0, "50 commits and acks")
@@ -380,8 +449,10 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
             assert record.duration_s >= SLOW_S > ACK_WAIT_S > TTL_S
 
     # Every attempt ended ok: no lost lease, no retry, and JetStream redelivered nothing.
-    outcomes = [msgspec.json.decode(m.data, type=Outcome)
-                async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")]
+    outcomes = [
+        msgspec.json.decode(m.data, type=Outcome)
+        async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
+    ]
     assert Counter(o.kind for o in outcomes) == {"ok": 50}
     info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
     assert info.delivered.consumer_seq == 50

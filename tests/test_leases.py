@@ -64,10 +64,17 @@ _encoder = msgspec.json.Encoder()
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
     """Two targets (for containment), a short lease TTL and a long ack_wait, so an
     immediate requeue cannot be mistaken for a visibility timeout."""
-    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
-                            max_in_flight=64, timeout_s=5.0)
-    return make_settings(nats_url, redis_url, {"demo": target, "other": target},
-                         lease_ttl_s=TTL_S, ack_wait_s=30.0, handlers=("test.hold",))
+    target = TargetSettings(
+        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
+    )
+    return make_settings(
+        nats_url,
+        redis_url,
+        {"demo": target, "other": target},
+        lease_ttl_s=TTL_S,
+        ack_wait_s=30.0,
+        handlers=("test.hold",),
+    )
 
 
 @pytest.fixture
@@ -88,20 +95,38 @@ async def store(nc: NatsClient) -> LeaseStore:
     return await LeaseStore.open(nc.jetstream())
 
 
-def order_for(settings: Settings, path: str, target: str = "demo", **fields: object
-              ) -> WorkOrder:
-    job = msgspec.convert({"id": new_job_id(), "url": resolve_url(settings, target, path),
-                           "handler": "noop", **fields}, Job)
+def order_for(settings: Settings, path: str, target: str = "demo", **fields: object) -> WorkOrder:
+    job = msgspec.convert(
+        {
+            "id": new_job_id(),
+            "url": resolve_url(settings, target, path),
+            "handler": "noop",
+            **fields,
+        },
+        Job,
+    )
     order = admit(subjects.submit(target), _encoder.encode(job), settings)
     assert isinstance(order, WorkOrder), order
     return order
 
 
-def ask(order: WorkOrder, worker: str = "w-a", identity: str = "", reply_subject: str = "",
-        job_id: str | None = None) -> LeaseRequest:
-    return LeaseRequest(job_id=job_id or order.job.id, target=order.target, key=order.key,
-                        worker=worker, versions=VERSIONS, identity=identity,
-                        reply_subject=reply_subject, pin_identity=order.job.pin_identity)
+def ask(
+    order: WorkOrder,
+    worker: str = "w-a",
+    identity: str = "",
+    reply_subject: str = "",
+    job_id: str | None = None,
+) -> LeaseRequest:
+    return LeaseRequest(
+        job_id=job_id or order.job.id,
+        target=order.target,
+        key=order.key,
+        worker=worker,
+        versions=VERSIONS,
+        identity=identity,
+        reply_subject=reply_subject,
+        pin_identity=order.job.pin_identity,
+    )
 
 
 async def granted(client: LeaseClient, request: LeaseRequest) -> LeaseGrant:
@@ -117,10 +142,18 @@ async def refused(client: LeaseClient, request: LeaseRequest) -> LeaseRefusal:
 
 
 async def report(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> SinkReply:
-    success = Success(order=order, worker=worker, attempt=1, duration_s=0.01,
-                      output=NoopOutput(), versions=VERSIONS, fence=fence)
-    answer = await nc.request(subjects.sink_report(order.target), _encoder.encode(success),
-                              timeout=5.0)
+    success = Success(
+        order=order,
+        worker=worker,
+        attempt=1,
+        duration_s=0.01,
+        output=NoopOutput(),
+        versions=VERSIONS,
+        fence=fence,
+    )
+    answer = await nc.request(
+        subjects.sink_report(order.target), _encoder.encode(success), timeout=5.0
+    )
     return msgspec.json.decode(answer.data, type=SinkReply)
 
 
@@ -213,9 +246,11 @@ async def test_a_committed_key_answers_already_done(
     assert (await report(nc, order, grant.fence, "w-a")).status == "committed"
     assert await client.release(order.job.id, grant.fence) is True
 
-    for request in (ask(order, worker="w-b"),
-                    # the same unit of work under another job id: still done
-                    ask(order, worker="w-b", job_id=new_job_id())):
+    for request in (
+        ask(order, worker="w-b"),
+        # the same unit of work under another job id: still done
+        ask(order, worker="w-b", job_id=new_job_id()),
+    ):
         reply: LeaseReply | None = await client.grant(request)
         assert isinstance(reply, LeaseAlreadyDone), reply
         assert reply.key == order.key
@@ -247,8 +282,7 @@ async def test_quarantine_is_contained_to_its_target_and_requeues_the_held_job_a
     # w-q holds a real delivery of a job on demo.
     held = order_for(settings, "/page/6")
     await js.publish(subjects.work("demo", "normal"), _encoder.encode(held))
-    sub = await js.pull_subscribe_bind(subjects.work_consumer("demo"),
-                                       stream=subjects.STREAM_WORK)
+    sub = await js.pull_subscribe_bind(subjects.work_consumer("demo"), stream=subjects.STREAM_WORK)
     [delivery] = await sub.fetch(1, timeout=5.0)
     assert delivery.metadata.num_delivered == 1
     lease = await granted(client, ask(held, worker="w-q", reply_subject=delivery.reply))
@@ -313,20 +347,23 @@ async def test_an_identity_quarantine_holds_for_every_worker_with_that_identity_
     record = QuarantineRecord(scope="identity", name="id-x", target="demo", reason="blocked")
     await quarantine(nc, QuarantineSet(record=record))
     for worker in ("w-1", "w-2"):
-        refusal = await refused(client, ask(order_for(settings, "/page/10"), worker=worker,
-                                            identity="id-x"))
+        refusal = await refused(
+            client, ask(order_for(settings, "/page/10"), worker=worker, identity="id-x")
+        )
         assert refusal.reason == "quarantined"
     await granted(client, ask(order_for(settings, "/page/11"), worker="w-1", identity="id-y"))
-    await granted(client, ask(order_for(settings, "/page/12", target="other"), worker="w-1",
-                              identity="id-x"))
+    await granted(
+        client, ask(order_for(settings, "/page/12", target="other"), worker="w-1", identity="id-x")
+    )
 
 
 async def test_a_timed_quarantine_lapses_by_the_servers_clock(
     settings: Settings, nc: NatsClient, services: InProcessStack
 ) -> None:
     client = LeaseClient(nc)
-    record = QuarantineRecord(scope="worker", name="w-t", target="demo", reason="cool-off",
-                              for_s=1.0)
+    record = QuarantineRecord(
+        scope="worker", name="w-t", target="demo", reason="cool-off", for_s=1.0
+    )
     await quarantine(nc, QuarantineSet(record=record))
     refusal = await refused(client, ask(order_for(settings, "/page/15"), worker="w-t"))
     assert refusal.reason == "quarantined" and refusal.retry_after_s == 1.0
@@ -355,8 +392,9 @@ async def test_leaser_replicas_agree_on_exactly_one_grant_among_twenty_concurren
             replicas.append(leaser)
 
             # Count which replica decided each grant (the decision itself is untouched).
-            def counted(leaser: Leaser = leaser, n: int = n
-                        ) -> Callable[[LeaseRequest], Coroutine[Any, Any, LeaseReply]]:
+            def counted(
+                leaser: Leaser = leaser, n: int = n
+            ) -> Callable[[LeaseRequest], Coroutine[Any, Any, LeaseReply]]:
                 real = leaser.grant
 
                 async def grant(request: LeaseRequest) -> LeaseReply:
@@ -375,9 +413,14 @@ async def test_leaser_replicas_agree_on_exactly_one_grant_among_twenty_concurren
         order = order_for(settings, "/page/13")
 
         async def race() -> list[LeaseReply | None]:
-            return list(await asyncio.gather(*(
-                callers[i % len(callers)].grant(ask(order, worker=f"w-{i}"))
-                for i in range(20))))
+            return list(
+                await asyncio.gather(
+                    *(
+                        callers[i % len(callers)].grant(ask(order, worker=f"w-{i}"))
+                        for i in range(20)
+                    )
+                )
+            )
 
         fences = []
         for round_no in range(2):  # a first grant, then a re-grant after a release
@@ -414,8 +457,7 @@ async def test_no_result_is_written_by_refused_commits(
 
 @pytest.mark.parametrize("job_id", ["job.", "a..b", "a.b=c-d_e", "A" * 128])
 async def test_every_job_id_admission_accepts_can_be_leased_renewed_and_released(
-    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore,
-    job_id: str
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore, job_id: str
 ) -> None:
     """A job id the scheduler admits must also work as a lease key; otherwise the job is
     admitted but can never be granted (refused as leaser-error forever)."""
@@ -431,22 +473,30 @@ async def test_every_job_id_admission_accepts_can_be_leased_renewed_and_released
     assert await client.release(job_id, reply.fence) is True
 
 
-@pytest.mark.parametrize(("worker", "identity"), [
-    ("host-1", "alice@example.com"), ("host:1234", ""), ("w 1", ""), ("w.1", "id.x"),
-])
+@pytest.mark.parametrize(
+    ("worker", "identity"),
+    [
+        ("host-1", "alice@example.com"),
+        ("host:1234", ""),
+        ("w 1", ""),
+        ("w.1", "id.x"),
+    ],
+)
 async def test_worker_and_identity_names_do_not_break_grants_or_quarantine(
     settings: Settings, nc: NatsClient, services: InProcessStack, worker: str, identity: str
 ) -> None:
     """Worker ids and identity names are free text (--id, --identity): the quarantine
     lookup that runs on every grant must not turn them into a refusal for everyone."""
     client = LeaseClient(nc)
-    reply = await client.grant(ask(order_for(settings, "/page/21"), worker=worker,
-                                   identity=identity))
+    reply = await client.grant(
+        ask(order_for(settings, "/page/21"), worker=worker, identity=identity)
+    )
     assert isinstance(reply, LeaseGrant), reply
     record = QuarantineRecord(scope="worker", name=worker, target="demo", reason="probe")
     await quarantine(nc, QuarantineSet(record=record))
-    refusal = await refused(client, ask(order_for(settings, "/page/22"), worker=worker,
-                                        identity=identity))
+    refusal = await refused(
+        client, ask(order_for(settings, "/page/22"), worker=worker, identity=identity)
+    )
     assert refusal.reason == "quarantined"
     await granted(client, ask(order_for(settings, "/page/23"), worker="someone-else"))
 

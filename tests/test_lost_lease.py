@@ -79,17 +79,25 @@ class RecordingWorker(Worker):
 class StalledWorker(RecordingWorker):
     """A worker whose lease keeper never runs: no renewal, no +WPI (a stall, a GC pause)."""
 
-    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held,
-                          handler: asyncio.Task[Verdict]) -> None:
+    async def _keep_lease(
+        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
+    ) -> None:
         return
 
 
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
-    target = TargetSettings(base_url=simulator.base_url + "/", rate=1000, burst=100,
-                            max_in_flight=64, timeout_s=5.0)
-    return make_settings(nats_url, redis_url, {"demo": target}, lease_ttl_s=TTL_S,
-                         ack_wait_s=ACK_WAIT_S, handlers=("test.gate",))
+    target = TargetSettings(
+        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
+    )
+    return make_settings(
+        nats_url,
+        redis_url,
+        {"demo": target},
+        lease_ttl_s=TTL_S,
+        ack_wait_s=ACK_WAIT_S,
+        handlers=("test.gate",),
+    )
 
 
 @pytest.fixture
@@ -111,11 +119,14 @@ class Workers:
         self.settings = settings
         self.started: list[RecordingWorker] = []
 
-    async def start(self, kind: type[RecordingWorker], worker_id: str,
-                    concurrency: int = 1) -> RecordingWorker:
+    async def start(
+        self, kind: type[RecordingWorker], worker_id: str, concurrency: int = 1
+    ) -> RecordingWorker:
         # One slot: while its handler runs, the worker cannot fetch the redelivery itself.
-        settings = msgspec.structs.replace(self.settings, worker=msgspec.structs.replace(
-            self.settings.worker, concurrency=concurrency))
+        settings = msgspec.structs.replace(
+            self.settings,
+            worker=msgspec.structs.replace(self.settings.worker, concurrency=concurrency),
+        )
         worker = kind(settings, await connect_nats(settings.nats, worker_id), worker_id)
         await worker.start()
         self.started.append(worker)
@@ -198,8 +209,7 @@ async def work_state(nc: NatsClient) -> tuple[int, int, int]:
 
 
 async def publish_job(settings: Settings, nc: NatsClient) -> WorkOrder:
-    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", "/page/1"),
-              handler="test.gate")
+    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", "/page/1"), handler="test.gate")
     order = admit(subjects.submit("demo"), _encoder.encode(job), settings)
     assert isinstance(order, WorkOrder), order
     await nc.jetstream().publish(subjects.work("demo", "normal"), _encoder.encode(order))

@@ -342,8 +342,9 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             versions=VERSIONS,
         ),
         DeadLetter(order=ORDER, reason="attempts-exhausted", history=[]),
-        Duplicate(job_id="job-2", target="example", key=ORDER.key, committed_by=JOB.id,
-                  via="already-done"),
+        Duplicate(
+            job_id="job-2", target="example", key=ORDER.key, committed_by=JOB.id, via="already-done"
+        ),
         Rejection(reason="invalid-json", message="not JSON", subject="jf.submit.example", raw=b"{"),
         Outcome(
             job_id=JOB.id,

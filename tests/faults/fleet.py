@@ -60,17 +60,34 @@ class WorkerFleet:
         """Start one more worker with a new id; returns the id."""
         worker_id = f"w-{self._next}"
         self._next += 1
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+        }
         env["JETFLEET_CONFIG"] = str(self.config_path)
         env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p)
-        argv = [sys.executable, "-m", "tests.faults.worker_main", "--id", worker_id,
-                "--events", str(self.events_path(worker_id)), *self.plan.to_argv()]
+            p for p in (str(PROJECT_ROOT), env.get("PYTHONPATH", "")) if p
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "tests.faults.worker_main",
+            "--id",
+            worker_id,
+            "--events",
+            str(self.events_path(worker_id)),
+            *self.plan.to_argv(),
+        ]
         with (self.folder / f"{worker_id}.log").open("ab") as out:
             self.procs[worker_id] = subprocess.Popen(
-                argv, cwd=PROJECT_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, preexec_fn=die_with_parent,
+                argv,
+                cwd=PROJECT_ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
             )
         return worker_id
 
@@ -81,8 +98,11 @@ class WorkerFleet:
     def dead_unexpectedly(self) -> list[str]:
         """Workers that exited although nobody killed or stopped them."""
         killed = {k.worker for k in self.kills}
-        return [w for w, p in self.procs.items()
-                if p.poll() is not None and w not in killed and w not in self.exit_codes]
+        return [
+            w
+            for w, p in self.procs.items()
+            if p.poll() is not None and w not in killed and w not in self.exit_codes
+        ]
 
     def ready(self) -> list[str]:
         """Live workers that have started pulling (and will drain on SIGTERM)."""
@@ -110,9 +130,13 @@ class WorkerFleet:
         self.kills.append(kill)
         return kill
 
-    async def kill_on_progress(self, progress: Callable[[], Awaitable[int]],
-                               thresholds: list[int], seed: int,
-                               timeout_s: float = 120.0) -> None:
+    async def kill_on_progress(
+        self,
+        progress: Callable[[], Awaitable[int]],
+        thresholds: list[int],
+        seed: int,
+        timeout_s: float = 120.0,
+    ) -> None:
         """Kill a random ready worker that has jobs in flight each time ``progress``
         reaches the next threshold, and start a replacement at once."""
         rng = random.Random(seed)
@@ -124,6 +148,7 @@ class WorkerFleet:
             return bool(victims)
 
         for threshold in thresholds:
+
             async def reached(threshold: int = threshold) -> bool:
                 return await progress() >= threshold
 

@@ -62,11 +62,18 @@ class FaultPlan:
 
     def to_argv(self) -> list[str]:
         """Command-line arguments of ``tests.faults.worker_main`` carrying this plan."""
-        return ["--stall-per-mille", str(self.stall_per_mille),
-                "--drop-ack-per-mille", str(self.drop_ack_per_mille),
-                "--stall-s", repr(self.stall_s),
-                "--effect-min-s", repr(self.effect_min_s),
-                "--effect-max-s", repr(self.effect_max_s)]
+        return [
+            "--stall-per-mille",
+            str(self.stall_per_mille),
+            "--drop-ack-per-mille",
+            str(self.drop_ack_per_mille),
+            "--stall-s",
+            repr(self.stall_s),
+            "--effect-min-s",
+            repr(self.effect_min_s),
+            "--effect-max-s",
+            repr(self.effect_max_s),
+        ]
 
 
 class EventLog:
@@ -81,8 +88,13 @@ class EventLog:
 
     def write(self, event: str, **fields: Any) -> None:
         """Record one event."""
-        line = {"event": event, "worker": self.worker_id, "pid": os.getpid(),
-                "t": time.time(), **fields}
+        line = {
+            "event": event,
+            "worker": self.worker_id,
+            "pid": os.getpid(),
+            "t": time.time(),
+            **fields,
+        }
         os.write(self._fd, (json.dumps(line) + "\n").encode())
 
     def close(self) -> None:

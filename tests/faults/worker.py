@@ -42,16 +42,25 @@ class _RecordingLeases(LeaseClient):
         if isinstance(reply, LeaseAlreadyDone):
             self.events.write("already-done", job=request.job_id)
         elif isinstance(reply, LeaseGrant):
-            self.events.write("granted", job=request.job_id, fence=reply.fence,
-                              attempt=reply.attempt)
+            self.events.write(
+                "granted", job=request.job_id, fence=reply.fence, attempt=reply.attempt
+            )
         return reply
 
 
 class FaultyWorker(Worker):
     """The product worker with the plan's faults and an event log."""
 
-    def __init__(self, settings: Settings, nc: NatsClient, worker_id: str, plan: FaultPlan,
-                 events: EventLog, targets: Iterable[str] = (), identity: str = "") -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        nc: NatsClient,
+        worker_id: str,
+        plan: FaultPlan,
+        events: EventLog,
+        targets: Iterable[str] = (),
+        identity: str = "",
+    ) -> None:
         super().__init__(settings, nc, worker_id, targets, identity=identity)
         self.plan = plan
         self.events = events
@@ -62,8 +71,9 @@ class FaultyWorker(Worker):
         """Whether this attempt of ``order`` is one the plan stalls (first grants only)."""
         return order.job.handler == STALL_HANDLER and attempt == 1
 
-    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held,
-                          handler: asyncio.Task[Verdict]) -> None:
+    async def _keep_lease(
+        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
+    ) -> None:
         if self.stalls(order, held.attempt or msg.metadata.num_delivered):
             # No renewal and no +WPI: the lease expires by the server's clock and
             # JetStream redelivers after ack_wait. _run cancels us when the handler ends.
@@ -71,24 +81,40 @@ class FaultyWorker(Worker):
             await asyncio.Event().wait()
         await super()._keep_lease(msg, order, held, handler)
 
-    async def _publish_outcome(self, order: WorkOrder, attempt: int, verdict: Verdict,
-                               duration: float, versions: Versions, fence: int) -> None:
-        self.events.write("outcome", job=order.job.id, attempt=attempt, kind=verdict.kind,
-                          reason=verdict.reason)
+    async def _publish_outcome(
+        self,
+        order: WorkOrder,
+        attempt: int,
+        verdict: Verdict,
+        duration: float,
+        versions: Versions,
+        fence: int,
+    ) -> None:
+        self.events.write(
+            "outcome", job=order.job.id, attempt=attempt, kind=verdict.kind, reason=verdict.reason
+        )
         await super()._publish_outcome(order, attempt, verdict, duration, versions, fence)
 
-    async def _settle(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict,
-                      reply: SinkReply | None) -> None:
+    async def _settle(
+        self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
+    ) -> None:
         status = reply.status if reply is not None else "no-reply"
-        self.events.write("settle", job=order.job.id, attempt=held.attempt, fence=held.fence,
-                          status=status, stalled=self.stalls(order, held.attempt),
-                          detail=reply.detail if reply is not None else "")
+        self.events.write(
+            "settle",
+            job=order.job.id,
+            attempt=held.attempt,
+            fence=held.fence,
+            status=status,
+            stalled=self.stalls(order, held.attempt),
+            detail=reply.detail if reply is not None else "",
+        )
         if status == "committed" and self.plan.drops_ack(order.job.id):
             # As if the +ACK were lost on the wire: everything else goes on as usual.
             self.stats["committed"] += 1
             self.stats["ack-dropped"] += 1
-            self.events.write("ack-dropped", job=order.job.id, fence=held.fence,
-                              attempt=held.attempt)
+            self.events.write(
+                "ack-dropped", job=order.job.id, fence=held.fence, attempt=held.attempt
+            )
             await self._give_back(order, held)
             return
         await super()._settle(msg, order, held, verdict, reply)

@@ -59,11 +59,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--effect-min-s", type=float, default=0.05)
     parser.add_argument("--effect-max-s", type=float, default=0.35)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plan = FaultPlan(stall_per_mille=args.stall_per_mille,
-                     drop_ack_per_mille=args.drop_ack_per_mille, stall_s=args.stall_s,
-                     effect_min_s=args.effect_min_s, effect_max_s=args.effect_max_s)
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    plan = FaultPlan(
+        stall_per_mille=args.stall_per_mille,
+        drop_ack_per_mille=args.drop_ack_per_mille,
+        stall_s=args.stall_s,
+        effect_min_s=args.effect_min_s,
+        effect_max_s=args.effect_max_s,
+    )
     return asyncio.run(_run(args, plan))
 
 
