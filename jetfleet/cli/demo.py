@@ -8,7 +8,9 @@ import shutil
 import time
 
 import msgspec
+from nats.js import JetStreamContext
 
+from jetfleet import subjects
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
@@ -25,8 +27,10 @@ class DemoSummary(msgspec.Struct):
     committed: int
     dead: int
     rejected: int
+    unfinished: int
+    """Jobs still queued, leased or awaiting admission when the demo stopped waiting."""
     lost: int
-    """Submitted jobs in no terminal state when the demo stopped waiting."""
+    """Submitted jobs in no state at all (submitted minus every state): always 0."""
     seconds: float
     jobs_per_s: float
     workers: int
@@ -47,20 +51,30 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         print_table(
-            ["submitted", "committed", "dead", "rejected", "lost", "seconds", "jobs/s"],
+            [
+                "submitted",
+                "committed",
+                "dead",
+                "rejected",
+                "unfinished",
+                "lost",
+                "seconds",
+                "jobs/s",
+            ],
             [
                 [
                     summary.submitted,
                     summary.committed,
                     summary.dead,
                     summary.rejected,
+                    summary.unfinished,
                     summary.lost,
                     f"{summary.seconds:.2f}",
                     f"{summary.jobs_per_s:.1f}",
                 ]
             ],
         )
-    return 0 if summary.lost == 0 else 1
+    return 0 if summary.lost == 0 and summary.unfinished == 0 else 1
 
 
 async def _demo(
@@ -81,6 +95,8 @@ async def _demo(
         try:
             js = nc.jetstream()
             await declare(js, settings)
+            # Time the fleet, not the workers' start-up: wait until every worker pulls.
+            await _workers_pulling(js, workers, deadline=time.monotonic() + 60)
             started = time.monotonic()
             await submit_jobs(
                 js,
@@ -91,7 +107,8 @@ async def _demo(
             bar = ProgressBar(jobs, "jobs", enabled=None if not quiet else False)
             deadline = started + timeout_s
             while True:
-                status = (await fleet_status(js, settings)).totals
+                full = await fleet_status(js, settings)
+                status = full.totals
                 done = status.committed + status.dead + status.rejected
                 bar.update(done, f"committed {status.committed} dead {status.dead}")
                 if done >= jobs or time.monotonic() > deadline or stack.dead_children():
@@ -108,8 +125,19 @@ async def _demo(
         committed=status.committed,
         dead=status.dead,
         rejected=status.rejected,
-        lost=max(0, jobs - done),
+        unfinished=status.queued + status.leased + full.admitting,
+        lost=full.unaccounted,
         seconds=elapsed,
         jobs_per_s=done / elapsed if elapsed > 0 else 0.0,
         workers=workers,
     )
+
+
+async def _workers_pulling(js: JetStreamContext, workers: int, deadline: float) -> None:
+    consumer = subjects.work_consumer("demo", "normal")
+    while time.monotonic() < deadline:
+        info = await js.consumer_info(subjects.STREAM_WORK, consumer)
+        if (info.num_waiting or 0) >= workers:
+            return
+        await asyncio.sleep(0.1)
+    raise JetfleetError(f"the {workers} demo workers did not start pulling within 60 s")
