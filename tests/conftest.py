@@ -14,6 +14,7 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet.connection import connect_nats
 from jetfleet.embedded import EmbeddedNats, EmbeddedRedis
+from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import (
     FleetSettings,
     NatsSettings,
@@ -112,6 +113,21 @@ async def stack(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessSt
     await running.start(workers=1)
     yield running
     await running.stop()
+
+
+@pytest.fixture
+async def services(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
+    """The real scheduler, leaser and sink, each on its own connection; no workers."""
+    running = InProcessStack(settings)
+    await running.start(workers=0)
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def store(nc: NatsClient) -> LeaseStore:
+    """The lease buckets, read directly (what the server holds, by its clock)."""
+    return await LeaseStore.open(nc.jetstream())
 
 
 async def wait_for(

@@ -15,7 +15,6 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -72,24 +71,6 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
         ack_wait_s=ACK_WAIT_S,
         handlers=("test.slow",),
     )
-
-
-@pytest.fixture
-async def services(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
-    """The real scheduler, leaser and sink, each on its own connection; no workers."""
-    running = InProcessStack(settings)
-    await running.start(workers=0)
-    # start() returns before the server has the services' subscriptions: without this a
-    # first request can meet "no responders" on a loaded machine.
-    for conn in running.connections:
-        await conn.flush()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def store(nc: NatsClient) -> LeaseStore:
-    return await LeaseStore.open(nc.jetstream())
 
 
 def order_for(settings: Settings, path: str) -> WorkOrder:

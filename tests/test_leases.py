@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -75,24 +75,6 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
         ack_wait_s=30.0,
         handlers=("test.hold",),
     )
-
-
-@pytest.fixture
-async def services(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
-    """The real leaser, sink and scheduler, each on its own connection; no workers."""
-    running = InProcessStack(settings)
-    await running.start(workers=0)
-    # start() returns before the server has the services' subscriptions: without this a
-    # first request can meet "no responders" on a loaded machine.
-    for conn in running.connections:
-        await conn.flush()
-    yield running
-    await running.stop()
-
-
-@pytest.fixture
-async def store(nc: NatsClient) -> LeaseStore:
-    return await LeaseStore.open(nc.jetstream())
 
 
 def order_for(settings: Settings, path: str, target: str = "demo", **fields: object) -> WorkOrder:

@@ -100,18 +100,6 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
     )
 
 
-@pytest.fixture
-async def services(settings: Settings, nc: NatsClient) -> AsyncIterator[InProcessStack]:
-    running = InProcessStack(settings)
-    await running.start(workers=0)
-    # start() returns before the server has the services' subscriptions: without this a
-    # first request can meet "no responders" on a loaded machine.
-    for conn in running.connections:
-        await conn.flush()
-    yield running
-    await running.stop()
-
-
 class Workers:
     """Workers started by a test, each on its own connection; drained at the end."""
 
