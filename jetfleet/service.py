@@ -7,6 +7,8 @@ import logging
 import signal
 from typing import Protocol
 
+from jetfleet.metrics import CounterFamily, MetricsServer
+
 log = logging.getLogger(__name__)
 
 
@@ -14,6 +16,7 @@ class Service(Protocol):
     """What every jetfleet service (and the worker) provides."""
 
     name: str
+    metrics: list[CounterFamily]
 
     async def start(self) -> None:
         """Connect, declare what it needs, and start serving."""
@@ -22,15 +25,26 @@ class Service(Protocol):
         """Stop taking new work; finish or release in-flight work; then close."""
 
 
-async def serve_until_signalled(service: Service, drain_timeout_s: float = 30.0) -> None:
-    """Start ``service`` and run it until SIGINT or SIGTERM, then drain it."""
+async def serve_until_signalled(
+    service: Service, drain_timeout_s: float = 30.0, metrics_port: int | None = None
+) -> None:
+    """Start ``service`` and run it until SIGINT or SIGTERM, then drain it.
+
+    With ``metrics_port`` (0 picks a free one) its counters are served on ``/metrics``.
+    """
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    exporter = None
+    if metrics_port is not None:
+        exporter = MetricsServer(service.metrics, port=metrics_port)
+        log.info("%s metrics on http://127.0.0.1:%d/metrics", service.name, await exporter.start())
     log.info("%s started", service.name)
     await stop.wait()
     log.info("%s draining", service.name)
     await service.drain(drain_timeout_s)
+    if exporter is not None:
+        await exporter.stop()
     log.info("%s stopped", service.name)

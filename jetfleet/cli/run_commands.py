@@ -66,6 +66,12 @@ def register(commands: Any) -> None:
         description="Run one jetfleet service until SIGINT/SIGTERM, then drain it.",
     )
     serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus counters on 127.0.0.1:PORT/metrics (0: any)",
+    )
     serve.set_defaults(run=_run_serve)
 
     worker = commands.add_parser(
@@ -81,6 +87,12 @@ def register(commands: Any) -> None:
     )
     worker.add_argument(
         "--concurrency", type=int, default=0, help="jobs at once (default: worker.concurrency)"
+    )
+    worker.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve Prometheus counters on 127.0.0.1:PORT/metrics (0: any)",
     )
     worker.set_defaults(run=_run_worker)
 
@@ -139,15 +151,15 @@ async def _wait_for_signal(stack: DevStack) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from jetfleet.cli.main import settings_from
 
-    return asyncio.run(_serve(args.name, settings_from(args)))
+    return asyncio.run(_serve(args.name, settings_from(args), args.metrics_port))
 
 
-async def _serve(name: str, settings: Settings) -> int:
+async def _serve(name: str, settings: Settings, metrics_port: int | None) -> int:
     nc = await connect_nats(settings.nats, f"jetfleet-{name}")
     try:
         await declare(nc.jetstream(), settings)
         service = _make_service(name, settings, nc)
-        await serve_until_signalled(service)
+        await serve_until_signalled(service, metrics_port=metrics_port)
     finally:
         await nc.close()
     return 0
@@ -178,6 +190,7 @@ class _WorkerService:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
+        self.metrics = worker.metrics
 
     async def start(self) -> None:
         await self.worker.start()
@@ -201,15 +214,21 @@ def _run_worker(args: argparse.Namespace) -> int:
         )
     worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
     identity = args.identity or settings.worker.identity
-    return asyncio.run(_worker(settings, worker_id, identity, targets))
+    return asyncio.run(_worker(settings, worker_id, identity, targets, args.metrics_port))
 
 
-async def _worker(settings: Settings, worker_id: str, identity: str, targets: list[str]) -> int:
+async def _worker(
+    settings: Settings,
+    worker_id: str,
+    identity: str,
+    targets: list[str],
+    metrics_port: int | None,
+) -> int:
     nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}")
     try:
         await declare(nc.jetstream(), settings)
         worker = Worker(settings, nc, worker_id, targets, identity=identity)
-        await serve_until_signalled(_WorkerService(worker))
+        await serve_until_signalled(_WorkerService(worker), metrics_port=metrics_port)
     finally:
         await nc.close()
     return 0

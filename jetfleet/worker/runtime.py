@@ -30,6 +30,7 @@ import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.lease_client import LeaseClient
+from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
@@ -86,6 +87,11 @@ class Worker:
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
         self.stats: Counter[str] = Counter()
+        self.attempts = CounterFamily(
+            "jetfleet_worker_attempts_total",
+            "Attempts by worker, identity, target, handler version, outcome and reason",
+        )
+        self.metrics = [self.attempts]
         self._slots = TierSlots(
             settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
         )
@@ -470,6 +476,14 @@ class Worker:
         fence: int,
     ) -> None:
         kind = "retryable" if verdict.kind == "lost" else verdict.kind
+        self.attempts.inc(
+            worker=self.worker_id,
+            identity=self.identity,
+            target=order.target,
+            version=versions.handler,
+            outcome=kind,
+            reason=verdict.reason,
+        )
         event = Outcome(
             job_id=order.job.id,
             target=order.target,

@@ -21,6 +21,7 @@ from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 from jetfleet import subjects
 from jetfleet.client import SubmitResult, submit_raw
 from jetfleet.errors import SubmitError
+from jetfleet.metrics import CounterFamily
 from jetfleet.services.gateway.access import check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
@@ -80,6 +81,8 @@ class Gateway:
     name = "gateway"
 
     def __init__(self, settings: Settings, nc: NatsClient) -> None:
+        # The gateway's numbers are the fleet's (GET /metrics on its own port).
+        self.metrics: list[CounterFamily] = []
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()

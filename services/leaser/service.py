@@ -16,6 +16,7 @@ from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.lease_store import LeaseStore
+from jetfleet.metrics import CounterFamily
 from jetfleet.schemas.lease import (
     LeaseCall,
     LeaseGrant,
@@ -56,6 +57,11 @@ class Leaser:
         self.ttl_s = settings.fleet.lease_ttl_s
         self._subs: list[Subscription] = []
         self._inflight: set[asyncio.Task[None]] = set()
+        self.answers = CounterFamily(
+            "jetfleet_lease_answers_total",
+            "Grant answers by answer (granted, refused, already-done), reason, target, worker",
+        )
+        self.metrics = [self.answers]
 
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
@@ -107,7 +113,9 @@ class Leaser:
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
         """Answer one lease call."""
         if isinstance(call, LeaseRequest):
-            return await self.grant(call)
+            reply = await self.grant(call)
+            self._count(call, reply)
+            return reply
         if isinstance(call, LeaseRenew):
             if await self.store.renew(call.job_id, call.fence, self.ttl_s):
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
@@ -117,6 +125,11 @@ class Leaser:
                 await self.store.refund_grant(call.job_id)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
+
+    def _count(self, request: LeaseRequest, reply: LeaseReply) -> None:
+        answer = {LeaseGrant: "granted", LeaseRefusal: "refused"}.get(type(reply), "already-done")
+        reason = reply.reason if isinstance(reply, LeaseRefusal) else ""
+        self.answers.inc(answer=answer, reason=reason, target=request.target, worker=request.worker)
 
     async def grant(self, request: LeaseRequest) -> LeaseReply:
         """Run the grant checks in order; grant if none objects and no lease is live."""

@@ -15,6 +15,7 @@ from nats.js.errors import FetchTimeoutError
 
 from jetfleet import subjects
 from jetfleet.admission import admit
+from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import Rejection
 from jetfleet.settings import Settings
@@ -36,8 +37,10 @@ class Scheduler:
         self.js = nc.jetstream()
         self._stopping = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
-        self.admitted = 0
-        self.rejected = 0
+        self.admissions = CounterFamily(
+            "jetfleet_admissions_total", "Submissions admitted or rejected, by target and reason"
+        )
+        self.metrics = [self.admissions]
 
     async def start(self) -> None:
         """Start the admission loop."""
@@ -81,7 +84,7 @@ class Scheduler:
                 msg_id=f"rej-{seq}",
                 headers=_passthrough(msg),
             )
-            self.rejected += 1
+            self.admissions.inc(target=target, verdict="rejected", reason=verdict.reason)
         else:
             subject = subjects.work(verdict.target, verdict.job.tier)
             # The job id as message id: a redelivered submission cannot be routed twice.
@@ -92,7 +95,7 @@ class Scheduler:
                 msg_id=f"job-{verdict.job.id}",
                 headers=_passthrough(msg),
             )
-            self.admitted += 1
+            self.admissions.inc(target=verdict.target, verdict="admitted", reason="")
         await msg.ack()
 
 

@@ -14,6 +14,7 @@ from nats.aio.subscription import Subscription
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
 from jetfleet.lease_store import LeaseStore
+from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
@@ -40,7 +41,19 @@ class Sink:
         self.js = nc.jetstream()
         self._sub: Subscription | None = None
         self._inflight: set[asyncio.Task[None]] = set()
-        self.counts: dict[str, int] = {}
+        self.answers = CounterFamily(
+            "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
+        )
+        self.metrics = [self.answers]
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Answers by status, over every target."""
+        totals: dict[str, int] = {}
+        for labels, value in self.answers.values.items():
+            status = dict(labels)["status"]
+            totals[status] = totals.get(status, 0) + value
+        return totals
 
     async def start(self) -> None:
         """Bind to the lease buckets and start answering reports."""
@@ -72,7 +85,7 @@ class Sink:
         except Exception as exc:  # the worker retries; the commit is idempotent
             log.exception("report on %s failed", msg.subject)
             reply = SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}")
-        self.counts[reply.status] = self.counts.get(reply.status, 0) + 1
+        self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
         if msg.reply:
             await self.nc.publish(msg.reply, _encoder.encode(reply))
 

@@ -1,0 +1,60 @@
+"""Each service's /metrics shows who is failing: answers by status, target, worker."""
+
+from __future__ import annotations
+
+import aiohttp
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.metrics import CounterFamily, MetricsServer
+from jetfleet.settings import Settings
+from tests.conftest import wait_for
+from tests.stack import InProcessStack
+
+
+def test_a_counter_family_renders_prometheus_text_with_escaped_labels() -> None:
+    family = CounterFamily("jf_test_total", "A test counter")
+    family.inc(target="demo", reason='say "hi"')
+    family.inc(2, target="demo", reason='say "hi"')
+    text = family.render()
+    assert "# TYPE jf_test_total counter" in text
+    assert 'jf_test_total{reason="say \\"hi\\"",target="demo"} 3' in text
+
+
+async def test_sink_leaser_scheduler_and_worker_metrics_count_real_answers(
+    settings: Settings, nc: NatsClient, stack: InProcessStack
+) -> None:
+    js = nc.jetstream()
+    jobs = jobs_for("demo", settings, ["/page/1", "/page/2", "/missing/3"])
+    await submit_jobs(js, settings, "demo", jobs)
+
+    async def settled() -> bool:
+        totals = (await stack.status()).totals
+        return totals.committed == 2 and totals.dead == 1
+
+    await wait_for(settled, 30, "2 commits and 1 dead letter")
+    assert stack.sink is not None and stack.leaser is not None and stack.scheduler is not None
+    worker = stack.workers[0]
+    families = stack.sink.metrics + stack.leaser.metrics + stack.scheduler.metrics
+    exporter = MetricsServer(families + worker.metrics)
+    port = await exporter.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{port}/metrics") as response,
+        ):
+            assert response.status == 200
+            text = await response.text()
+    finally:
+        await exporter.stop()
+    assert 'jetfleet_sink_answers_total{status="committed",target="demo"} 2' in text
+    assert 'jetfleet_sink_answers_total{status="dead-lettered",target="demo"} 1' in text
+    assert 'jetfleet_admissions_total{reason="",target="demo",verdict="admitted"} 3' in text
+    assert (
+        'jetfleet_lease_answers_total{answer="granted",reason="",target="demo",worker="w-0"} 3'
+        in text
+    )
+    assert (
+        'jetfleet_worker_attempts_total{identity="",outcome="permanent",reason="http-404",'
+        'target="demo",version="http.get@1",worker="w-0"} 1' in text
+    )
