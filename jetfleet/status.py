@@ -4,6 +4,7 @@ service keeps in memory, so any process can answer and a restart changes nothing
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 
 import msgspec
 from nats.js import JetStreamContext
@@ -52,14 +53,14 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     """Read the counts of every target from the streams and consumers."""
     submitted = await _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>")
     in_work = await _per_target(js, subjects.STREAM_WORK, "jf.work.>")
-    committed = Counter(
+    committed = await _count_each(js, subjects.STREAM_RESULTS, subjects.results, settings)
+    committed.update(await _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"))
+    dead = Counter(
         {
-            t: await count_messages(js, subjects.STREAM_RESULTS, subjects.results(t))
+            t: await count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))
             for t in settings.targets
         }
     )
-    committed.update(await _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"))
-    dead = await _per_target(js, subjects.STREAM_DLQ, "jf.dlq.>")
     # Purged dead letters stay counted as dead, so purging cannot unbalance the totals.
     dead.update(await purged_counts(js, list(settings.targets)))
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
@@ -99,6 +100,13 @@ async def _per_target(js: JetStreamContext, stream: str, filter_: str) -> Counte
     for subject, n in (info.state.subjects or {}).items():
         counts[subjects.target_of(subject)] += n
     return counts
+
+
+async def _count_each(
+    js: JetStreamContext, stream: str, filter_of: Callable[[str], str], settings: Settings
+) -> Counter[str]:
+    """Per declared target, how many messages match ``filter_of(target)``."""
+    return Counter({t: await count_messages(js, stream, filter_of(t)) for t in settings.targets})
 
 
 async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:

@@ -3,6 +3,7 @@ durable consumer: for exports, listings and tests."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 
 from nats.aio.msg import Msg
@@ -15,29 +16,38 @@ BATCH = 500
 
 
 async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) -> AsyncIterator[Msg]:
-    """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order."""
-    try:
-        info = await js.stream_info(stream, subjects_filter=filter_subject)
-    except NotFoundError:
-        return
-    remaining = sum((info.state.subjects or {}).values())
-    if remaining == 0:
-        return
+    """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order.
+
+    The count to read comes from the consumer's pending count, not from the stream's
+    per-subject map, which the server caps at 100,000 subjects.
+    """
     config = js_api.ConsumerConfig(
         ack_policy=js_api.AckPolicy.NONE,
         deliver_policy=js_api.DeliverPolicy.ALL,
+        filter_subject=filter_subject,
         inactive_threshold=30.0,
         mem_storage=True,
     )
-    sub = await js.pull_subscribe(filter_subject, durable=None, stream=stream, config=config)
     try:
-        while remaining > 0:
-            try:
-                msgs = await sub.fetch(min(BATCH, remaining), timeout=2.0)
-            except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                return  # the rest expired or was deleted while we read
-            for msg in msgs:
-                yield msg
-                remaining = min(remaining - 1, msg.metadata.num_pending)
+        info = await js.add_consumer(stream, config)
+    except NotFoundError:
+        return
+    remaining = info.num_pending or 0
+    try:
+        if remaining == 0:
+            return
+        sub = await js.pull_subscribe_bind(info.name, stream=stream)
+        try:
+            while remaining > 0:
+                try:
+                    msgs = await sub.fetch(min(BATCH, remaining), timeout=2.0)
+                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                    return  # the rest expired or was deleted while we read
+                for msg in msgs:
+                    yield msg
+                    remaining = min(remaining - 1, msg.metadata.num_pending)
+        finally:
+            await sub.unsubscribe()
     finally:
-        await sub.unsubscribe()
+        with contextlib.suppress(NotFoundError):
+            await js.delete_consumer(stream, info.name)

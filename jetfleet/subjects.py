@@ -75,8 +75,14 @@ def duplicates(target: str) -> str:
 
 
 def dlq(target: str) -> str:
-    """Where dead letters of ``target`` are kept."""
-    return f"{PREFIX}.dlq.{target}"
+    """The filter matching every dead letter of ``target``."""
+    return f"{PREFIX}.dlq.{target}.>"
+
+
+def dead_letter(target: str, job_id: str) -> str:
+    """The subject of one job's dead letter: one per job, so whether a job is dead is one
+    direct read (the leaser refuses to run a dead-lettered job again)."""
+    return f"{PREFIX}.dlq.{target}.{job_id}"
 
 
 def rejected(target: str) -> str:

@@ -171,7 +171,7 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         name="dlq",
-        address=subjects.dlq(_TARGET),
+        address=subjects.dead_letter(_TARGET, "{job_id}"),
         kind="stream",
         payload=DeadLetter,
         description="Jobs that will not be retried, with the reason and attempt history.",

@@ -25,6 +25,7 @@ from nats.js import JetStreamContext
 
 import jetfleet.cli.main as cli_main
 from jetfleet import subjects
+from jetfleet.admission import job_key
 from jetfleet.canonical import idempotency_key
 from jetfleet.cli import dlq_commands
 from jetfleet.client import submit_jobs
@@ -199,7 +200,7 @@ async def put_letter(
     )
     await publish_durably(
         js,
-        subjects.dlq(target),
+        subjects.dead_letter(target, job_id),
         msgspec.json.encode(letter),
         msg_id=f"dlq-{job_id}",
         headers={"Jf-Reason": reason, "Jf-Job": job_id},
@@ -591,3 +592,28 @@ def test_the_main_parser_registers_dlq() -> None:
     assert "dlq" in _subcommands(cli_main.build_parser()).choices, (
         "add `dlq_commands.register(commands)` to build_parser in jetfleet/cli/main.py"
     )
+
+
+async def test_a_dead_lettered_job_delivered_again_is_terminated_not_run(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    """If the terminate after a dead letter is lost, the redelivered job must not run a
+    second time (it would end both dead and committed): the leaser refuses it and the
+    worker terminates the delivery."""
+    js = nc.jetstream()
+    job = Job(id="dead-again", url=page(simulator, "/missing/7"))
+    await submit(js, settings, "demo", job)
+    await letter_of(js, "dead-again")
+    await wait_for(lambda: work_stream_empty(js), 10, "the terminated message to go")
+    # The same work order delivered again, as after a lost +TERM.
+    order = WorkOrder(job=job, target="demo", key=job_key(job), max_attempts=3, timeout_s=5.0)
+    await js.publish(subjects.work("demo", "normal"), msgspec.json.encode(order))
+    worker = stack.workers[0]
+
+    async def refused_and_gone() -> bool:
+        return worker.stats["refused:dead-lettered"] == 1 and await work_stream_empty(js)
+
+    await wait_for(refused_and_gone, 10, "the redelivered dead job to be terminated")
+    assert simulator.counts()["by_path_kind"] == {"missing": 1}  # not fetched again
+    status = await stack.status()
+    assert status.targets["demo"].dead == 1 and status.targets["demo"].committed == 0

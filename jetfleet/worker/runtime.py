@@ -248,6 +248,9 @@ class Worker:
             return None
         if isinstance(reply, LeaseRefusal):
             self.stats[f"refused:{reply.reason}"] += 1
+            if reply.reason == "dead-lettered":
+                await self._term(msg, "dead-lettered")  # a term that was lost, sent again
+                return None
             delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this

@@ -10,13 +10,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from jetfleet import subjects
 from jetfleet.results import committed_job
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
 
-# A quarantine without an end is re-asked about this often.
+# How often a quarantined scope asks again: a quarantine may be lifted early, so a
+# worker never holds off longer than this, whatever the quarantine's duration.
 QUARANTINE_RETRY_S = 30.0
 
 
@@ -41,6 +44,17 @@ async def already_done(ctx: GrantContext) -> LeaseAlreadyDone | None:
     return None
 
 
+async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
+    """The job was dead-lettered already (its terminate was lost): it must not run again,
+    or it would end both dead and committed. The worker terminates this delivery."""
+    subject = subjects.dead_letter(ctx.request.target, ctx.request.job_id)
+    try:
+        await ctx.js.get_msg(subjects.STREAM_DLQ, subject=subject, direct=True)
+    except NotFoundError:
+        return None
+    return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
+
+
 async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
     """The worker or its identity is quarantined on this target."""
     req = ctx.request
@@ -49,7 +63,7 @@ async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
         if record is not None:
             return LeaseRefusal(
                 reason="quarantined",
-                retry_after_s=record.for_s or QUARANTINE_RETRY_S,
+                retry_after_s=min(record.for_s or QUARANTINE_RETRY_S, QUARANTINE_RETRY_S),
                 detail=f"{scope} {name} is quarantined on {req.target}: {record.reason}",
             )
     return None
@@ -69,4 +83,9 @@ async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
     return None
 
 
-GRANT_CHECKS: tuple[GrantCheck, ...] = (already_done, quarantined, pinned_identity)
+GRANT_CHECKS: tuple[GrantCheck, ...] = (
+    already_done,
+    dead_lettered,
+    quarantined,
+    pinned_identity,
+)

@@ -115,7 +115,7 @@ class Sink:
         # Written (and acked by the stream) BEFORE the worker terminates the message.
         await publish_durably(
             self.js,
-            subjects.dlq(order.target),
+            subjects.dead_letter(order.target, order.job.id),
             _encoder.encode(letter),
             msg_id=f"dlq-{order.job.id}",
             headers={"Jf-Reason": failure.reason, "Jf-Job": order.job.id},
