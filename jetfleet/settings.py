@@ -30,7 +30,8 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 
     base_url: str
     rate: float = 1.0
-    """Fleet-wide requests per second to this target (enforced by the rate limiter)."""
+    """Fleet-wide requests per second to this target (validated; not enforced until the
+    rate limiter service lands: see docs/architecture.md)."""
     burst: int = 1
     """How many requests may go at once after an idle spell."""
     max_in_flight: int = 16

@@ -1,7 +1,7 @@
 """Every subject, stream, consumer and bucket name jetfleet uses, in one place.
 
 Subjects are ``jf.<family>.<target>[.<tier>]``: one subject family per target, so one
-target's backlog or ban cannot stall another (DESIGN.md section 2).
+target's backlog or ban cannot stall another (docs/architecture.md).
 """
 
 from __future__ import annotations

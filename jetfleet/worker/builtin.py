@@ -72,7 +72,7 @@ def _classify(
     if status in (404, 410):
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
-        # Blocks and challenges are signals to back off (DESIGN.md section 4).
+        # Blocks and challenges are signals to back off (docs/scope.md).
         raise Blocked(_block_kind(status, body), retry_after, detail=f"HTTP {status}")
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)

@@ -1,6 +1,6 @@
 """The worker: one pull loop per assigned target, a bounded number of jobs at once.
 
-Life of a delivery (DESIGN.md section 2): decode the work order, take the job's lease,
+Life of a delivery (docs/architecture.md): decode the work order, take the job's lease,
 run the handler while the lease is renewed (leaser renew + ``in_progress`` in one beat),
 publish the outcome, report to the sink, and only then ack (committed or suppressed),
 terminate (dead-lettered) or, having given the lease back, nak with backoff (retryable).
