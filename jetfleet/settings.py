@@ -97,6 +97,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     identity: str = ""
     region: str = ""
     concurrency: int = 8
+    """Jobs at once per target (each target has its own slots, so a target that hangs
+    cannot take another's), shared by the priority tiers."""
     targets: tuple[str, ...] = ()
     """Targets this worker pulls from; empty means every declared target."""
     tier_shares: dict[str, float] = msgspec.field(

@@ -24,6 +24,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
 
 import jetfleet
@@ -48,6 +49,7 @@ from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict
 
@@ -92,13 +94,17 @@ class Worker:
             "Attempts by worker, identity, target, handler version, outcome and reason",
         )
         self.metrics = [self.attempts]
-        self._slots = TierSlots(
-            settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
-        )
+        # Slots per target: a target that hangs can fill only its own, never another's.
+        self._slots = {
+            target: TierSlots(
+                settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
+            )
+            for target in self.targets
+        }
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
-        self._hold_until: dict[str, float] = {}
+        self.gate = TargetGate()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -124,7 +130,13 @@ class Worker:
             await self._session.close()
 
     async def _pull_loop(self, target: str, tier: str) -> None:
+        """Pull one (target, tier). With free slots, fetch a batch and start it; when
+        none are free (or nothing came), long-poll for ONE message without a slot and,
+        once it arrives, queue for a slot in priority order. An idle tier so holds no
+        slot (others may borrow them all), and a waiting high-priority job takes the next
+        slot that frees."""
         sub = None
+        slots = self._slots[target]
         while not self._stopping.is_set():
             try:
                 if await self._held_off(target):
@@ -133,29 +145,60 @@ class Worker:
                     sub = await self.js.pull_subscribe_bind(
                         subjects.work_consumer(target, tier), stream=subjects.STREAM_WORK
                     )
-                taken = await self._slots.acquire(tier, FETCH_BATCH)
-                if self._stopping.is_set():  # drain began while we waited for a slot
-                    self._slots.release(tier, taken)
-                    break
-                try:
-                    msgs = await sub.fetch(taken, timeout=FETCH_WAIT_S)
-                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                    msgs = []
-                except BaseException:
-                    self._slots.release(tier, taken)  # a failed fetch must not leak slots
-                    raise
-                self._slots.release(tier, taken - len(msgs))
+                taken = slots.try_acquire(tier, FETCH_BATCH)
+                if taken and await self._fetch_into(sub, slots, target, tier, taken, 0.1):
+                    continue
+                msgs = await self._fetch(sub, 1, FETCH_WAIT_S)
                 for msg in msgs:
+                    await self._wait_for_slot(msg, slots, tier)
                     self._spawn(self._run_and_release(msg, target, tier))
             except Exception:  # keep pulling through reconnects and leader changes
                 log.exception("pull loop for %s/%s failed; rebinding", target, tier)
                 sub = None
                 await self._pause(1.0)
 
+    async def _fetch(
+        self, sub: JetStreamContext.PullSubscription, n: int, wait_s: float
+    ) -> list[Msg]:
+        try:
+            return await sub.fetch(n, timeout=wait_s)
+        except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+            return []
+
+    async def _fetch_into(
+        self,
+        sub: JetStreamContext.PullSubscription,
+        slots: TierSlots,
+        target: str,
+        tier: str,
+        taken: int,
+        wait_s: float,
+    ) -> bool:
+        """Fetch up to ``taken`` jobs into slots already held; False if none came."""
+        try:
+            msgs = await self._fetch(sub, taken, wait_s)
+        except BaseException:
+            slots.release(tier, taken)  # a failed fetch must not leak slots
+            raise
+        slots.release(tier, taken - len(msgs))
+        for msg in msgs:
+            self._spawn(self._run_and_release(msg, target, tier))
+        return bool(msgs)
+
+    async def _wait_for_slot(self, msg: Msg, slots: TierSlots, tier: str) -> None:
+        # The message is in hand while it waits (at most one running job's time, as freed
+        # slots go to waiters first); +WPI keeps JetStream from redelivering it meanwhile.
+        waiting = asyncio.ensure_future(slots.acquire(tier, 1))
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=self.settings.fleet.ack_wait_s / 3)
+            if done:
+                return
+            await msg.in_progress()
+
     async def _held_off(self, target: str) -> bool:
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
         # the retry-after passes (never dequeue and sleep on a message).
-        wait = self._hold_until.get(target, 0.0) - time.monotonic()
+        wait = self.gate.held_for(target)
         if wait <= 0:
             return False
         await self._pause(min(wait, 1.0))
@@ -174,7 +217,7 @@ class Worker:
         try:
             await self._process(msg, target)
         finally:
-            self._slots.release(tier)
+            self._slots[target].release(tier)
 
     # The one long core path of the worker. Every branch ends in exactly one of: ack,
     # term, nak (only while holding the live lease, or before taking one), or nothing
@@ -187,9 +230,23 @@ class Worker:
             await self._keep_malformed(msg, target, str(exc))
             await self._term(msg, "malformed-work-order")
             return
+        wait = self.gate.admit(target)
+        if wait is not None:
+            # The target asked us to back off (maybe after this job was fetched), or a
+            # probe is out: do not call it yet. No lease is taken, so nothing is spent.
+            await msg.nak(delay=wait)
+            return
+        kind = ""
+        try:
+            kind = await self._process_order(msg, order, target)
+        finally:
+            self.gate.done(target, answered=kind not in ("", "lost"), blocked=kind == "blocked")
+
+    async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> str:
+        """Lease, run, report and settle one job; the verdict's kind ("" if not run)."""
         held = await self._take_lease(msg, order, target)
         if held is None:
-            return
+            return ""
         attempt = held.attempt or msg.metadata.num_delivered
         started = time.monotonic()
         try:
@@ -210,16 +267,15 @@ class Worker:
         await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
-            return
-        if verdict.kind == "retryable":
+        elif verdict.kind == "retryable":
             if await self._give_back(order, held):
                 await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
-            return
-        if verdict.kind == "blocked":
+        elif verdict.kind == "blocked":
             await self._back_off(msg, order, held, verdict)
-            return
-        reply = await self._report(order, attempt, verdict, duration, versions, held)
-        await self._settle(msg, order, held, verdict, reply)
+        else:
+            reply = await self._report(order, attempt, verdict, duration, versions, held)
+            await self._settle(msg, order, held, verdict, reply)
+        return verdict.kind
 
     async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         """The lease for this delivery, or None after acking/nakking it."""
@@ -256,7 +312,7 @@ class Worker:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
-                self._hold_until[target] = time.monotonic() + delay
+                self.gate.hold(target, delay)
                 delay = MIN_REFUSAL_DELAY_S
             await msg.nak(delay=delay)
             return None
@@ -352,9 +408,7 @@ class Worker:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
         delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
-        self._hold_until[order.target] = max(
-            self._hold_until.get(order.target, 0.0), time.monotonic() + delay
-        )
+        self.gate.blocked(order.target, delay)
         self.stats[f"blocked:{verdict.reason}"] += 1
         if await self._give_back(order, held, refund=True):
             await msg.nak(delay=delay)

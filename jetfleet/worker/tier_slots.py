@@ -41,6 +41,15 @@ class TierSlots:
         """Slots nobody holds."""
         return self.total - sum(self.in_use.values())
 
+    def try_acquire(self, tier: str, want: int) -> int:
+        """Take up to ``want`` free slots now, unless someone is already waiting (then 0:
+        waiters are served first, in priority order)."""
+        if self._waiters or self.free() <= 0:
+            return 0
+        taken = min(want, self.free())
+        self.in_use[tier] += taken
+        return taken
+
     async def acquire(self, tier: str, want: int = 1) -> int:
         """Wait for at least one slot for ``tier``; take up to ``want`` if free now."""
         if not (self.free() > 0 and not self._waiters):

@@ -67,7 +67,8 @@ class Sink:
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
         if self._sub is not None:
-            await self._sub.unsubscribe()
+            # drain, not unsubscribe: reports already received are still answered.
+            await self._sub.drain()  # type: ignore[no-untyped-call]
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
 

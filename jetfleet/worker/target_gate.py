@@ -1,0 +1,49 @@
+"""When this worker may call a target: not while it said to wait, and after a block,
+one probe at a time until the target answers normally again."""
+
+from __future__ import annotations
+
+import time
+
+# How long other jobs of a target wait while a probe is out after a block.
+PROBE_WAIT_S = 1.0
+
+
+class TargetGate:
+    """Per-target back-off state of one worker (monotonic time, never wall-clock)."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+        self._suspect: set[str] = set()
+        self._probing: set[str] = set()
+
+    def held_for(self, target: str) -> float:
+        """Seconds this worker must still leave ``target`` alone (0 when free)."""
+        return max(0.0, self._until.get(target, 0.0) - time.monotonic())
+
+    def hold(self, target: str, seconds: float) -> None:
+        """Leave ``target`` alone for ``seconds`` (a refusal that concerns the target)."""
+        self._until[target] = max(self._until.get(target, 0.0), time.monotonic() + seconds)
+
+    def blocked(self, target: str, seconds: float) -> None:
+        """The target refused us (429/403/challenge): hold, then probe before the rest."""
+        self.hold(target, seconds)
+        self._suspect.add(target)
+
+    def admit(self, target: str) -> float | None:
+        """None when a job may call the target now (perhaps as the probe); otherwise how
+        long to put the job back for."""
+        wait = self.held_for(target)
+        if wait > 0:
+            return wait
+        if target in self._suspect:
+            if target in self._probing:
+                return PROBE_WAIT_S
+            self._probing.add(target)
+        return None
+
+    def done(self, target: str, answered: bool, blocked: bool) -> None:
+        """A job admitted by ``admit`` ended; ``answered``: the target was called."""
+        self._probing.discard(target)
+        if answered and not blocked:
+            self._suspect.discard(target)

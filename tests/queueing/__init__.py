@@ -1,0 +1,1 @@
+"""Helpers shared by the queueing tests (tiers, isolation, backpressure, I3)."""

@@ -1,0 +1,41 @@
+"""The worker's per-target gate: hold for Retry-After, then one probe at a time."""
+
+from __future__ import annotations
+
+from jetfleet.worker.target_gate import PROBE_WAIT_S, TargetGate
+
+
+def test_a_held_target_is_refused_for_the_rest_of_its_hold() -> None:
+    gate = TargetGate()
+    gate.hold("shop", 30.0)
+    wait = gate.admit("shop")
+    assert wait is not None and 29.0 < wait <= 30.0
+    assert gate.admit("other") is None
+
+
+def test_after_a_block_only_one_probe_goes_until_the_target_answers_normally() -> None:
+    gate = TargetGate()
+    gate.blocked("shop", 0.0)  # the hold itself has passed
+    assert gate.admit("shop") is None  # the probe
+    assert gate.admit("shop") == PROBE_WAIT_S  # everyone else waits for it
+    gate.done("shop", answered=True, blocked=False)
+    assert gate.admit("shop") is None
+    assert gate.admit("shop") is None  # no longer suspect: jobs flow again
+
+
+def test_a_probe_that_is_blocked_again_keeps_the_target_suspect() -> None:
+    gate = TargetGate()
+    gate.blocked("shop", 0.0)
+    assert gate.admit("shop") is None
+    gate.done("shop", answered=True, blocked=True)
+    assert gate.admit("shop") is None  # the next probe
+    assert gate.admit("shop") == PROBE_WAIT_S
+
+
+def test_a_probe_that_never_reached_the_target_does_not_clear_it() -> None:
+    gate = TargetGate()
+    gate.blocked("shop", 0.0)
+    assert gate.admit("shop") is None
+    gate.done("shop", answered=False, blocked=False)  # e.g. its lease was refused
+    assert gate.admit("shop") is None  # a new probe, not free flow
+    assert gate.admit("shop") == PROBE_WAIT_S
