@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from typing import Literal
 
@@ -67,6 +67,9 @@ TARGET_WIDE_REFUSALS = frozenset(
     {"quarantined", "paused", "rate-limited", "outside-window", "version-not-approved"}
 )
 MIN_REFUSAL_DELAY_S = 0.25
+# A retry is offered to other workers for this long before it may run here again.
+RETRY_ELSEWHERE_S = 0.5
+FAILED_HERE_MEMORY = 10_000
 
 
 class Worker:
@@ -105,6 +108,8 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
+        # Jobs whose last attempt failed (retryably) on this worker, oldest first.
+        self._failed_here: OrderedDict[str, bool] = OrderedDict()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -230,6 +235,12 @@ class Worker:
             await self._keep_malformed(msg, target, str(exc))
             await self._term(msg, "malformed-work-order")
             return
+        if self._failed_here.pop(order.job.id, False):
+            # It failed here last time: give another worker (and identity) the first
+            # chance at the retry. Only once; if it comes back, it runs here.
+            self.stats["deferred-elsewhere"] += 1
+            await msg.nak(delay=RETRY_ELSEWHERE_S)
+            return
         wait = self.gate.admit(target)
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
@@ -269,6 +280,7 @@ class Worker:
             self.stats["lease-lost"] += 1
         elif verdict.kind == "retryable":
             if await self._give_back(order, held):
+                self._remember_failure(order.job.id)
                 await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
         elif verdict.kind == "blocked":
             await self._back_off(msg, order, held, verdict)
@@ -397,6 +409,11 @@ class Worker:
                 held.lost.set()
                 handler.cancel()
                 return
+
+    def _remember_failure(self, job_id: str) -> None:
+        self._failed_here[job_id] = True
+        while len(self._failed_here) > FAILED_HERE_MEMORY:
+            self._failed_here.popitem(last=False)
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
         """Release the lease before a nak; False means it was not ours any more."""
