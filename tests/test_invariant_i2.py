@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-import shutil
 import signal
 import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
+import libfaketime
 import msgspec
 import pytest
 from nats.aio.client import Client as NatsClient
@@ -43,6 +42,7 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.settings import Settings, TargetSettings, load_settings
+from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, wait_for
@@ -213,48 +213,6 @@ SLOW_S = ACK_WAIT_S + 0.5  # longer than the lease TTL and than ack_wait
 FAST_S = 0.3
 
 
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return msgspec.json.encode(value).decode()  # a valid TOML basic string
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):  # an inline table
-        return (
-            "{"
-            + ", ".join(
-                f"{_toml_value(str(k))} = {_toml_value(v)}"
-                for k, v in value.items()
-                if v is not None
-            )
-            + "}"
-        )
-    raise TypeError(f"cannot write {value!r} as TOML")
-
-
-def settings_toml(settings: Settings) -> str:
-    """``settings`` as a jetfleet.toml, so a worker process runs with exactly them."""
-    raw = msgspec.to_builtins(settings)
-    targets = raw.pop("targets")
-    tables = {name: body for name, body in raw.items() if isinstance(body, dict)}
-    tables.update({f"targets.{name}": body for name, body in targets.items()})
-    # TOML has no null: a None is left out (its default applies).
-    lines = [
-        f"{key} = {_toml_value(value)}"
-        for key, value in raw.items()
-        if key not in tables and value is not None
-    ]
-    for table, body in tables.items():
-        lines.append(f"[{table}]")
-        lines += [
-            f"{key} = {_toml_value(value)}" for key, value in body.items() if value is not None
-        ]
-    return "\n".join(lines) + "\n"
-
-
 class SkewedWorker:
     """``python -m tests.i2_worker worker`` under libfaketime, in its own process group."""
 
@@ -270,7 +228,7 @@ class SkewedWorker:
         self.clock = 0.0
 
     async def start(self) -> None:
-        env = dict(os.environ)
+        env = skewed_env(self.skew)
         env.update(
             JETFLEET_CONFIG=str(self.config),
             NATS_URL=self.settings.nats.url,
@@ -279,9 +237,6 @@ class SkewedWorker:
         )
         with self.log_path.open("wb") as log:
             self.proc = await asyncio.create_subprocess_exec(
-                "faketime",
-                "-f",
-                self.skew,
                 sys.executable,
                 "-m",
                 "tests.i2_worker",
@@ -307,11 +262,9 @@ class SkewedWorker:
     async def stop(self) -> None:
         if self.proc is None or self.proc.returncode is not None:
             return
-        # faketime does not forward signals: signal the group (faketime and the worker).
         os.killpg(self.proc.pid, signal.SIGTERM)
         assert self.proc.stdout is not None
         try:
-            # EOF on stdout: the worker itself (not only faketime) has exited.
             await asyncio.wait_for(self.proc.stdout.read(), 15.0)
             await asyncio.wait_for(self.proc.wait(), 5.0)
         except TimeoutError:
@@ -319,9 +272,16 @@ class SkewedWorker:
             await self.proc.wait()
 
 
+def skewed_env(skew: str) -> dict[str, str]:
+    """The environment that runs a child with libfaketime preloaded (the ``libfaketime``
+    wheel builds it), its wall clock off by ``skew``; monotonic time is left alone."""
+    _, preload = libfaketime.get_reload_information()
+    return dict(os.environ, **preload, FAKETIME=skew)
+
+
 async def faked_date(skew: str) -> float:
     proc = await asyncio.create_subprocess_exec(
-        "faketime", "-f", skew, "date", "+%s", stdout=asyncio.subprocess.PIPE
+        "date", "+%s", stdout=asyncio.subprocess.PIPE, env=skewed_env(skew)
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
     assert proc.returncode == 0
@@ -336,11 +296,9 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
     simulator: TargetSimulator,
     tmp_path: Path,
 ) -> None:
-    if shutil.which("faketime") is None:
-        pytest.fail("this test needs libfaketime's `faketime` (apt-get install faketime)")
     js = nc.jetstream()
 
-    # The skew is in effect for a faketime'd program.
+    # The skew is in effect for a program run with libfaketime preloaded.
     for skew, offset in (("+1h", 3600.0), ("-1h", -3600.0)):
         assert abs(await faked_date(skew) - time.time() - offset) < 60, skew
 
