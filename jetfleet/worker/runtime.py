@@ -60,6 +60,8 @@ _reply_decoder = msgspec.json.Decoder(SinkReply)
 _encoder = msgspec.json.Encoder()
 FETCH_WAIT_S = 1.0
 FETCH_BATCH = 10
+# How long a fetched message may wait for a slot before it is handed back.
+SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
 SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
@@ -135,11 +137,14 @@ class Worker:
             await self._session.close()
 
     async def _pull_loop(self, target: str, tier: str) -> None:
-        """Pull one (target, tier). With free slots, fetch a batch and start it; when
-        none are free (or nothing came), long-poll for ONE message without a slot and,
-        once it arrives, queue for a slot in priority order. An idle tier so holds no
-        slot (others may borrow them all), and a waiting high-priority job takes the next
-        slot that frees."""
+        """Pull one (target, tier).
+
+        Take slots (queueing in priority order when they are all busy), fetch what is
+        there at once and start it. When the tier has nothing, give the slots back and
+        long-poll for one job without a slot, then take a slot for it. An idle tier so
+        holds no slot (bulk may borrow them all), a busy worker hoards no message, and a
+        waiting high-priority tier gets the next slot that frees.
+        """
         sub = None
         slots = self._slots[target]
         while not self._stopping.is_set():
@@ -150,13 +155,23 @@ class Worker:
                     sub = await self.js.pull_subscribe_bind(
                         subjects.work_consumer(target, tier), stream=subjects.STREAM_WORK
                     )
-                taken = slots.try_acquire(tier, FETCH_BATCH)
+                if slots.contended():
+                    # Busy: queue for the next freed slot, highest priority first.
+                    taken = await slots.acquire(tier, FETCH_BATCH)
+                else:
+                    taken = slots.try_acquire(tier, FETCH_BATCH)
+                if self._stopping.is_set():
+                    slots.release(tier, taken)
+                    break
                 if taken and await self._fetch_into(sub, slots, target, tier, taken, 0.1):
                     continue
-                msgs = await self._fetch(sub, 1, FETCH_WAIT_S)
-                for msg in msgs:
-                    await self._wait_for_slot(msg, slots, tier)
-                    self._spawn(self._run_and_release(msg, target, tier))
+                # Nothing for this tier now: wait for one job without holding a slot, so
+                # an idle tier never keeps slots another tier could use.
+                for msg in await self._fetch(sub, 1, FETCH_WAIT_S):
+                    if await self._wait_for_slot(slots, tier):
+                        self._spawn(self._run_and_release(msg, target, tier))
+                    else:
+                        await msg.nak()  # every slot stays busy: hand it to another worker
             except Exception:  # keep pulling through reconnects and leader changes
                 log.exception("pull loop for %s/%s failed; rebinding", target, tier)
                 sub = None
@@ -190,15 +205,18 @@ class Worker:
             self._spawn(self._run_and_release(msg, target, tier))
         return bool(msgs)
 
-    async def _wait_for_slot(self, msg: Msg, slots: TierSlots, tier: str) -> None:
-        # The message is in hand while it waits (at most one running job's time, as freed
-        # slots go to waiters first); +WPI keeps JetStream from redelivering it meanwhile.
+    async def _wait_for_slot(self, slots: TierSlots, tier: str) -> bool:
+        """Queue for a slot (freed slots go to waiters in priority order), but only
+        briefly: a worker whose slots stay busy must not sit on a message others could
+        run."""
         waiting = asyncio.ensure_future(slots.acquire(tier, 1))
-        while True:
-            done, _ = await asyncio.wait({waiting}, timeout=self.settings.fleet.ack_wait_s / 3)
-            if done:
-                return
-            await msg.in_progress()
+        done, _ = await asyncio.wait({waiting}, timeout=SLOT_WAIT_S)
+        if done:
+            return True
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiting  # TierSlots gives the slot back if it was granted meanwhile
+        return False
 
     async def _held_off(self, target: str) -> bool:
         # Backpressure: after a target-wide refusal we stop dequeuing that target until

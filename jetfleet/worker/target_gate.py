@@ -7,6 +7,9 @@ import time
 
 # How long other jobs of a target wait while a probe is out after a block.
 PROBE_WAIT_S = 1.0
+# A job fetched while this worker may not use its target goes back this soon, for the
+# other workers (the refusal was about this worker, not the job or the target).
+HAND_BACK_S = 0.25
 
 
 class TargetGate:
@@ -14,6 +17,7 @@ class TargetGate:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._target_said: dict[str, float] = {}
         self._suspect: set[str] = set()
         self._probing: set[str] = set()
 
@@ -28,6 +32,8 @@ class TargetGate:
     def blocked(self, target: str, seconds: float) -> None:
         """The target refused us (429/403/challenge): hold, then probe before the rest."""
         self.hold(target, seconds)
+        until = time.monotonic() + seconds
+        self._target_said[target] = max(self._target_said.get(target, 0.0), until)
         self._suspect.add(target)
 
     def admit(self, target: str) -> float | None:
@@ -35,7 +41,9 @@ class TargetGate:
         long to put the job back for."""
         wait = self.held_for(target)
         if wait > 0:
-            return wait
+            # What the target said holds for every job; a refusal of this worker does not.
+            said = self._target_said.get(target, 0.0) - time.monotonic()
+            return said if said > 0 else HAND_BACK_S
         if target in self._suspect:
             if target in self._probing:
                 return PROBE_WAIT_S

@@ -41,6 +41,10 @@ class TierSlots:
         """Slots nobody holds."""
         return self.total - sum(self.in_use.values())
 
+    def contended(self) -> bool:
+        """No slot is free, or someone is already queued for one."""
+        return self.free() <= 0 or bool(self._waiters)
+
     def try_acquire(self, tier: str, want: int) -> int:
         """Take up to ``want`` free slots now, unless someone is already waiting (then 0:
         waiters are served first, in priority order)."""
