@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
-from jetfleet.worker.target_gate import PROBE_WAIT_S, TargetGate
+from jetfleet.worker.target_gate import HAND_BACK_S, PROBE_WAIT_S, TargetGate
 
 
-def test_a_held_target_is_refused_for_the_rest_of_its_hold() -> None:
+def test_a_refused_target_hands_jobs_back_at_once_for_other_workers() -> None:
     gate = TargetGate()
-    gate.hold("shop", 30.0)
+    gate.hold("shop", 30.0)  # e.g. this worker is quarantined there
+    assert 29.0 < gate.held_for("shop") <= 30.0  # this worker stops pulling it
+    assert gate.admit("shop") == HAND_BACK_S  # a job already fetched goes back quickly
+    assert gate.admit("other") is None
+
+
+def test_a_target_that_said_retry_after_delays_jobs_for_the_rest_of_it() -> None:
+    gate = TargetGate()
+    gate.blocked("shop", 30.0)
     wait = gate.admit("shop")
     assert wait is not None and 29.0 < wait <= 30.0
-    assert gate.admit("other") is None
 
 
 def test_after_a_block_only_one_probe_goes_until_the_target_answers_normally() -> None:
