@@ -17,6 +17,14 @@ and, only when named with --only:
 Use the venv's Python (the one jetfleet is installed in): DevStack starts its children
 with ``sys.executable -m jetfleet``. arq is optional: ``pip install arq``. See
 docs/benchmarks.md for what each figure means.
+
+Standalone benchmarks of single paths live next to this file, each run as
+``python bench/<name>.py`` (``--help`` for options):
+
+    lease_bench.py         lease grant and renew latency with 1,000 leases held
+    dlq_bench.py           what a dead letter costs next to a commit (sink micro + end to end)
+    targets_bench.py       throughput with 1, 10 and 100 targets
+    queue_memory_bench.py  RSS of every process with up to 1,000,000 queued jobs
 """
 
 from __future__ import annotations
@@ -262,8 +270,10 @@ def main(argv: list[str] | None = None) -> int:
         print("jetfleet is not importable: run this with the venv's python", file=sys.stderr)
         return 2
     from stats import process_usage
+    from tree_state import tree_state
 
     info = machine()
+    info["tree_before"] = tree_state()
     results: dict[str, dict[str, Any]] = {}
     for name in args.names:
         if name.startswith("arq") and info["arq"] is None:
@@ -293,11 +303,16 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+    info["tree_after"] = tree_state()
     failed = any(r.get("error") or r.get("lost") for r in results.values())
     if args.json:
         print(json.dumps(_json_safe({"machine": info, "results": results}), indent=2))
     else:
-        print("machine: " + ", ".join(f"{k} {v}" for k, v in info.items()))
+        from harness import tree_lines
+
+        shown = {k: v for k, v in info.items() if not k.startswith("tree_")}
+        print("machine: " + ", ".join(f"{k} {v}" for k, v in shown.items()))
+        print(tree_lines(info["tree_before"], info["tree_after"]))
         print(table(results))
         for name, r in results.items():
             for log_name, found in (r.get("log_problems") or {}).items():

@@ -1,0 +1,223 @@
+"""Shared plumbing for the standalone benchmarks (lease, dlq, targets, queue memory).
+
+An embedded nats-server in a temp folder, a ``jetfleet.toml`` for it, jetfleet services
+either in this process or as ``python -m jetfleet serve NAME`` children, timed calls with
+N callers in flight, and a cleanup that always stops what was started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from stats import latency_summary
+
+from jetfleet.embedded import EmbeddedNats, die_with_parent
+from jetfleet.settings import Settings, load_settings
+from jetfleet.settings_file import toml_tables
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 15.0
+_READY = re.compile(r"jetfleet\.service: \S+ started")
+
+
+def write_config(folder: Path, nats_url: str, tables: dict[str, dict[str, Any]]) -> Path:
+    """Write ``folder/jetfleet.toml`` for ``nats_url`` plus ``tables`` and return its path.
+
+    ``tables`` maps a table name (``fleet``, ``targets.demo``) to its keys. No redis is
+    started: the leaser and sink do not use it (the URL is never connected to).
+    """
+    body: dict[str, dict[str, Any]] = {"nats": {"url": nats_url}}
+    body.update(tables)
+    path = folder / "jetfleet.toml"
+    path.write_text(toml_tables(body))
+    return path
+
+
+def load(path: Path) -> Settings:
+    """The settings in ``path`` (the environment is ignored, as DevStack does)."""
+    return load_settings(path, {})
+
+
+class Children:
+    """jetfleet services started as child processes, each with its own log file."""
+
+    def __init__(self, folder: Path, config: Path) -> None:
+        self.folder = folder
+        self.config = config
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        (folder / "logs").mkdir(parents=True, exist_ok=True)
+
+    def spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
+        """Start ``python -m jetfleet ARGV`` as child ``name``."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+        }
+        env["JETFLEET_CONFIG"] = str(self.config)
+        with (self.folder / "logs" / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "jetfleet", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent,
+            )
+        self.procs[name] = proc
+        return proc
+
+    def log_path(self, name: str) -> Path:
+        return self.folder / "logs" / f"{name}.log"
+
+    async def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> None:
+        """Wait until every child logged ``<service> started`` (bounded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            dead = [n for n, p in self.procs.items() if p.poll() is not None]
+            if dead:
+                tails = "\n".join(
+                    f"{n}: {self.log_path(n).read_text(errors='replace')[-1500:]}" for n in dead
+                )
+                raise RuntimeError(f"child(ren) exited during start:\n{tails}")
+            waiting = [
+                n
+                for n in self.procs
+                if not _READY.search(
+                    self.log_path(n).read_text(errors="replace")
+                    if self.log_path(n).exists()
+                    else ""
+                )
+            ]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready after {timeout_s:.0f} s: {', '.join(waiting)}")
+            await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        """SIGTERM every child, SIGKILL after the timeout."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            await asyncio.to_thread(_wait_or_kill, proc)
+
+    def logs(self) -> list[Path]:
+        return sorted((self.folder / "logs").glob("*.log"))
+
+
+def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def start_nats(folder: Path) -> EmbeddedNats:
+    """An embedded nats-server (JetStream, file storage) under ``folder/nats``."""
+    nats = EmbeddedNats(folder / "nats")
+    await asyncio.to_thread(nats.start)
+    return nats
+
+
+async def timed_calls(
+    calls: Sequence[Callable[[], Awaitable[Any]]], concurrency: int, timeout_s: float
+) -> tuple[list[float], list[Any], float]:
+    """Run ``calls`` with ``concurrency`` callers in flight; each call's latency (s), its
+    result (in order) and the wall time of the whole batch."""
+    latencies = [0.0] * len(calls)
+    results: list[Any] = [None] * len(calls)
+    todo = iter(range(len(calls)))
+
+    async def lane() -> None:
+        for i in todo:
+            t0 = time.perf_counter()
+            results[i] = await calls[i]()
+            latencies[i] = time.perf_counter() - t0
+
+    started = time.perf_counter()
+    await asyncio.wait_for(asyncio.gather(*(lane() for _ in range(max(1, concurrency)))), timeout_s)
+    return latencies, results, time.perf_counter() - started
+
+
+def summary(latencies: Sequence[float], wall_s: float) -> dict[str, Any]:
+    """p50/p90/p99/max in ms, and calls per second over the batch."""
+    out: dict[str, Any] = dict(latency_summary(latencies))
+    out["per_s"] = len(latencies) / wall_s if wall_s > 0 else 0.0
+    out["wall_s"] = wall_s
+    return out
+
+
+class ProblemCounter(logging.Handler):
+    """Counts log records at WARNING or above from in-process services (and keeps a few)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.count = 0
+        self.first: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+        if len(self.first) < 5:
+            self.first.append(self.format(record)[:300])
+
+
+@contextlib.contextmanager
+def counting_problems() -> Any:
+    """Count WARNING+ log records in this process for the duration of the block."""
+    counter = ProblemCounter()
+    root = logging.getLogger()
+    root.addHandler(counter)
+    try:
+        yield counter
+    finally:
+        root.removeHandler(counter)
+
+
+def fmt_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A plain aligned text table (numbers right-aligned, one decimal)."""
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+        return str(v)
+
+    cells = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(str(r[i])) for r in [list(header), *cells]) for i in range(len(header))]
+    lines = [
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
+        "  ".join("-" * w for w in widths),
+    ]
+    for row in cells:
+        lines.append(
+            "  ".join(
+                [row[0].ljust(widths[0])]
+                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
+            )
+        )
+    return "\n".join(lines)
+
+
+def tree_lines(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """A line saying which code the run saw, and a warning if it changed meanwhile."""
+    line = f"tree {before['sha256']} (newest {before['newest']} {before['newest_mtime_utc']} UTC)"
+    if after["sha256"] != before["sha256"]:
+        line += (
+            f"\nWARNING: the product code changed during this run: now {after['sha256']} "
+            f"(newest {after['newest']} {after['newest_mtime_utc']} UTC)"
+        )
+    return line
