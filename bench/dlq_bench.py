@@ -47,10 +47,11 @@ from harness import (  # noqa: E402
     counting_problems,
     fmt_table,
     load,
+    run_with_tree,
     start_nats,
+    stop_stack,
     summary,
     timed_calls,
-    tree_lines,
     write_config,
 )
 from stats import latency_summary, process_usage, scan_logs  # noqa: E402
@@ -447,16 +448,8 @@ async def run_e2e(jobs: int, workers: int, keep: bool) -> dict[str, Any]:
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        if nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(nc.close(), 10.0)
-        logs = [*sorted((folder / "logs").glob("*.log")), stack.nats.log_path]
-        try:
-            await stack.stop()
-        finally:
-            result["log_problems"] = scan_logs(logs)
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
+        # Logs are scanned after the stop, so errors logged while draining count too.
+        await stop_stack(stack, nc, folder, keep, result)
     return result
 
 
@@ -579,14 +572,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.get("error") for r in results) else 0
 
 
-def _main_with_tree() -> int:
-    from tree_state import tree_state
-
-    before = tree_state()
-    code = main()
-    print(tree_lines(before, tree_state()))
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(_main_with_tree())
+    sys.exit(run_with_tree(main))

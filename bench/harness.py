@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -221,3 +222,38 @@ def tree_lines(before: dict[str, Any], after: dict[str, Any]) -> str:
             f"(newest {after['newest']} {after['newest_mtime_utc']} UTC)"
         )
     return line
+
+
+def run_with_tree(main: Callable[[], int]) -> int:
+    """Run a bench's ``main`` and say which product code it measured (and whether that
+    code changed during the run)."""
+    from tree_state import tree_state
+
+    before = tree_state()
+    code = main()
+    print(tree_lines(before, tree_state()))
+    return code
+
+
+async def stop_stack(
+    stack: Any,
+    nc: Any,
+    folder: Path,
+    keep: bool,
+    result: dict[str, Any],
+    extra_logs: Sequence[Path] = (),
+) -> None:
+    """Close the bench's connection, stop a DevStack, scan every log for problems into
+    ``result["log_problems"]`` and remove ``folder`` unless ``keep``."""
+    from stats import scan_logs
+
+    if nc is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 10.0)
+    logs = [*sorted((stack.data_dir / "logs").glob("*.log")), stack.nats.log_path, *extra_logs]
+    try:
+        await stack.stop()
+    finally:
+        result["log_problems"] = scan_logs(logs)
+        if not keep:
+            shutil.rmtree(folder, ignore_errors=True)

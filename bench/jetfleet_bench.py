@@ -9,16 +9,15 @@ first submit. Both clocks are this process's ``time.monotonic()``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import msgspec
-from stats import latency_summary, process_usage, scan_logs
+from harness import stop_stack
+from stats import latency_summary, process_usage
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
@@ -210,15 +209,6 @@ async def run_jetfleet(
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:
-        if nc is not None:
-            with contextlib.suppress(Exception):  # best effort; the server is stopped next
-                await asyncio.wait_for(nc.close(), 10.0)
-        logs = [*sorted((folder / "logs").glob("*.log")), stack.nats.log_path, stack.redis.log_path]
-        try:
-            await stack.stop()
-        finally:
-            # Scanned after stop, so errors logged while draining are counted too.
-            result["log_problems"] = scan_logs(logs)
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
+        # Logs are scanned after the stop, so errors logged while draining count too.
+        await stop_stack(stack, nc, folder, keep, result, extra_logs=[stack.redis.log_path])
     return result

@@ -41,10 +41,10 @@ from harness import (  # noqa: E402
     counting_problems,
     fmt_table,
     load,
+    run_with_tree,
     start_nats,
     summary,
     timed_calls,
-    tree_lines,
     write_config,
 )
 from stats import process_usage, scan_logs  # noqa: E402
@@ -323,14 +323,5 @@ def render(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
-def _main_with_tree() -> int:
-    from tree_state import tree_state
-
-    before = tree_state()
-    code = main()
-    print(tree_lines(before, tree_state()))
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(_main_with_tree())
+    sys.exit(run_with_tree(main))

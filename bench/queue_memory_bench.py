@@ -27,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,9 +40,9 @@ if str(HERE) not in sys.path:
 
 import aiohttp  # noqa: E402
 import msgspec  # noqa: E402
-from harness import fmt_table, tree_lines  # noqa: E402
+from harness import fmt_table, run_with_tree, stop_stack  # noqa: E402
 from jetfleet_bench import _wait_ready  # noqa: E402
-from stats import process_usage, scan_logs  # noqa: E402
+from stats import process_usage  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
@@ -283,16 +282,8 @@ async def run(
                 except TimeoutError:
                     probe.kill()
                     await probe.wait()
-        if nc is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(nc.close(), 10.0)
-        logs = [*sorted((folder / "logs").glob("*.log")), stack.nats.log_path]
-        try:
-            await stack.stop()
-        finally:
-            result["log_problems"] = scan_logs(logs)
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
+        # Logs are scanned after the stop, so errors logged while draining count too.
+        await stop_stack(stack, nc, folder, keep, result)
     return result
 
 
@@ -416,16 +407,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if result.get("error") else 0
 
 
-def _main_with_tree() -> int:
-    from tree_state import tree_state
-
-    if sys.argv[1:2] == ["--probe"]:
-        return main()
-    before = tree_state()
-    code = main()
-    print(tree_lines(before, tree_state()))
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(_main_with_tree())
+    sys.exit(main() if sys.argv[1:2] == ["--probe"] else run_with_tree(main))

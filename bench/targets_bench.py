@@ -34,7 +34,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import msgspec  # noqa: E402
-from harness import fmt_table, tree_lines  # noqa: E402
+from harness import fmt_table, run_with_tree  # noqa: E402
 from jetfleet_bench import _decode_head, _wait_ready  # noqa: E402
 from stats import latency_summary, process_usage, scan_logs  # noqa: E402
 
@@ -270,14 +270,5 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r.get("error") or r.get("committed") != r.get("jobs") for r in results) else 0
 
 
-def _main_with_tree() -> int:
-    from tree_state import tree_state
-
-    before = tree_state()
-    code = main()
-    print(tree_lines(before, tree_state()))
-    return code
-
-
 if __name__ == "__main__":
-    sys.exit(_main_with_tree())
+    sys.exit(run_with_tree(main))
