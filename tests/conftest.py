@@ -90,11 +90,16 @@ def make_settings(
     )
 
 
-@pytest.fixture
-def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
-    target = TargetSettings(
+def sim_target(simulator: TargetSimulator) -> TargetSettings:
+    """A target served by ``simulator``, generous enough that tests are never rate-bound."""
+    return TargetSettings(
         base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
     )
+
+
+@pytest.fixture
+def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    target = sim_target(simulator)
     return make_settings(nats_url, redis_url, {"demo": target})
 
 

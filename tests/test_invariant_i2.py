@@ -41,11 +41,11 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
-from jetfleet.settings import Settings, TargetSettings, load_settings
+from jetfleet.settings import Settings, load_settings
 from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
-from tests.conftest import make_settings, wait_for
+from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -60,9 +60,7 @@ _encoder = msgspec.json.Encoder()
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
     """A short lease TTL (2 s) under a short ack_wait (4 s), and the test handler."""
-    target = TargetSettings(
-        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
-    )
+    target = sim_target(simulator)
     return make_settings(
         nats_url,
         redis_url,

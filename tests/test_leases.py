@@ -46,11 +46,11 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
 )
 from jetfleet.services.leaser import Leaser
-from jetfleet.settings import Settings, TargetSettings
+from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
-from tests.conftest import make_settings, wait_for
+from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,9 +64,7 @@ _encoder = msgspec.json.Encoder()
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
     """Two targets (for containment), a short lease TTL and a long ack_wait, so an
     immediate requeue cannot be mistaken for a visibility timeout."""
-    target = TargetSettings(
-        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
-    )
+    target = sim_target(simulator)
     return make_settings(
         nats_url,
         redis_url,

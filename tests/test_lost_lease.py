@@ -25,12 +25,12 @@ from jetfleet.connection import connect_nats
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
 from jetfleet.schemas import DataOutput, HandlerOutput, Job, WorkOrder
-from jetfleet.settings import Settings, TargetSettings
+from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
 from jetfleet.worker.verdict import Held, Verdict
-from tests.conftest import make_settings, wait_for
+from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,9 +87,7 @@ class StalledWorker(RecordingWorker):
 
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
-    target = TargetSettings(
-        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
-    )
+    target = sim_target(simulator)
     return make_settings(
         nats_url,
         redis_url,
