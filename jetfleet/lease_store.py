@@ -123,15 +123,16 @@ class LeaseStore:
             except KeyWrongLastSequenceError:
                 continue
 
-    async def renew(self, job_id: str, fence: int, ttl_s: float) -> bool:
-        """Extend the lease if ``fence`` is still the live one (compare-and-set).
+    async def renew(self, job_id: str, fence: int, ttl_s: float) -> LeaseRecord | None:
+        """Extend the lease if ``fence`` is still the live one (compare-and-set); its
+        record, or None when it is not ours any more.
 
         nats-py's ``kv.update`` cannot carry a TTL, so the CAS is a raw publish with
         ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
         """
         live = await self.live(job_id)
         if live is None or live.fence != fence:
-            return False
+            return None
         record = msgspec.structs.replace(live.record, fence=fence)
         try:
             await self.js.publish(
@@ -142,26 +143,27 @@ class LeaseStore:
             )
         except APIError as exc:
             if exc.err_code in _WRONG_LAST_SEQUENCE:
-                return False
+                return None
             raise
-        return True
+        return record
 
-    async def release(self, job_id: str, fence: int) -> bool:
-        """Delete the lease if ``fence`` is still the live one; False if it is not ours."""
+    async def release(self, job_id: str, fence: int) -> LeaseRecord | None:
+        """Delete the lease if ``fence`` is still the live one; its record, or None if it
+        is not ours."""
         live = await self.live(job_id)
         if live is None or live.fence != fence:
-            return False
+            return None
         try:
             await self.leases.delete(job_id, last=live.revision)
         except APIError as exc:
             if exc.err_code in _WRONG_LAST_SEQUENCE:
-                return False
+                return None
             raise
-        return True
+        return live.record
 
     async def revoke(self, live: LiveLease) -> bool:
         """Take a live lease away (its holder's renewal and commit will then fail)."""
-        return await self.release(live.record.job_id, live.fence)
+        return await self.release(live.record.job_id, live.fence) is not None
 
     async def all_live(self) -> list[LiveLease]:
         """Every live lease now: read from the bucket's stream, not ``kv.keys()``, which

@@ -35,8 +35,10 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     burst: int = 1
     """How many requests may go at once after an idle spell."""
     max_in_flight: int = 16
-    """Server-enforced cap on jobs of this target delivered and unacked at once across the
-    fleet, per priority tier (a target's three tiers together may hold 3x this)."""
+    """Cap on jobs of this target in flight at once across the fleet. A target with
+    consumers of its own: enforced by the server per priority tier (its three tiers
+    together may hold 3x this). A partitioned target: enforced by the leaser for the
+    target as a whole (docs/topology.md)."""
     max_attempts: int = 3
     timeout_s: float = 30.0
     max_body_bytes: int = 5_000_000
@@ -79,6 +81,11 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     path, kept only as a benchmark baseline: never run production without leases."""
     handlers: tuple[str, ...] = ()
     """Names of user handlers (beyond http.get and noop) that jobs may ask for."""
+    dedicated_targets: int = 100
+    """How many targets get consumers of their own (the first ones declared). Targets
+    beyond this count share ``target_partitions`` hashed partitions (docs/topology.md)."""
+    target_partitions: int = 16
+    """How many partitions the targets beyond ``dedicated_targets`` are hashed into."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -97,8 +104,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     identity: str = ""
     region: str = ""
     concurrency: int = 8
-    """Jobs at once per target (each target has its own slots, so a target that hangs
-    cannot take another's), shared by the priority tiers."""
+    """Jobs at once per work lane: per target with consumers of its own, per partition for
+    the others (each lane has its own slots, so a target that hangs cannot take another
+    lane's), shared by the priority tiers."""
     targets: tuple[str, ...] = ()
     """Targets this worker pulls from; empty means every declared target."""
     tier_shares: dict[str, float] = msgspec.field(
@@ -251,6 +259,14 @@ def validate(settings: Settings) -> None:
         "seconds, rounded up), so JetStream redelivers only after a lease is gone",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    _require(
+        settings.fleet.dedicated_targets >= 0, "fleet.dedicated_targets", "a whole number >= 0"
+    )
+    _require(
+        1 <= settings.fleet.target_partitions <= 1024,
+        "fleet.target_partitions",
+        "a whole number from 1 to 1024",
+    )
     shares = settings.worker.tier_shares
     _require(
         set(shares) <= {"high", "normal", "bulk"}

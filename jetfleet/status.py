@@ -13,7 +13,9 @@ from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.dead_letters import purged_counts
+from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.settings import Settings
+from jetfleet.work_lanes import LaneMap
 
 FIELDS = ("submitted", "queued", "leased", "committed", "dead", "rejected")
 
@@ -65,9 +67,14 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     dead.update(await purged_counts(js, list(settings.targets)))
     rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
+    lanes = LaneMap(settings)
+    shared_leased = await _shared_leased(settings, lanes)
     targets: dict[str, TargetCounts] = {}
     for name in names:
-        leased = await _leased(js, name) if name in settings.targets else 0
+        if name in shared_leased:
+            leased = shared_leased[name]
+        else:
+            leased = await _leased(js, name) if name in settings.targets else 0
         targets[name] = TargetCounts(
             submitted=submitted[name],
             queued=max(0, in_work[name] - leased),
@@ -143,6 +150,22 @@ async def _leased(js: JetStreamContext, target: str) -> int:
             continue
         leased += info.num_ack_pending or 0
     return leased
+
+
+async def _shared_leased(settings: Settings, lanes: LaneMap) -> dict[str, int]:
+    """Leased jobs of each partitioned target: its places under the in-flight cap (a
+    shared consumer's unacked count cannot be split by target). Unknown while Redis is
+    unreachable: then they count as queued, and the total still adds up."""
+    shared = [t for lane in lanes.lanes if lane.shared for t in lane.targets]
+    if not shared:
+        return {}
+    caps = InFlightCaps.connect(settings.redis.url)
+    try:
+        return {t: await caps.count(t) for t in shared}
+    except CapsUnavailable:
+        return dict.fromkeys(shared, 0)
+    finally:
+        await caps.close()
 
 
 async def _admitting(js: JetStreamContext) -> int:

@@ -17,6 +17,7 @@ from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.settings import Settings
+from jetfleet.work_lanes import LaneMap, WorkLane
 
 log = logging.getLogger(__name__)
 
@@ -86,23 +87,28 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
             ),
         )
     ]
-    for name in sorted(settings.targets):
+    for lane in LaneMap(settings).lanes:
         for tier in subjects.TIERS:
-            configs.append((subjects.STREAM_WORK, _work_consumer(settings, name, tier)))
+            configs.append((subjects.STREAM_WORK, _work_consumer(settings, lane, tier)))
     return configs
 
 
-def _work_consumer(settings: Settings, target: str, tier: str) -> js_api.ConsumerConfig:
+def _work_consumer(settings: Settings, lane: WorkLane, tier: str) -> js_api.ConsumerConfig:
+    filters = lane.filters(tier)
     return js_api.ConsumerConfig(
-        durable_name=subjects.work_consumer(target, tier),
-        filter_subject=subjects.work_filter(target, tier),
+        durable_name=lane.consumer(tier),
+        # A lane of its own keeps the single filter (as consumers made before partitions
+        # have it); a partition lists one subject per member target.
+        filter_subject=None if lane.shared else filters[0],
+        filter_subjects=filters if lane.shared else None,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.fleet.ack_wait_s,
         # No server-side cap and no BackOff (see docs/topology.md): attempts are counted
         # and dead letters decided in code, so nothing is left stranded by max_deliver.
         max_deliver=-1,
-        # Per tier: a target's three tiers together may hold up to 3x this.
-        max_ack_pending=settings.targets[target].max_in_flight,
+        # Per tier: a target's three tiers together may hold up to 3x this. A partition
+        # may hold the sum of its members' caps; the leaser caps each member.
+        max_ack_pending=lane.max_in_flight,
         deliver_policy=js_api.DeliverPolicy.ALL,
     )
 
@@ -122,7 +128,14 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
 
 
 _STREAM_FIELDS = ("subjects", "retention", "max_age", "duplicate_window", "num_replicas")
-_CONSUMER_FIELDS = ("filter_subject", "ack_wait", "max_deliver", "max_ack_pending", "backoff")
+_CONSUMER_FIELDS = (
+    "filter_subject",
+    "filter_subjects",
+    "ack_wait",
+    "max_deliver",
+    "max_ack_pending",
+    "backoff",
+)
 
 
 async def declare(js: JetStreamContext, settings: Settings, update: bool = False) -> list[Drift]:
@@ -142,7 +155,9 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
     for bucket, ttl in bucket_ttls(settings).items():
         await _ensure_bucket(js, bucket, ttl, settings)
     await _remove_pre_tier_consumers(js, settings)
-    for stream, config in consumer_configs(settings):
+    configs = consumer_configs(settings)
+    await _follow_lane_changes(js, [c for s, c in configs if s == subjects.STREAM_WORK])
+    for stream, config in configs:
         drifts += await _ensure_consumer(js, stream, config, update)
     for drift in drifts:
         log.warning("topology drift %s%s", drift, " (updated)" if update else "")
@@ -167,6 +182,50 @@ async def _remove_pre_tier_consumers(js: JetStreamContext, settings: Settings) -
             subjects.STREAM_WORK,
             old,
         )
+
+
+def _filter_set(config: js_api.ConsumerConfig) -> frozenset[str]:
+    if config.filter_subjects:
+        return frozenset(config.filter_subjects)
+    return frozenset([config.filter_subject] if config.filter_subject else [])
+
+
+async def _live_consumers(js: JetStreamContext, stream: str) -> list[js_api.ConsumerInfo]:
+    found: list[js_api.ConsumerInfo] = []
+    while True:
+        page = await js.consumers_info(stream, offset=len(found))
+        found += page
+        if not page:
+            return found
+
+
+async def _follow_lane_changes(js: JetStreamContext, declared: list[js_api.ConsumerConfig]) -> None:
+    """Make room for the declared work consumers when targets moved between lanes.
+
+    A WorkQueue stream refuses two consumers that take the same subject, so a consumer
+    that takes a subject now declared for another lane is deleted (a target that became
+    partitioned, or a partition whose members changed). A lane whose members changed is
+    deleted and made again rather than updated: a consumer whose filters are widened does
+    not go back for the older messages of the new subject, which would be stranded. Jobs
+    held through a deleted consumer are delivered again through the new one; their leases
+    keep them from running twice (docs/topology.md).
+    """
+    wanted = {c.durable_name: _filter_set(c) for c in declared}
+    claimed = {subject: name for name, subs in wanted.items() for subject in subs}
+    for info in await _live_consumers(js, subjects.STREAM_WORK):
+        name = info.name
+        live = _filter_set(info.config)
+        if name in wanted and live == wanted[name]:
+            continue
+        if name in wanted or any(claimed.get(s, name) != name for s in live):
+            await js.delete_consumer(subjects.STREAM_WORK, name)
+            log.warning(
+                "work consumer %s took %s, now declared %s: removed, to be made again; "
+                "its jobs are delivered through the declared lanes",
+                name,
+                sorted(live),
+                sorted(wanted.get(name, ())) or "for other lanes",
+            )
 
 
 async def _ensure_stream(

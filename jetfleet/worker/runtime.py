@@ -1,4 +1,5 @@
-"""The worker: one pull loop per assigned target, a bounded number of jobs at once.
+"""The worker: pull loops per work lane (a target's own consumers, or a partition's
+shared ones: jetfleet/work_lanes.py), a bounded number of jobs at once per lane.
 
 Life of a delivery (docs/architecture.md): decode the work order, take the job's lease,
 run the handler while the lease is renewed (leaser renew + ``in_progress`` in one beat),
@@ -47,6 +48,7 @@ from jetfleet.schemas import (
 )
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
+from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.target_gate import TargetGate
@@ -66,8 +68,18 @@ SINK_TIMEOUT_S = 5.0
 SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
-    {"quarantined", "paused", "rate-limited", "outside-window", "version-not-approved"}
+    {
+        "quarantined",
+        "paused",
+        "rate-limited",
+        "outside-window",
+        "version-not-approved",
+        "target-busy",
+        "caps-unavailable",
+    }
 )
+# A job of a target this worker's settings do not declare (a newer config elsewhere).
+UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
 # A retry is offered to other workers for this long before it may run here again.
 RETRY_ELSEWHERE_S = 0.5
@@ -90,7 +102,12 @@ class Worker:
         self.js = nc.jetstream()
         self.worker_id = worker_id
         self.identity = identity
-        self.targets = tuple(targets) or tuple(sorted(settings.targets))
+        self.lane_map = LaneMap(settings)
+        # A partition's consumer carries all its members: a worker pulling it serves them.
+        self.lanes: tuple[WorkLane, ...] = self.lane_map.lanes_for(
+            tuple(targets) or tuple(settings.targets)
+        )
+        self.targets = tuple(t for lane in self.lanes for t in lane.targets)
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
         self.stats: Counter[str] = Counter()
@@ -99,12 +116,12 @@ class Worker:
             "Attempts by worker, identity, target, handler version, outcome and reason",
         )
         self.metrics = [self.attempts]
-        # Slots per target: a target that hangs can fill only its own, never another's.
+        # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
-            target: TierSlots(
+            lane.name: TierSlots(
                 settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
             )
-            for target in self.targets
+            for lane in self.lanes
         }
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
@@ -115,14 +132,24 @@ class Worker:
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        """Bind to each target's durable consumer and start pulling."""
+        """Bind to each lane's durable consumers and start pulling."""
+        concurrency = self.settings.worker.concurrency
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.settings.worker.concurrency * 2)
+            # Room for every lane's slots, so a lane that hangs cannot take the others'
+            # connections.
+            connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
         )
-        for target in self.targets:
+        for lane in self.lanes:
             for tier in subjects.TIERS:
-                self._loops.append(asyncio.create_task(self._pull_loop(target, tier)))
-        log.info("worker %s pulling %s", self.worker_id, ", ".join(self.targets))
+                self._loops.append(asyncio.create_task(self._pull_loop(lane, tier)))
+        log.info(
+            "worker %s pulling %s",
+            self.worker_id,
+            ", ".join(
+                f"{lane.name} ({', '.join(lane.targets)})" if lane.shared else lane.name
+                for lane in self.lanes
+            ),
+        )
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop pulling, let in-flight jobs finish (release them after ``timeout_s``)."""
@@ -136,8 +163,8 @@ class Worker:
         if self._session is not None:
             await self._session.close()
 
-    async def _pull_loop(self, target: str, tier: str) -> None:
-        """Pull one (target, tier).
+    async def _pull_loop(self, lane: WorkLane, tier: str) -> None:
+        """Pull one (lane, tier).
 
         Take slots (queueing in priority order when they are all busy), fetch what is
         there at once and start it. When the tier has nothing, give the slots back and
@@ -146,14 +173,14 @@ class Worker:
         waiting high-priority tier gets the next slot that frees.
         """
         sub = None
-        slots = self._slots[target]
+        slots = self._slots[lane.name]
         while not self._stopping.is_set():
             try:
-                if await self._held_off(target):
+                if await self._held_off(lane):
                     continue
                 if sub is None:
                     sub = await self.js.pull_subscribe_bind(
-                        subjects.work_consumer(target, tier), stream=subjects.STREAM_WORK
+                        lane.consumer(tier), stream=subjects.STREAM_WORK
                     )
                 if slots.contended():
                     # Busy: queue for the next freed slot, highest priority first.
@@ -163,17 +190,17 @@ class Worker:
                 if self._stopping.is_set():
                     slots.release(tier, taken)
                     break
-                if taken and await self._fetch_into(sub, slots, target, tier, taken, 0.1):
+                if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
                     continue
                 # Nothing for this tier now: wait for one job without holding a slot, so
                 # an idle tier never keeps slots another tier could use.
                 for msg in await self._fetch(sub, 1, FETCH_WAIT_S):
                     if await self._wait_for_slot(slots, tier):
-                        self._spawn(self._run_and_release(msg, target, tier))
+                        self._spawn(self._run_and_release(msg, lane, tier))
                     else:
                         await msg.nak()  # every slot stays busy: hand it to another worker
             except Exception:  # keep pulling through reconnects and leader changes
-                log.exception("pull loop for %s/%s failed; rebinding", target, tier)
+                log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
                 sub = None
                 await self._pause(1.0)
 
@@ -189,7 +216,7 @@ class Worker:
         self,
         sub: JetStreamContext.PullSubscription,
         slots: TierSlots,
-        target: str,
+        lane: WorkLane,
         tier: str,
         taken: int,
         wait_s: float,
@@ -202,7 +229,7 @@ class Worker:
             raise
         slots.release(tier, taken - len(msgs))
         for msg in msgs:
-            self._spawn(self._run_and_release(msg, target, tier))
+            self._spawn(self._run_and_release(msg, lane, tier))
         return bool(msgs)
 
     async def _wait_for_slot(self, slots: TierSlots, tier: str) -> bool:
@@ -218,10 +245,12 @@ class Worker:
             await waiting  # TierSlots gives the slot back if it was granted meanwhile
         return False
 
-    async def _held_off(self, target: str) -> bool:
+    async def _held_off(self, lane: WorkLane) -> bool:
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
-        # the retry-after passes (never dequeue and sleep on a message).
-        wait = self.gate.held_for(target)
+        # the retry-after passes (never dequeue and sleep on a message). A partition is
+        # shared, so it stops only when every member is held; a held member's jobs that
+        # arrive meanwhile go straight back (``_process``) without a lease or a request.
+        wait = min(self.gate.held_for(t) for t in lane.targets)
         if wait <= 0:
             return False
         await self._pause(min(wait, 1.0))
@@ -236,11 +265,11 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run_and_release(self, msg: Msg, target: str, tier: str) -> None:
+    async def _run_and_release(self, msg: Msg, lane: WorkLane, tier: str) -> None:
         try:
-            await self._process(msg, target)
+            await self._process(msg, subjects.target_of(msg.subject))
         finally:
-            self._slots[target].release(tier)
+            self._slots[lane.name].release(tier)
 
     # The one long core path of the worker. Every branch ends in exactly one of: ack,
     # term, nak (only while holding the live lease, or before taking one), or nothing
@@ -252,6 +281,14 @@ class Worker:
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._keep_malformed(msg, target, str(exc))
             await self._term(msg, "malformed-work-order")
+            return
+        if target not in self.settings.targets:
+            log.warning(
+                "job %s is for %s, which this worker's settings do not declare",
+                order.job.id,
+                target,
+            )
+            await msg.nak(delay=UNKNOWN_TARGET_DELAY_S)
             return
         if self._failed_here.pop(order.job.id, False):
             # It failed here last time: give another worker (and identity) the first
@@ -439,6 +476,10 @@ class Worker:
             return True
         return await self.leases.release(order.job.id, held.fence, refund=refund)
 
+    async def _free_place(self, order: WorkOrder, held: Held) -> None:
+        if self.lane_map.is_shared(order.target):
+            await self._give_back(order, held)
+
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
@@ -461,10 +502,13 @@ class Worker:
                 await self._record_duplicate(order, reply.committed_by, "suppressed")
             # The sink confirmed our fence: this is the live delivery. The lease is left to
             # expire by its TTL: the job is gone from the queue, so releasing it would only
-            # cost the leaser a round trip per job.
+            # cost the leaser a round trip per job. A partitioned target's lease also holds
+            # one of its in-flight places, which must free now.
             await msg.ack()
+            await self._free_place(order, held)
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
+            await self._free_place(order, held)
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)

@@ -13,14 +13,19 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
+from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.results import committed_job
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
+from jetfleet.work_lanes import LaneMap
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
 # worker never holds off longer than this, whatever the quarantine's duration.
 QUARANTINE_RETRY_S = 30.0
+# A partitioned target at its cap: ask again soon, a place frees when any job ends.
+TARGET_BUSY_RETRY_S = 0.25
+CAPS_UNAVAILABLE_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,9 @@ class GrantContext:
     settings: Settings
     js: JetStreamContext
     quarantine: QuarantineBook
+    lanes: LaneMap
+    caps: InFlightCaps | None
+    ttl_s: float
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -83,9 +91,34 @@ async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
     return None
 
 
+async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
+    """A partitioned target shares its consumers, so the server cannot cap it: take one
+    of its ``max_in_flight`` places (in Redis), or refuse. Last, so a place is only taken
+    for a grant nothing else objects to."""
+    req = ctx.request
+    if ctx.caps is None or not ctx.lanes.is_shared(req.target):
+        return None
+    cap = ctx.settings.targets[req.target].max_in_flight
+    try:
+        if await ctx.caps.take(req.target, req.job_id, cap, ctx.ttl_s):
+            return None
+    except CapsUnavailable as exc:
+        return LeaseRefusal(
+            reason="caps-unavailable",
+            retry_after_s=CAPS_UNAVAILABLE_RETRY_S,
+            detail=f"the in-flight cap of {req.target} cannot be checked ({exc})",
+        )
+    return LeaseRefusal(
+        reason="target-busy",
+        retry_after_s=TARGET_BUSY_RETRY_S,
+        detail=f"{req.target} has {cap} jobs in flight (targets.{req.target}.max_in_flight)",
+    )
+
+
 GRANT_CHECKS: tuple[GrantCheck, ...] = (
     already_done,
     dead_lettered,
     quarantined,
     pinned_identity,
+    in_flight_cap,
 )

@@ -1,0 +1,108 @@
+"""Fleet-wide in-flight caps for partitioned targets, kept in Redis.
+
+A target with consumers of its own is capped by the server (``max_ack_pending``). A
+partitioned target shares its consumers, so the leaser caps it: one sorted set per
+target, ``jf:inflight:<target>``, holding the job ids with a live lease, each scored by
+when that lease runs out by Redis's clock. Taking, keeping and dropping a place are
+single Lua scripts, so any number of leaser replicas agree. Entries expire with their
+lease, so a worker that dies frees its places by itself; losing Redis loses only the
+counts, and the leaser refuses (fails closed) while Redis is unreachable.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from jetfleet.errors import JetfleetError
+
+KEY_PREFIX = "jf:inflight:"
+
+_NOW_MS = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+"""
+
+# ARGV: job id, cap, ttl in ms. 1 when the job holds a place, 0 when the target is full.
+_TAKE = (
+    _NOW_MS
+    + """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+return 1
+"""
+)
+
+# ARGV: job id, ttl in ms.
+_KEEP = (
+    _NOW_MS
+    + """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+return 1
+"""
+)
+
+_COUNT = _NOW_MS + "return redis.call('ZCARD', KEYS[1])"
+
+
+class CapsUnavailable(JetfleetError):
+    """Redis could not be reached: no place can be given (the cap fails closed)."""
+
+
+class InFlightCaps:
+    """Take, keep and drop a job's place under its target's in-flight cap."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self._take = client.register_script(_TAKE)
+        self._keep = client.register_script(_KEEP)
+        self._count = client.register_script(_COUNT)
+
+    @classmethod
+    def connect(cls, url: str) -> InFlightCaps:
+        """A client for ``url`` that gives up quickly, so a grant never waits on Redis."""
+        return cls(aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0))
+
+    async def close(self) -> None:
+        """Close the connection pool."""
+        await self.client.aclose()
+
+    async def take(self, target: str, job_id: str, cap: int, ttl_s: float) -> bool:
+        """Give ``job_id`` a place under ``cap``; False when the target is full. A job
+        that already holds a place keeps it (a renewed grant never counts twice)."""
+        taken = await self._call(self._take, target, job_id, cap, _ms(ttl_s))
+        return bool(taken)
+
+    async def keep(self, target: str, job_id: str, ttl_s: float) -> None:
+        """Extend the job's place with its renewed lease."""
+        await self._call(self._keep, target, job_id, _ms(ttl_s))
+
+    async def drop(self, target: str, job_id: str) -> None:
+        """Free the job's place (its lease was released or revoked)."""
+        try:
+            await self.client.zrem(KEY_PREFIX + target, job_id)
+        except RedisError as exc:
+            # Not fatal: the place frees itself when the lease's time runs out.
+            raise CapsUnavailable(f"redis: {exc}") from exc
+
+    async def count(self, target: str) -> int:
+        """Jobs of ``target`` holding a place now."""
+        return int(await self._call(self._count, target))
+
+    async def _call(self, script: Any, target: str, *args: object) -> int:
+        try:
+            return cast(int, await script(keys=[KEY_PREFIX + target], args=list(args)))
+        except RedisError as exc:
+            raise CapsUnavailable(f"redis: {exc}") from exc
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

@@ -1,0 +1,352 @@
+"""Targets beyond ``fleet.dedicated_targets`` share hashed partitions (issue 4: "one
+consumer per target, or per hashed target partition beyond a configurable count").
+
+Real servers: a fresh nats-server per test, the session redis-server (the leaser keeps
+partitioned targets' in-flight places there), the simulator as every target.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NatsClient
+from nats.js import api as js_api
+
+from jetfleet import subjects
+from jetfleet.client import resolve_url, submit_jobs
+from jetfleet.connection import connect_nats
+from jetfleet.errors import ConfigError
+from jetfleet.schemas import Job
+from jetfleet.settings import Settings, validate
+from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.topology import declare
+from jetfleet.work_lanes import LaneMap, partition_of
+from tests.conftest import make_settings, wait_for
+from tests.queueing.helpers import TIMED_HANDLER, TIMINGS, committed, queue_settings, target
+from tests.stack import InProcessStack
+
+# Distinct pages for every batch: the targets share one simulator, and the same URL is
+# the same work (one idempotency key).
+_PAGES = itertools.count(1)
+
+
+def names_in_partitions(partitions: int, per_partition: int, prefix: str = "site") -> list[str]:
+    """Target names that fill every partition with ``per_partition`` members."""
+    found: dict[int, list[str]] = {k: [] for k in range(partitions)}
+    n = 0
+    while any(len(v) < per_partition for v in found.values()):
+        name = f"{prefix}-{n}"
+        members = found[partition_of(name, partitions)]
+        if len(members) < per_partition:
+            members.append(name)
+        n += 1
+    return [name for k in sorted(found) for name in found[k]]
+
+
+def fleet_of(
+    nats_url: str, redis_url: str, base_url: str, names: list[str], **fleet: object
+) -> Settings:
+    return make_settings(nats_url, redis_url, {n: target(base_url) for n in names}, **fleet)
+
+
+# -- the lane map (pure) -------------------------------------------------------------
+
+
+def test_the_first_declared_targets_get_lanes_of_their_own_and_the_rest_are_hashed() -> None:
+    names = ["big-a", "big-b", *names_in_partitions(3, 2)]
+    settings = fleet_of(
+        "nats://x:1", "redis://x:1", "http://t/", names, dedicated_targets=2, target_partitions=3
+    )
+    lanes = LaneMap(settings)
+    assert [lane.name for lane in lanes.lanes] == ["big-a", "big-b", "P0", "P1", "P2"]
+    assert not lanes.is_shared("big-a") and lanes.lane_of("big-a").targets == ("big-a",)
+    for name in names[2:]:
+        lane = lanes.lane_of(name)
+        assert lane.shared and lane.name == f"P{partition_of(name, 3)}"
+        assert name in lane.targets
+        assert subjects.work(name, "bulk") in lane.filters("bulk")
+    # A partition may hold the sum of its members' caps; each member is capped by the
+    # leaser. Partition lane names are uppercase, so no target name can collide.
+    assert lanes.lane_of(names[2]).max_in_flight == 2 * 64
+    assert not subjects.TARGET_NAME_RE.match("P0")
+    # A worker of one partitioned target pulls its whole partition.
+    assert [lane.name for lane in lanes.lanes_for([names[2], "big-b"])] == ["big-b", "P0"]
+    with pytest.raises(ConfigError, match="unknown target"):
+        lanes.lanes_for(["nope"])
+
+
+def test_the_hash_is_stable_across_processes() -> None:
+    # crc32, not hash(): every service and worker must agree on a target's partition.
+    assert [partition_of(n, 16) for n in ("demo", "shop", "news-1")] == [0, 2, 13]
+
+
+def test_partition_settings_are_validated() -> None:
+    base = fleet_of("nats://x:1", "redis://x:1", "http://t/", ["a"])
+    for fleet in ({"target_partitions": 0}, {"dedicated_targets": -1}):
+        bad = msgspec.structs.replace(base, fleet=msgspec.structs.replace(base.fleet, **fleet))
+        with pytest.raises(ConfigError, match=next(iter(fleet))):
+            validate(bad)
+
+
+# -- topology --------------------------------------------------------------------------
+
+
+async def _work_consumers(nc: NatsClient) -> dict[str, frozenset[str]]:
+    infos = await nc.jetstream().consumers_info(subjects.STREAM_WORK)
+    return {
+        i.name: frozenset(i.config.filter_subjects or [i.config.filter_subject or ""])
+        for i in infos
+    }
+
+
+def _expected(settings: Settings) -> dict[str, frozenset[str]]:
+    return {
+        lane.consumer(tier): frozenset(lane.filters(tier))
+        for lane in LaneMap(settings).lanes
+        for tier in subjects.TIERS
+    }
+
+
+async def test_declare_makes_one_consumer_per_tier_per_lane(nats_url: str, redis_url: str) -> None:
+    names = ["own", *names_in_partitions(2, 3)]
+    settings = fleet_of(
+        nats_url, redis_url, "http://127.0.0.1:9/", names, dedicated_targets=1, target_partitions=2
+    )
+    nc = await connect_nats(settings.nats, "test")
+    try:
+        assert await declare(nc.jetstream(), settings) == []
+        consumers = await _work_consumers(nc)
+        # 7 targets, 3 lanes: 9 consumers instead of 21.
+        assert consumers == _expected(settings) and len(consumers) == 9
+        # Declaring again changes nothing and reports no drift.
+        assert await declare(nc.jetstream(), settings) == []
+        assert await _work_consumers(nc) == consumers
+    finally:
+        await nc.close()
+
+
+# -- running ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def slow_site() -> AsyncIterator[TargetSimulator]:
+    async with TargetSimulator(SimulatorConfig(latency_s=0.15)) as sim:
+        yield sim
+
+
+async def _submit(
+    nc: NatsClient, settings: Settings, name: str, count: int, first_page: int
+) -> list[Job]:
+    # Distinct pages per target: the targets share one simulator, and the same URL is
+    # the same work (one idempotency key).
+    jobs = [
+        Job(
+            id=f"{name}-{n}",
+            url=resolve_url(settings, name, f"/page/{first_page + n}"),
+            handler=TIMED_HANDLER,
+        )
+        for n in range(count)
+    ]
+    results = await submit_jobs(nc.jetstream(), settings, name, jobs)
+    assert all(r.published and r.rejection is None for r in results), results[:3]
+    return jobs
+
+
+async def _all_committed(nc: NatsClient, names: list[str], each: int) -> bool:
+    return all([await committed(nc.jetstream(), n) >= each for n in names])
+
+
+def _most_at_once(prefix: str) -> int:
+    """The most attempts of one target's jobs that ran at the same moment (handler
+    intervals lie inside lease intervals, so this is at most the leases held at once)."""
+    edges = []
+    for attempt in TIMINGS.attempts:
+        if attempt.job_id.startswith(prefix + "-") and attempt.end is not None:
+            edges += [(attempt.start, 1), (attempt.end, -1)]
+    most = running = 0
+    for _, step in sorted(edges, key=lambda e: (e[0], e[1])):
+        running += step
+        most = max(most, running)
+    return most
+
+
+async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commits(
+    nats_url: str, redis_url: str, slow_site: TargetSimulator, redis_client: aioredis.Redis
+) -> None:
+    cap, each = 2, 24
+    names = names_in_partitions(1, 3, prefix="capped")
+    targets = {n: target(slow_site.base_url, max_in_flight=cap) for n in names}
+    settings = queue_settings(
+        nats_url, redis_url, targets, concurrency=8, dedicated_targets=0, target_partitions=1
+    )
+    stack = InProcessStack(settings)
+    await stack.start(workers=2)  # 16 slots on the one partition, for 3 x 2 places
+    nc = await connect_nats(settings.nats, "observer")
+    TIMINGS.clear()
+    try:
+        for i, name in enumerate(names):
+            await _submit(nc, settings, name, each, 1000 * i)
+
+        async def one_target_full() -> bool:
+            status = await stack.status()
+            return any(status.targets[n].leased == cap for n in names)
+
+        await wait_for(one_target_full, 30, "status to show a partitioned target at its cap")
+        await wait_for(lambda: _all_committed(nc, names, each), 90, "every job committed")
+        status = await stack.status()
+        assert status.conserved, status
+        for name in names:
+            counts = status.targets[name]
+            assert (counts.committed, counts.queued, counts.dead) == (each, 0, 0), counts
+            most = _most_at_once(name)
+            # Never above the cap, across both workers; and the cap was really used.
+            assert most <= cap, f"{name}: {most} at once, cap {cap}"
+            assert most == cap, f"{name}: at most {most} at once; the cap {cap} was never used"
+        assert stack.leaser is not None
+        busy = sum(
+            v for k, v in stack.leaser.answers.values.items() if ("reason", "target-busy") in k
+        )
+        assert busy > 0, "the leaser never had to refuse: the test did not reach the cap"
+        # Every place was given back: the next jobs find the target empty.
+        for name in names:
+            assert await redis_client.zcard(f"jf:inflight:{name}") == 0
+    finally:
+        await stack.stop()
+        await nc.close()
+
+
+async def test_queued_jobs_follow_their_target_when_it_moves_between_lanes(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, redis_client: aioredis.Redis
+) -> None:
+    base = simulator.base_url
+    first = fleet_of(nats_url, redis_url, base, ["alpha", "beta"], dedicated_targets=2)
+    # Jobs queue on the targets' own consumers; nobody pulls them yet.
+    stack = InProcessStack(first)
+    await stack.start(workers=0)
+    nc = await connect_nats(first.nats, "observer")
+    try:
+        for name in ("alpha", "beta"):
+            await _submit_plain(nc, first, name, 15, "before")
+        await wait_for(lambda: _queued(stack, 30), 30, "30 jobs queued")
+        await stack.stop()
+
+        # Now both are partitioned, with a new target beside them: their dedicated
+        # consumers go, the partition is made, and the queued jobs are delivered through it.
+        second = fleet_of(
+            nats_url,
+            redis_url,
+            base,
+            ["alpha", "beta", "gamma"],
+            dedicated_targets=0,
+            target_partitions=1,
+        )
+        stack = InProcessStack(second)
+        await stack.start(workers=0)
+        assert await _work_consumers(nc) == _expected(second)
+        await _submit_plain(nc, second, "gamma", 15, "before")
+        await stack.add_worker("w-0")
+        await wait_for(
+            lambda: _all_committed(nc, ["alpha", "beta", "gamma"], 15),
+            60,
+            "the jobs queued before the move committed",
+        )
+        # And back again, with jobs queued in the partition at the time.
+        await stack.stop()
+        stack = InProcessStack(second)
+        await stack.start(workers=0)
+        for name in ("alpha", "beta", "gamma"):
+            await _submit_plain(nc, second, name, 10, "after")
+        await wait_for(lambda: _queued(stack, 30), 30, "30 more jobs queued")
+        await stack.stop()
+        third = fleet_of(nats_url, redis_url, base, ["alpha", "beta", "gamma"], dedicated_targets=3)
+        stack = InProcessStack(third)
+        await stack.start(workers=1)
+        assert await _work_consumers(nc) == _expected(third)
+        await wait_for(
+            lambda: _all_committed(nc, ["alpha", "beta", "gamma"], 25),
+            60,
+            "the jobs queued in the partition committed",
+        )
+        status = await stack.status()
+        assert status.conserved and status.totals.committed == 75, status
+    finally:
+        await stack.stop()
+        await nc.close()
+
+
+async def _submit_plain(
+    nc: NatsClient, settings: Settings, name: str, count: int, prefix: str
+) -> None:
+    first = next(_PAGES) * 1000
+    jobs = [
+        Job(id=f"{prefix}-{name}-{n}", url=resolve_url(settings, name, f"/page/{first + n}"))
+        for n in range(count)
+    ]
+    results = await submit_jobs(nc.jetstream(), settings, name, jobs)
+    assert all(r.published and r.rejection is None for r in results), results[:3]
+
+
+async def _queued(stack: InProcessStack, count: int) -> bool:
+    return (await stack.status()).totals.queued == count
+
+
+async def test_a_partition_consumer_is_made_again_when_its_members_change(
+    nats_url: str, redis_url: str
+) -> None:
+    names = names_in_partitions(1, 2)
+    before = fleet_of(
+        nats_url, redis_url, "http://127.0.0.1:9/", names, dedicated_targets=0, target_partitions=1
+    )
+    after = fleet_of(
+        nats_url,
+        redis_url,
+        "http://127.0.0.1:9/",
+        [*names, "late"],
+        dedicated_targets=0,
+        target_partitions=1,
+    )
+    nc = await connect_nats(before.nats, "test")
+    js = nc.jetstream()
+    try:
+        await declare(js, before)
+        made = await js.consumer_info(subjects.STREAM_WORK, "work-P0-normal")
+        await declare(js, after)
+        remade = await js.consumer_info(subjects.STREAM_WORK, "work-P0-normal")
+        assert set(remade.config.filter_subjects or []) == {
+            subjects.work(n, "normal") for n in [*names, "late"]
+        }
+        # Made again (a new consumer starts from the stream's first message), not
+        # widened in place (which would skip the new member's older messages).
+        assert remade.created != made.created
+        assert remade.config.deliver_policy == js_api.DeliverPolicy.ALL
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_of_one_partitioned_target_serves_its_whole_partition(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, redis_client: aioredis.Redis
+) -> None:
+    names = names_in_partitions(1, 3, prefix="mate")
+    settings = fleet_of(
+        nats_url, redis_url, simulator.base_url, names, dedicated_targets=0, target_partitions=1
+    )
+    stack = InProcessStack(settings)
+    await stack.start(workers=0)
+    nc = await connect_nats(settings.nats, "observer")
+    try:
+        from jetfleet.worker import Worker
+
+        worker = Worker(settings, await stack._connect("w"), "w", targets=[names[0]])
+        await worker.start()
+        stack.workers.append(worker)
+        assert worker.targets == tuple(sorted(names))
+        for name in names:
+            await _submit_plain(nc, settings, name, 5, "mate")
+        await wait_for(lambda: _all_committed(nc, names, 5), 30, "every member's jobs")
+    finally:
+        await stack.stop()
+        await nc.close()
