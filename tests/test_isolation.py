@@ -8,6 +8,10 @@ pages after a fixed 50 ms, ``hanging`` never answers ``/hang/N``), scheduler + l
 sink + one worker that pulls both targets, in this process. Throughput is compared by
 counts: the time the worker takes to commit the same K healthy jobs without and then with
 a backlog of hanging jobs on the other target, as a ratio.
+
+Run twice: with each target on consumers of its own, and with both targets beyond
+``fleet.dedicated_targets``, hashed into different partitions (docs/topology.md: within
+one partition, isolation is weaker by design).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from jetfleet.connection import connect_nats
 from jetfleet.schemas import Job
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.work_lanes import LaneMap, partition_of
 from tests.conftest import wait_for
 from tests.queueing.helpers import committed, queue_settings, target
 from tests.stack import InProcessStack
@@ -83,8 +88,20 @@ class TooSlow(AssertionError):
         self.budget_s = budget_s
 
 
-@pytest.fixture
-async def env(nats_url: str, redis_url: str) -> AsyncIterator[IsolationEnv]:
+def layout(name: str) -> dict[str, object]:
+    """Fleet settings placing the two targets on their own consumers, or in two
+    different hashed partitions."""
+    if name == "dedicated":
+        return {}
+    partitions = 3
+    assert partition_of(HEALTHY, partitions) != partition_of(HANGING, partitions)
+    return {"dedicated_targets": 0, "target_partitions": partitions}
+
+
+@pytest.fixture(params=["dedicated", "partitioned"])
+async def env(
+    nats_url: str, redis_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[IsolationEnv]:
     async with (
         TargetSimulator(SimulatorConfig(latency_s=LATENCY_S)) as healthy,
         TargetSimulator(SimulatorConfig()) as hanging,
@@ -94,7 +111,11 @@ async def env(nats_url: str, redis_url: str) -> AsyncIterator[IsolationEnv]:
             # Same caps as the healthy target; retried for long enough to hang all along.
             HANGING: target(hanging.base_url, timeout_s=HANG_TIMEOUT_S, max_attempts=20),
         }
-        settings = queue_settings(nats_url, redis_url, targets, concurrency=CONCURRENCY)
+        settings = queue_settings(
+            nats_url, redis_url, targets, concurrency=CONCURRENCY, **layout(request.param)
+        )
+        lanes = LaneMap(settings)
+        assert lanes.lane_of(HEALTHY) != lanes.lane_of(HANGING)
         stack = InProcessStack(settings)
         await stack.start(workers=1)  # one worker, pulling both targets
         observer = await connect_nats(settings.nats, "isolation-observer")
