@@ -83,10 +83,17 @@ def register(commands: Any) -> None:
     worker.add_argument("--id", default="", help="worker id (default: host-pid)")
     worker.add_argument("--identity", default="", help="identity this worker owns")
     worker.add_argument(
-        "--targets", default="", help="comma-separated targets (default: worker.targets, else all)"
+        "--targets",
+        default="",
+        help="comma-separated targets (default: worker.targets, else all); a target beyond "
+        "fleet.dedicated_targets brings its whole partition",
     )
     worker.add_argument(
-        "--concurrency", type=int, default=0, help="jobs at once (default: worker.concurrency)"
+        "--concurrency",
+        type=int,
+        default=0,
+        help="jobs at once per work lane: per target, or per partition for targets beyond "
+        "fleet.dedicated_targets (default: worker.concurrency)",
     )
     worker.add_argument(
         "--metrics-port",
