@@ -72,7 +72,8 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     targets: dict[str, TargetCounts] = {}
     for name in names:
         if name in shared_leased:
-            leased = shared_leased[name]
+            # A place outlives its job by the release round trip after the ack.
+            leased = min(shared_leased[name], in_work[name])
         else:
             leased = await _leased(js, name) if name in settings.targets else 0
         targets[name] = TargetCounts(
