@@ -117,6 +117,7 @@ class LeaseWatch:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self.refusals: Counter[str] = Counter()
+        self.details: dict[str, list[str]] = {}
         self.subs: list[Any] = []
 
     async def start(self, nc: Any) -> None:
@@ -147,7 +148,12 @@ class LeaseWatch:
         except msgspec.MsgspecError:
             return
         if body.get("type") == "refused":
-            self.refusals[str(body.get("reason"))] += 1
+            reason = str(body.get("reason"))
+            self.refusals[reason] += 1
+            seen = self.details.setdefault(reason, [])
+            detail = str(body.get("detail", ""))[:200]
+            if len(seen) < 3 and detail not in seen:
+                seen.append(detail)
 
 
 async def redis_figures(url: str) -> dict[str, Any]:
@@ -337,6 +343,7 @@ async def run_case(
                 "rss_mib_end": _rss(ur1),
                 "lease_calls": dict(watch.calls),
                 "refusals": dict(watch.refusals),
+                "refusal_details": watch.details,
             }
         )
         result["phase"] = "status at end"
@@ -375,6 +382,13 @@ async def run_case(
 
 def _fmt(value: Any, spec: str = ".0f") -> str:
     return "-" if value is None else format(value, spec)
+
+
+def short_error(error: str) -> str:
+    """The first line of an error and, for a child's traceback, its exception lines."""
+    lines = error.splitlines()
+    found = [ln.strip() for ln in lines[1:] if "Error:" in ln or "exited (code" in ln]
+    return " | ".join([lines[0], *found]) if lines else error
 
 
 def render(results: list[dict[str, Any]]) -> str:
@@ -453,10 +467,12 @@ def render(results: list[dict[str, Any]]) -> str:
             f"{name}, lease calls {r.get('lease_calls')}, refusals {r.get('refusals')}, "
             f"redis {r.get('redis')}"
         )
+        if r.get("refusal_details"):
+            out.append(f"{name}, refusal details: {r['refusal_details']}")
         if r.get("log_problems"):
             out.append(f"{name}, log problems: {r['log_problems']}")
         if r.get("error"):
-            out.append(f"{name}: ERROR {r['error']}")
+            out.append(f"{name}: ERROR {short_error(r['error'])}")
     return "\n".join(out)
 
 

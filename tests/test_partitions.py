@@ -19,8 +19,12 @@ from nats.js import api as js_api
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
+from jetfleet.embedded import free_port
 from jetfleet.errors import ConfigError
-from jetfleet.schemas import Job
+from jetfleet.lease_store import LeaseStore
+from jetfleet.schemas import Job, LeaseGrant, LeaseRefusal
+from jetfleet.schemas.lease import LeaseRelease, LeaseRenew
+from jetfleet.services.leaser import Leaser
 from jetfleet.settings import Settings, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
@@ -28,6 +32,7 @@ from jetfleet.work_lanes import LaneMap, partition_of
 from tests.conftest import make_settings, wait_for
 from tests.queueing.helpers import TIMED_HANDLER, TIMINGS, committed, queue_settings, target
 from tests.stack import InProcessStack
+from tests.test_leases import ask, order_for
 
 # Distinct pages for every batch: the targets share one simulator, and the same URL is
 # the same work (one idempotency key).
@@ -349,4 +354,65 @@ async def test_a_worker_of_one_partitioned_target_serves_its_whole_partition(
         await wait_for(lambda: _all_committed(nc, names, 5), 30, "every member's jobs")
     finally:
         await stack.stop()
+        await nc.close()
+
+
+# -- the leaser's cap, call by call ----------------------------------------------------
+
+
+async def _leaser(settings: Settings) -> tuple[Leaser, NatsClient]:
+    nc = await connect_nats(settings.nats, "leaser")
+    await declare(nc.jetstream(), settings)
+    leaser = Leaser(settings, nc)
+    await leaser.start()
+    return leaser, nc
+
+
+async def test_the_leaser_gives_a_partitioned_target_max_in_flight_places_exactly(
+    nats_url: str, redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    targets = {"small": target("http://127.0.0.1:9/", max_in_flight=2)}
+    settings = make_settings(nats_url, redis_url, targets, dedicated_targets=0)
+    leaser, nc = await _leaser(settings)
+    try:
+        orders = [order_for(settings, f"/page/{n}", target="small") for n in range(3)]
+        first, second = [await leaser.handle(ask(o)) for o in orders[:2]]
+        assert isinstance(first, LeaseGrant) and isinstance(second, LeaseGrant)
+        third = await leaser.handle(ask(orders[2]))
+        assert isinstance(third, LeaseRefusal) and third.reason == "target-busy", third
+        assert "targets.small.max_in_flight" in third.detail
+        # A renewal keeps the place (and never takes a second one).
+        renew = LeaseRenew(job_id=orders[0].job.id, fence=first.fence)
+        assert isinstance(await leaser.handle(renew), LeaseGrant)
+        assert await redis_client.zcard("jf:inflight:small") == 2
+        # Releasing one frees its place at once.
+        release = LeaseRelease(job_id=orders[0].job.id, fence=first.fence)
+        assert isinstance(await leaser.handle(release), LeaseGrant)
+        assert isinstance(await leaser.handle(ask(orders[2])), LeaseGrant)
+    finally:
+        await leaser.drain(5.0)
+        await nc.close()
+
+
+async def test_without_redis_a_partitioned_target_gets_no_grant(
+    nats_url: str, redis_url: str
+) -> None:
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    targets = {"small": target("http://127.0.0.1:9/"), "big": target("http://127.0.0.1:9/")}
+    settings = make_settings(nats_url, unreachable, targets, dedicated_targets=1)
+    leaser, nc = await _leaser(settings)
+    store = await LeaseStore.open(nc.jetstream())
+    try:
+        # "big" is dedicated (capped by the server): Redis plays no part in its grant.
+        big = await leaser.handle(ask(order_for(settings, "/page/1", target="big")))
+        assert isinstance(big, LeaseGrant), big
+        order = order_for(settings, "/page/2", target="small")
+        reply = await leaser.handle(ask(order))
+        # Fails closed: the cap cannot be checked, so no lease (and the worker hands the
+        # job back, to ask again in a second).
+        assert isinstance(reply, LeaseRefusal) and reply.reason == "caps-unavailable", reply
+        assert reply.retry_after_s >= 1.0
+        assert await store.live(order.job.id) is None
+    finally:
+        await leaser.drain(5.0)
         await nc.close()
