@@ -398,7 +398,8 @@ async def test_without_redis_a_partitioned_target_gets_no_grant(
     nats_url: str, redis_url: str
 ) -> None:
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
-    targets = {"small": target("http://127.0.0.1:9/"), "big": target("http://127.0.0.1:9/")}
+    # Declaration order decides: "big" comes first, so it keeps its own lane.
+    targets = {"big": target("http://127.0.0.1:9/"), "small": target("http://127.0.0.1:9/")}
     settings = make_settings(nats_url, unreachable, targets, dedicated_targets=1)
     leaser, nc = await _leaser(settings)
     store = await LeaseStore.open(nc.jetstream())
