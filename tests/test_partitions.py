@@ -8,7 +8,9 @@ partitioned targets' in-flight places there), the simulator as every target.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -16,6 +18,7 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
+import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
@@ -417,3 +420,25 @@ async def test_without_redis_a_partitioned_target_gets_no_grant(
     finally:
         await leaser.drain(5.0)
         await nc.close()
+
+
+def test_topology_lanes_prints_which_consumers_carry_which_targets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    names = names_in_partitions(2, 2, prefix="blog")
+    config = tmp_path / "jetfleet.toml"
+    body = "[fleet]\ndedicated_targets = 1\ntarget_partitions = 2\n"
+    for name in ["shop", *names]:
+        body += f'[targets.{name}]\nbase_url = "https://{name}.example/"\n'
+    config.write_text(body)
+    assert cli_main.main(["--config", str(config), "topology", "lanes", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["lane"], r["shared"], sorted(r["targets"])) for r in rows] == [
+        ("shop", False, ["shop"]),
+        ("P0", True, sorted(names[:2])),
+        ("P1", True, sorted(names[2:])),
+    ]
+    assert rows[1]["consumers"] == ["work-P0-high", "work-P0-normal", "work-P0-bulk"]
+    assert cli_main.main(["--config", str(config), "topology", "lanes"]) == 0
+    text = capsys.readouterr().out
+    assert "own lane" in text and f"partition of 2 (caps by the leaser): {names[0]}" in text

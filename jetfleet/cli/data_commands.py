@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from jetfleet import subjects
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
@@ -19,6 +21,7 @@ from jetfleet.results import iter_results
 from jetfleet.settings import Settings
 from jetfleet.status import FIELDS, fleet_status
 from jetfleet.topology import declare
+from jetfleet.work_lanes import LaneMap
 
 
 def register(commands: Any) -> None:
@@ -76,9 +79,11 @@ def register(commands: Any) -> None:
         "topology",
         help="streams, consumers and buckets",
         description="show: create what is missing and list settings that drifted; apply: "
-        "also change drifted ones to the declared settings.",
+        "also change drifted ones to the declared settings; lanes: which work consumers "
+        "carry which targets (from the configuration alone, no server needed).",
     )
-    topology.add_argument("action", choices=("show", "apply"))
+    topology.add_argument("action", choices=("show", "apply", "lanes"))
+    topology.add_argument("--json", action="store_true", help="lanes: print JSON")
     topology.set_defaults(run=_run_topology)
 
 
@@ -221,7 +226,34 @@ def _run_schemas_check(args: argparse.Namespace) -> int:
 
 def _run_topology(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    if args.action == "lanes":
+        return _print_lanes(settings, args.json)
     return asyncio.run(_topology(settings, args.action == "apply"))
+
+
+def _print_lanes(settings: Settings, as_json: bool) -> int:
+    lanes = LaneMap(settings).lanes
+    if as_json:
+        rows = [
+            {
+                "lane": lane.name,
+                "shared": lane.shared,
+                "targets": list(lane.targets),
+                "consumers": [lane.consumer(t) for t in subjects.TIERS],
+                "max_ack_pending": lane.max_in_flight,
+            }
+            for lane in lanes
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    for lane in lanes:
+        if lane.shared:
+            what = f"partition of {len(lane.targets)} (caps by the leaser): "
+            what += ", ".join(lane.targets)
+        else:
+            what = f"own lane, max_in_flight {lane.max_in_flight} per tier"
+        print(f"{lane.name:<20} work-{lane.name}-{{high,normal,bulk}}  {what}")
+    return 0
 
 
 async def _topology(settings: Settings, update: bool) -> int:
