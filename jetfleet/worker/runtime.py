@@ -30,7 +30,7 @@ from nats.js.errors import FetchTimeoutError
 
 import jetfleet
 from jetfleet import subjects
-from jetfleet.errors import Blocked, PermanentFailure, RetryLater
+from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
 from jetfleet.lease_client import LeaseClient
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -65,6 +65,7 @@ FETCH_BATCH = 10
 # How long a fetched message may wait for a slot before it is handed back.
 SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
+OUTCOME_TIMEOUT_S = 2.0
 SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
@@ -634,7 +635,27 @@ class Worker:
             detail=verdict.detail[:500],
         )
         subject = subjects.outcome(order.target, order.job.id)
-        await self.nc.publish(subject, _encoder.encode(event))
+        if kind == "ok":
+            # Nothing is rebuilt from a success's event (its result is the record), and
+            # waiting for the stream's ack would cost every job a round trip.
+            await self.nc.publish(subject, _encoder.encode(event))
+            return
+        # A failure's event is part of the job's attempt history, which its dead letter
+        # is rebuilt from (now, or after later attempts): stored, with the stream's ack,
+        # before the report.
+        try:
+            # One event per grant (the fence), so a retried publish cannot store two.
+            await publish_durably(
+                self.js,
+                subject,
+                _encoder.encode(event),
+                msg_id=f"out-{order.job.id}-{fence or attempt}",
+                timeout_s=OUTCOME_TIMEOUT_S,
+            )
+        except SubmitError as exc:
+            # The verdict still counts (the sink gets the worker's own record of this
+            # attempt); only the history of earlier attempts may miss this one.
+            log.warning("outcome of job %s not stored: %s", order.job.id, exc)
 
     async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
         """Keep an undecodable work order on jf.rejected (with its bytes) before it is
