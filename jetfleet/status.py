@@ -3,8 +3,10 @@ service keeps in memory, so any process can answer and a restart changes nothing
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -16,6 +18,10 @@ from jetfleet.dead_letters import purged_counts
 from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap
+
+# Reads of one kind in flight at once: enough to hide round trips at thousands of
+# targets, few enough not to flood the server's API with ephemeral consumers.
+READS_IN_FLIGHT = 32
 
 FIELDS = ("submitted", "queued", "leased", "committed", "dead", "rejected")
 
@@ -52,30 +58,50 @@ class FleetStatus(msgspec.Struct):
 
 
 async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
-    """Read the counts of every target from the streams and consumers."""
-    submitted = await _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>")
-    in_work = await _per_target(js, subjects.STREAM_WORK, "jf.work.>")
-    committed = await _count_each(js, subjects.STREAM_RESULTS, subjects.results, settings)
-    committed.update(await _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"))
-    dead = Counter(
-        {
-            t: await count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))
-            for t in settings.targets
-        }
-    )
-    # Purged dead letters stay counted as dead, so purging cannot unbalance the totals.
-    dead.update(await purged_counts(js, list(settings.targets)))
-    rejected = await _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>")
-    names = sorted(set(settings.targets) | set(submitted) | set(rejected))
+    """Read the counts of every target from the streams and consumers.
+
+    The reads are independent and run at once (at most ``READS_IN_FLIGHT`` per kind), so
+    the moment they describe is short and the cost grows slowly with the targets.
+    """
+    declared = list(settings.targets)
     lanes = LaneMap(settings)
-    shared_leased = await _shared_leased(settings, lanes)
+    dedicated = [t for t in declared if not lanes.is_shared(t)]
+    # Two groups only because asyncio.gather is typed for at most six awaitables; both
+    # start at once (gather schedules its tasks when called).
+    first = asyncio.gather(
+        _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>"),
+        _per_target(js, subjects.STREAM_WORK, "jf.work.>"),
+        _per_target(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>"),
+        _per_target(js, subjects.STREAM_REJECTED, "jf.rejected.>"),
+        _admitting(js),
+        # Purged dead letters stay counted as dead, so purging cannot unbalance the totals.
+        purged_counts(js, declared),
+    )
+    second = asyncio.gather(
+        _each(declared, lambda t: count_messages(js, subjects.STREAM_RESULTS, subjects.results(t))),
+        _each(declared, lambda t: count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))),
+        _each(dedicated, lambda t: _leased(js, t)),
+        _shared_leased(settings, lanes),
+    )
+    (
+        (submitted, in_work, duplicates, rejected, admitting, purged),
+        (
+            results,
+            dead_letters,
+            leased_by_consumers,
+            shared_leased,
+        ),
+    ) = await asyncio.gather(first, second)
+    committed = Counter(results) + duplicates
+    dead = Counter(dead_letters) + Counter(purged)
+    names = sorted(set(settings.targets) | set(submitted) | set(rejected))
     targets: dict[str, TargetCounts] = {}
     for name in names:
         if name in shared_leased:
             # A place outlives its job by the release round trip after the ack.
             leased = min(shared_leased[name], in_work[name])
         else:
-            leased = await _leased(js, name) if name in settings.targets else 0
+            leased = leased_by_consumers.get(name, 0)
         targets[name] = TargetCounts(
             submitted=submitted[name],
             queued=max(0, in_work[name] - leased),
@@ -87,7 +113,6 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     totals = TargetCounts()
     for counts in targets.values():
         totals.add(counts)
-    admitting = await _admitting(js)
     placed = sum(getattr(totals, f) for f in FIELDS[1:])
     unaccounted = totals.submitted - placed - admitting
     return FleetStatus(
@@ -110,11 +135,17 @@ async def _per_target(js: JetStreamContext, stream: str, filter_: str) -> Counte
     return counts
 
 
-async def _count_each(
-    js: JetStreamContext, stream: str, filter_of: Callable[[str], str], settings: Settings
-) -> Counter[str]:
-    """Per declared target, how many messages match ``filter_of(target)``."""
-    return Counter({t: await count_messages(js, stream, filter_of(t)) for t in settings.targets})
+async def _each(
+    targets: list[str], count: Callable[[str], Coroutine[Any, Any, int]]
+) -> dict[str, int]:
+    """``count(target)`` for each target, ``READS_IN_FLIGHT`` at a time."""
+    limit = asyncio.Semaphore(READS_IN_FLIGHT)
+
+    async def one(target: str) -> tuple[str, int]:
+        async with limit:
+            return target, await count(target)
+
+    return dict(await asyncio.gather(*(one(t) for t in targets)))
 
 
 async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:
