@@ -26,6 +26,14 @@ _history_decoder = msgspec.json.Decoder(JobLeaseHistory)
 
 
 @dataclass(frozen=True)
+class HistoryEntry:
+    """A job's fence history as read, with the revision to compare-and-set against."""
+
+    history: JobLeaseHistory | None
+    revision: int
+
+
+@dataclass(frozen=True)
 class LiveLease:
     """A lease as read from KV: its record, fence and current revision."""
 
@@ -84,15 +92,27 @@ class LeaseStore:
         except KeyWrongLastSequenceError:
             return None
 
-    async def record_grant(self, job_id: str, fence: int) -> int:
-        """Note ``fence`` as the job's highest and count the grant; returns the count."""
+    async def read_history(self, job_id: str) -> HistoryEntry:
+        """The job's fence history and its revision (0 when there is none), for
+        ``record_grant``'s compare-and-set."""
+        try:
+            entry = await self.history.get(job_id)
+        except KeyNotFoundError:
+            return HistoryEntry(None, 0)
+        old = _history_decoder.decode(entry.value) if entry.value else None
+        return HistoryEntry(old, entry.revision or 0)
+
+    async def record_grant(self, job_id: str, fence: int, read: HistoryEntry | None = None) -> int:
+        """Note ``fence`` as the job's highest and count the grant; returns the count.
+
+        ``read`` is the history as read before the grant (saves a round trip); on a
+        conflict the history is read again.
+        """
         for _ in range(10):
-            try:
-                entry = await self.history.get(job_id)
-                last = entry.revision
-                old = _history_decoder.decode(entry.value) if entry.value else None
-            except KeyNotFoundError:
-                last, old = 0, None
+            if read is None:
+                read = await self.read_history(job_id)
+            old, last = read.history, read.revision
+            read = None
             new = JobLeaseHistory(
                 fence=max(fence, old.fence if old else 0), grants=(old.grants if old else 0) + 1
             )

@@ -1,11 +1,16 @@
-"""The ordered list of grant checks. Each answers a refusal (or already-done) or None.
+"""The ordered grant checks. Each answers a refusal (or already-done) or None.
 
-Later capabilities (pause, approved versions, activity windows, rate permits) add their
-check to ``GRANT_CHECKS``; order matters: the cheapest and most final checks come first.
+Two kinds. ``LOOKING_CHECKS`` only read, so the leaser runs them all at once and takes
+the first objection in list order (a grant waits for one round trip, not one each).
+``TAKING_CHECKS`` take something (a place under a cap, a rate permit), so they run one
+after another, and only once nothing else objects. Later capabilities (pause, approved
+versions, activity windows, rate permits) add their check to the right tuple; order
+matters: the most final answers come first.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -115,10 +120,23 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
-GRANT_CHECKS: tuple[GrantCheck, ...] = (
+LOOKING_CHECKS: tuple[GrantCheck, ...] = (
     already_done,
     dead_lettered,
     quarantined,
     pinned_identity,
-    in_flight_cap,
 )
+TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap,)
+GRANT_CHECKS: tuple[GrantCheck, ...] = LOOKING_CHECKS + TAKING_CHECKS
+
+
+async def first_objection(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
+    """The first objection of the grant checks, in order, or None to grant."""
+    for verdict in await asyncio.gather(*(check(ctx) for check in LOOKING_CHECKS)):
+        if verdict is not None:
+            return verdict
+    for check in TAKING_CHECKS:
+        verdict = await check(ctx)
+        if verdict is not None:
+            return verdict
+    return None

@@ -16,7 +16,7 @@ from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
-from jetfleet.lease_store import LeaseStore
+from jetfleet.lease_store import HistoryEntry, LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.schemas.lease import (
     LeaseCall,
@@ -34,7 +34,7 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
-from jetfleet.services.leaser.checks import GRANT_CHECKS, GrantContext
+from jetfleet.services.leaser.checks import GrantContext, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap
@@ -167,25 +167,36 @@ class Leaser:
         ctx = GrantContext(
             request, self.settings, self.js, self.quarantine, self.lanes, self.caps, self.ttl_s
         )
-        for check in GRANT_CHECKS:
-            verdict = await check(ctx)
+        # The grant count is read while the checks run: one round trip less per grant.
+        history = asyncio.create_task(self.store.read_history(request.job_id))
+        try:
+            verdict = await first_objection(ctx)
             if verdict is not None:
                 return verdict
-        record = LeaseRecord(
-            job_id=request.job_id,
-            target=request.target,
-            worker=request.worker,
-            identity=request.identity,
-            reply_subject=request.reply_subject,
-        )
-        fence = await self.store.create(record, self.ttl_s)
-        if fence is None:
-            live = await self.store.live(request.job_id)
-            holder = live.record.worker if live else "another worker"
-            return LeaseRefusal(
-                reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {holder}"
+            record = LeaseRecord(
+                job_id=request.job_id,
+                target=request.target,
+                worker=request.worker,
+                identity=request.identity,
+                reply_subject=request.reply_subject,
             )
-        attempt = await self.store.record_grant(request.job_id, fence)
+            fence = await self.store.create(record, self.ttl_s)
+            if fence is None:
+                live = await self.store.live(request.job_id)
+                holder = live.record.worker if live else "another worker"
+                return LeaseRefusal(
+                    reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {holder}"
+                )
+            try:
+                read: HistoryEntry | None = await history
+            except Exception:  # the early read failed: record_grant reads it again
+                read = None
+            attempt = await self.store.record_grant(request.job_id, fence, read)
+        finally:
+            if not history.done():
+                history.cancel()
+            # Not needed after a refusal; a failed read is retried by record_grant.
+            history.add_done_callback(_ignore_outcome)
         return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=attempt)
 
     async def _answer_quarantine(self, msg: Msg) -> None:
@@ -259,3 +270,8 @@ class Leaser:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)
         return revoked
+
+
+def _ignore_outcome(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved, so asyncio does not log it as lost
