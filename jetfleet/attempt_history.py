@@ -3,27 +3,27 @@
 from __future__ import annotations
 
 import msgspec
-from nats.js import JetStreamContext
+from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.direct_batch import read_subject
 from jetfleet.schemas import AttemptRecord, Outcome
-from jetfleet.stream_reader import read_stream
 
 _decoder = msgspec.json.Decoder(Outcome)
 
 
 async def attempt_history(
-    js: JetStreamContext, target: str, job_id: str, reported: list[AttemptRecord]
+    nc: NatsClient, target: str, job_id: str, reported: list[AttemptRecord]
 ) -> list[AttemptRecord]:
-    """Every attempt of the job, oldest first: its outcome events, with the worker's own
-    records (``reported``) winning for the attempts they cover.
+    """Every attempt of the job, oldest first: its outcome events (one batched direct get),
+    with the worker's own records (``reported``) winning for the attempts they cover.
 
-    Outcome events are published without waiting for the stream, so the newest may not be
-    stored yet; the worker's report always carries the attempt that ended the job.
+    Workers store a failed attempt's event before reporting it; the worker's report also
+    carries the attempt that ended the job, in case its event was lost.
     """
     by_attempt: dict[tuple[int, int], AttemptRecord] = {}
-    filter_ = subjects.outcome(target, job_id)
-    async for msg in read_stream(js, subjects.STREAM_OUTCOMES, filter_):
+    subject = subjects.outcome(target, job_id)
+    for msg in await read_subject(nc, subjects.STREAM_OUTCOMES, subject):
         event = _decoder.decode(msg.data)
         by_attempt[(event.attempt, event.fence)] = AttemptRecord(
             attempt=event.attempt,

@@ -109,7 +109,7 @@ class Sink:
             return SinkReply(
                 status="suppressed:duplicate-key", detail=order.key, committed_by=holder
             )
-        history = await attempt_history(self.js, order.target, order.job.id, failure.history)
+        history = await attempt_history(self.nc, order.target, order.job.id, failure.history)
         letter = DeadLetter(
             order=order, reason=failure.reason, history=history, detail=failure.detail
         )
