@@ -71,6 +71,13 @@ class InFlightCaps:
         """A client for ``url`` that gives up quickly, so a grant never waits on Redis."""
         return cls(aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0))
 
+    async def reachable(self) -> bool:
+        """Whether Redis answers a ping now."""
+        try:
+            return bool(await self.client.ping())
+        except RedisError:
+            return False
+
     async def close(self) -> None:
         """Close the connection pool."""
         await self.client.aclose()

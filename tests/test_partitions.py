@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -398,13 +399,15 @@ async def test_the_leaser_gives_a_partitioned_target_max_in_flight_places_exactl
 
 
 async def test_without_redis_a_partitioned_target_gets_no_grant(
-    nats_url: str, redis_url: str
+    nats_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
     # Declaration order decides: "big" comes first, so it keeps its own lane.
     targets = {"big": target("http://127.0.0.1:9/"), "small": target("http://127.0.0.1:9/")}
     settings = make_settings(nats_url, unreachable, targets, dedicated_targets=1)
-    leaser, nc = await _leaser(settings)
+    with caplog.at_level(logging.WARNING, logger="jetfleet.services.leaser.service"):
+        leaser, nc = await _leaser(settings)
+    assert "get no lease until it does" in caplog.text
     store = await LeaseStore.open(nc.jetstream())
     try:
         # "big" is dedicated (capped by the server): Redis plays no part in its grant.

@@ -70,8 +70,19 @@ class Leaser:
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
-        if any(lane.shared for lane in self.lanes.lanes):
+        shared = [t for lane in self.lanes.lanes if lane.shared for t in lane.targets]
+        if shared:
             self.caps = InFlightCaps.connect(self.settings.redis.url)
+            if not await self.caps.reachable():
+                # Not fatal (Redis may come up later), but say it loudly: until then every
+                # grant for these targets is refused (caps-unavailable).
+                log.warning(
+                    "redis at %s does not answer: the %d partitioned targets (beyond "
+                    "fleet.dedicated_targets = %d) get no lease until it does",
+                    self.settings.redis.url,
+                    len(shared),
+                    self.settings.fleet.dedicated_targets,
+                )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
         for subject, handler in (
