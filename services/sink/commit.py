@@ -18,6 +18,7 @@ commit then meets the key and is suppressed, so there is still one side effect.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import msgspec
@@ -45,13 +46,17 @@ class CommitPolicy:
 
 
 async def check_fence(store: LeaseStore, job_id: str, fence: int) -> SinkReply | None:
-    """None when ``fence`` holds the job's live lease; else the rejection to answer."""
-    highest = await store.highest_fence(job_id)
+    """None when ``fence`` holds the job's live lease; else the rejection to answer.
+
+    Both reads go at once: whichever a grant racing them lands between, one of the two
+    rejections below catches it (a newer grant raises the highest fence and replaces the
+    live lease), so their order adds no safety, only a round trip.
+    """
+    highest, live = await asyncio.gather(store.highest_fence(job_id), store.live(job_id))
     if fence < highest.fence:
         return SinkReply(
             status="rejected:fenced-out", detail=f"fence {fence} < highest granted {highest.fence}"
         )
-    live = await store.live(job_id)
     if live is None:
         return SinkReply(
             status="rejected:lease-expired",
