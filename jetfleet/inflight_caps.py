@@ -19,6 +19,8 @@ from redis.exceptions import RedisError
 from jetfleet.errors import JetfleetError
 
 KEY_PREFIX = "jf:inflight:"
+# Connections one leaser keeps to Redis; each call holds one for a single round trip.
+POOL_SIZE = 32
 
 _NOW_MS = """
 redis.replicate_commands()
@@ -68,8 +70,20 @@ class InFlightCaps:
 
     @classmethod
     def connect(cls, url: str) -> InFlightCaps:
-        """A client for ``url`` that gives up quickly, so a grant never waits on Redis."""
-        return cls(aioredis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0))
+        """A client for ``url`` that gives up quickly, so a grant never waits long on Redis.
+
+        The pool blocks (up to a second) for a free connection rather than failing: the
+        default pool refuses at once past its size, which under a burst of grants would
+        refuse them as ``caps-unavailable`` and leave places to expire.
+        """
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_SIZE,
+            timeout=1.0,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+        )
+        return cls(aioredis.Redis(connection_pool=pool))
 
     async def reachable(self) -> bool:
         """Whether Redis answers a ping now."""
@@ -79,8 +93,8 @@ class InFlightCaps:
             return False
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self.client.aclose()
+        """Close the connection pool (a pool given to the client is not closed with it)."""
+        await self.client.aclose(close_connection_pool=True)
 
     async def take(self, target: str, job_id: str, cap: int, ttl_s: float) -> bool:
         """Give ``job_id`` a place under ``cap``; False when the target is full. A job
