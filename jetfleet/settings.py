@@ -267,6 +267,7 @@ def validate(settings: Settings) -> None:
         "fleet.target_partitions",
         "a whole number from 1 to 1024",
     )
+    _validate_consumer_count(settings)
     shares = settings.worker.tier_shares
     _require(
         set(shares) <= {"high", "normal", "bulk"}
@@ -301,6 +302,32 @@ def _validate_target(name: str, target: TargetSettings) -> None:
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
     _require(target.timeout_s > 0, f"{key}.timeout_s", _HINTS["timeout_s"])
     _require(target.max_body_bytes >= 1, f"{key}.max_body_bytes", "a positive byte count")
+
+
+# nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets
+# max_consumers; every work lane takes three (one per tier) on JF_WORK.
+MAX_CONSUMERS_PER_STREAM = 1000
+TIERS_PER_LANE = 3
+
+
+def _validate_consumer_count(settings: Settings) -> None:
+    fleet = settings.fleet
+    targets = len(settings.targets)
+    own = min(targets, fleet.dedicated_targets)
+    lanes = own + min(targets - own, fleet.target_partitions)
+    if lanes * TIERS_PER_LANE <= MAX_CONSUMERS_PER_STREAM:
+        return
+    most_lanes = MAX_CONSUMERS_PER_STREAM // TIERS_PER_LANE
+    room = own
+    while room > 0 and room + min(targets - room, fleet.target_partitions) > most_lanes:
+        room -= 1
+    raise ConfigError(
+        f"config: fleet.dedicated_targets is invalid: {own} targets with consumers of their "
+        f"own plus up to {lanes - own} partitions make {lanes * TIERS_PER_LANE} work "
+        f"consumers, more than the {MAX_CONSUMERS_PER_STREAM} nats-server allows on one "
+        f"stream; set fleet.dedicated_targets to at most {room} (the other targets "
+        "share hashed partitions)"
+    )
 
 
 def retry_horizon_s(settings: Settings) -> float:
