@@ -18,6 +18,11 @@ from jetfleet import subjects
 from jetfleet.errors import ConfigError
 from jetfleet.settings import Settings
 
+# A partition's unacked window is this many times the sum of its members' caps (which
+# the leaser enforces per member): room for the jobs of a member at its cap that are
+# handed back, so the consumer still moves on to the other members' jobs.
+PARTITION_HEADROOM = 4
+
 
 @dataclass(frozen=True)
 class WorkLane:
@@ -77,7 +82,8 @@ class LaneMap:
                     name=partition_lane_name(k),
                     targets=group,
                     partition=k,
-                    max_in_flight=sum(settings.targets[t].max_in_flight for t in group),
+                    max_in_flight=PARTITION_HEADROOM
+                    * sum(settings.targets[t].max_in_flight for t in group),
                 )
             )
         self.lanes: tuple[WorkLane, ...] = tuple(lanes)

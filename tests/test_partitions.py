@@ -7,6 +7,7 @@ partitioned targets' in-flight places there), the simulator as every target.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -25,6 +26,7 @@ from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.embedded import free_port
 from jetfleet.errors import ConfigError
+from jetfleet.inflight_caps import POOL_SIZE
 from jetfleet.lease_store import LeaseStore
 from jetfleet.schemas import Job, LeaseGrant, LeaseRefusal
 from jetfleet.schemas.lease import LeaseRelease, LeaseRenew
@@ -32,7 +34,7 @@ from jetfleet.services.leaser import Leaser
 from jetfleet.settings import Settings, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
-from jetfleet.work_lanes import LaneMap, partition_of
+from jetfleet.work_lanes import PARTITION_HEADROOM, LaneMap, partition_of
 from tests.conftest import make_settings, wait_for
 from tests.queueing.helpers import TIMED_HANDLER, TIMINGS, committed, queue_settings, target
 from tests.stack import InProcessStack
@@ -80,7 +82,7 @@ def test_the_first_declared_targets_get_lanes_of_their_own_and_the_rest_are_hash
         assert subjects.work(name, "bulk") in lane.filters("bulk")
     # A partition may hold the sum of its members' caps; each member is capped by the
     # leaser. Partition lane names are uppercase, so no target name can collide.
-    assert lanes.lane_of(names[2]).max_in_flight == 2 * 64
+    assert lanes.lane_of(names[2]).max_in_flight == PARTITION_HEADROOM * 2 * 64
     assert not subjects.TARGET_NAME_RE.match("P0")
     # A worker of one partitioned target pulls its whole partition.
     assert [lane.name for lane in lanes.lanes_for([names[2], "big-b"])] == ["big-b", "P0"]
@@ -190,7 +192,15 @@ async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commi
     names = names_in_partitions(1, 3, prefix="capped")
     targets = {n: target(slow_site.base_url, max_in_flight=cap) for n in names}
     settings = queue_settings(
-        nats_url, redis_url, targets, concurrency=8, dedicated_targets=0, target_partitions=1
+        nats_url,
+        redis_url,
+        targets,
+        concurrency=8,
+        dedicated_targets=0,
+        target_partitions=1,
+        # Long leases: a place can only be free at the end because it was given back.
+        lease_ttl_s=20.0,
+        ack_wait_s=30.0,
     )
     stack = InProcessStack(settings)
     await stack.start(workers=2)  # 16 slots on the one partition, for 3 x 2 places
@@ -220,9 +230,13 @@ async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commi
             v for k, v in stack.leaser.answers.values.items() if ("reason", "target-busy") in k
         )
         assert busy > 0, "the leaser never had to refuse: the test did not reach the cap"
-        # Every place was given back: the next jobs find the target empty.
-        for name in names:
-            assert await redis_client.zcard(f"jf:inflight:{name}") == 0
+
+        # Every place is given back (just after each ack), not left to expire with its
+        # lease (20 s here): the next jobs find the target empty.
+        async def places_freed() -> bool:
+            return all([await redis_client.zcard(f"jf:inflight:{n}") == 0 for n in names])
+
+        await wait_for(places_freed, 5, "every place freed")
     finally:
         await stack.stop()
         await nc.close()
@@ -445,3 +459,77 @@ def test_topology_lanes_prints_which_consumers_carry_which_targets(
     assert cli_main.main(["--config", str(config), "topology", "lanes"]) == 0
     text = capsys.readouterr().out
     assert "own lane" in text and f"partition of 2 (caps by the leaser): {names[0]}" in text
+
+
+async def test_a_member_at_its_cap_with_a_backlog_does_not_hold_up_its_partition_mates(
+    nats_url: str, redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    # Same partition: "busy" may run 2 at once against a slow site and has a backlog;
+    # "mate" is submitted behind it. By counts: the mate's jobs must all commit while
+    # most of the busy member's backlog still waits for its cap.
+    names = names_in_partitions(1, 2, prefix="pair")
+    busy, mate = names
+    backlog, mates = 60, 20
+    async with (
+        TargetSimulator(SimulatorConfig(latency_s=0.3)) as slow,
+        TargetSimulator(SimulatorConfig()) as fast,
+    ):
+        targets = {
+            busy: target(slow.base_url, max_in_flight=2),
+            mate: target(fast.base_url, max_in_flight=16),
+        }
+        settings = queue_settings(
+            nats_url, redis_url, targets, concurrency=8, dedicated_targets=0, target_partitions=1
+        )
+        stack = InProcessStack(settings)
+        await stack.start(workers=1)
+        nc = await connect_nats(settings.nats, "observer")
+        try:
+            await _submit(nc, settings, busy, backlog, 0)
+
+            async def busy_started() -> bool:
+                return await committed(nc.jetstream(), busy) >= 2
+
+            await wait_for(busy_started, 30, "the busy member to commit its first jobs")
+            await _submit(nc, settings, mate, mates, 1000)
+            await wait_for(lambda: _all_committed(nc, [mate], mates), 60, "the mate's jobs")
+            busy_done = await committed(nc.jetstream(), busy)
+            assert busy_done < backlog // 2, (
+                f"the mate's {mates} jobs finished only after {busy_done} of the busy member's "
+                f"{backlog} (2 at a time): the partition was held up behind it"
+            )
+            await wait_for(lambda: _all_committed(nc, [busy], backlog), 120, "the backlog")
+            assert (await stack.status()).conserved
+        finally:
+            await stack.stop()
+            await nc.close()
+
+
+async def test_a_burst_of_grants_waits_for_redis_connections_instead_of_refusing(
+    nats_url: str, redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    # More grants at once than the leaser keeps Redis connections: each waits its turn
+    # (never "caps-unavailable", which would also leave places to expire).
+    burst = 4 * POOL_SIZE
+    targets = {"wide": target("http://127.0.0.1:9/", max_in_flight=burst)}
+    settings = make_settings(nats_url, redis_url, targets, dedicated_targets=0)
+    leaser, nc = await _leaser(settings)
+    try:
+        orders = [order_for(settings, f"/page/{n}", target="wide") for n in range(burst)]
+        replies = await asyncio.gather(*(leaser.handle(ask(o)) for o in orders))
+        refused = [r for r in replies if not isinstance(r, LeaseGrant)]
+        assert refused == [], refused[:3]
+        assert await redis_client.zcard("jf:inflight:wide") == burst
+    finally:
+        await leaser.drain(5.0)
+        await nc.close()
+
+
+def test_more_work_consumers_than_nats_server_allows_on_a_stream_is_refused() -> None:
+    names = [f"t{i}" for i in range(400)]
+    settings = fleet_of("nats://x:1", "redis://x:1", "http://t/", names, dedicated_targets=400)
+    with pytest.raises(ConfigError, match=r"set fleet\.dedicated_targets to at most 317"):
+        validate(settings)
+    fits = fleet_of("nats://x:1", "redis://x:1", "http://t/", names, dedicated_targets=317)
+    validate(fits)
+    assert 3 * len(LaneMap(fits).lanes) <= 1000

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Iterable
@@ -75,13 +76,14 @@ TARGET_WIDE_REFUSALS = frozenset(
         "rate-limited",
         "outside-window",
         "version-not-approved",
-        "target-busy",
         "caps-unavailable",
     }
 )
 # A job of a target this worker's settings do not declare (a newer config elsewhere).
 UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
+# The longest a partitioned target's job is handed back for (see _hand_back_delay).
+HAND_BACK_MAX_S = 2.0
 # A retry is offered to other workers for this long before it may run here again.
 RETRY_ELSEWHERE_S = 0.5
 FAILED_HERE_MEMORY = 10_000
@@ -246,6 +248,23 @@ class Worker:
             await waiting  # TierSlots gives the slot back if it was granted meanwhile
         return False
 
+    def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
+        """How long a job handed back unrun stays away.
+
+        A target with its own lane: ``wait`` (its pull loop has stopped anyway). A
+        partitioned target: its lane keeps delivering, so a member at its cap or held
+        would have its jobs handed back over and over, and fill the partition's unacked
+        window ahead of the other members. Each hand-back of the same job doubles its
+        delay instead (with jitter), so the churn dies down and the consumer moves on to
+        the other members' jobs; the member loses nothing, since it is at its cap or
+        held, and any of its many waiting jobs can take the next free place.
+        """
+        if not self.lane_map.is_shared(target):
+            return wait
+        deliveries = min(int(msg.metadata.num_delivered or 1), 16)
+        grown = min(HAND_BACK_MAX_S, MIN_REFUSAL_DELAY_S * 2.0 ** (deliveries - 1))
+        return max(wait, grown * random.uniform(0.5, 1.0))
+
     async def _held_off(self, lane: WorkLane) -> bool:
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
         # the retry-after passes (never dequeue and sleep on a message). A partition is
@@ -301,7 +320,7 @@ class Worker:
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
             # probe is out: do not call it yet. No lease is taken, so nothing is spent.
-            await msg.nak(delay=wait)
+            await msg.nak(delay=self._hand_back_delay(msg, target, wait))
             return
         kind = ""
         try:
@@ -376,12 +395,17 @@ class Worker:
                 await self._term(msg, "dead-lettered")  # a term that was lost, sent again
                 return None
             delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
-            if reply.reason in TARGET_WIDE_REFUSALS:
+            if reply.reason == "target-busy":
+                # A partitioned target at its cap: a place frees whenever one of its jobs
+                # ends, so the target is not held here (a hold would leave freed places
+                # idle); this job just stays away for its hand-back delay.
+                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+            elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
                 self.gate.hold(target, delay)
-                delay = MIN_REFUSAL_DELAY_S
+                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             await msg.nak(delay=delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt)
@@ -477,9 +501,11 @@ class Worker:
             return True
         return await self.leases.release(order.job.id, held.fence, refund=refund)
 
-    async def _free_place(self, order: WorkOrder, held: Held) -> None:
+    def _free_place(self, order: WorkOrder, held: Held) -> None:
+        # In the background: the job is settled, so its slot is free for the next one
+        # while the release travels (drain still waits for it).
         if self.lane_map.is_shared(order.target):
-            await self._give_back(order, held)
+            self._spawn(self._give_back(order, held))
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
@@ -506,10 +532,10 @@ class Worker:
             # cost the leaser a round trip per job. A partitioned target's lease also holds
             # one of its in-flight places, which must free now.
             await msg.ack()
-            await self._free_place(order, held)
+            self._free_place(order, held)
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
-            await self._free_place(order, held)
+            self._free_place(order, held)
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
