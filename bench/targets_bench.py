@@ -17,6 +17,9 @@ The layout is the ``[fleet]`` table of that config:
   multi-filter consumers and every worker runs 3 pull loops per partition. The leaser caps
   each target's in-flight jobs in Redis, and the worker releases the lease after the ack.
 
+nats-server 2.15 allows 1,000 consumers per stream by default, so ``dedicated`` with more
+than 333 targets cannot start: the case reports the services' start-up error.
+
 Per case the bench measures, before any job: the number of work consumers on JF_WORK, the
 idle CPU the fleet burns per second (each process, the workers together, all together),
 the RSS of the workers and nats-server, and how long one ``fleet_status`` (what ``jetfleet
