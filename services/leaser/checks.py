@@ -1,9 +1,10 @@
 """The ordered grant checks. Each answers a refusal (or already-done) or None.
 
-Two kinds. ``LOOKING_CHECKS`` only read, so the leaser runs them all at once and takes
-the first objection in list order (a grant waits for one round trip, not one each).
-``TAKING_CHECKS`` take something (a place under a cap, a rate permit), so they run one
-after another, and only once nothing else objects. Later capabilities (pause, approved
+Three kinds. ``ASKING_CHECKS`` only read, from the server, so the leaser runs them at
+once (a grant waits for one round trip, not one each). ``LOCAL_CHECKS`` only read, from
+memory. ``TAKING_CHECKS`` take something (a place under a cap, a rate permit), so they
+run one after another, and only once nothing else objects. The first objection in
+``GRANT_CHECKS`` order wins. Later capabilities (pause, approved
 versions, activity windows, rate permits) add their check to the right tuple; order
 matters: the most final answers come first.
 """
@@ -120,22 +121,29 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
-LOOKING_CHECKS: tuple[GrantCheck, ...] = (
-    already_done,
-    dead_lettered,
-    quarantined,
-    pinned_identity,
-)
+ASKING_CHECKS: tuple[GrantCheck, ...] = (already_done, dead_lettered)
+"""Read-only checks that ask the server: they run at once."""
+LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
+"""Read-only checks answered from memory (the quarantine watch): run in line, since a
+task each would cost more than the check."""
 TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap,)
-GRANT_CHECKS: tuple[GrantCheck, ...] = LOOKING_CHECKS + TAKING_CHECKS
+GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 
 async def first_objection(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
-    """The first objection of the grant checks, in order, or None to grant."""
-    for verdict in await asyncio.gather(*(check(ctx) for check in LOOKING_CHECKS)):
+    """The first objection of the grant checks, in ``GRANT_CHECKS`` order, or None."""
+    # The first asking check runs in this task, the others beside it.
+    others = [asyncio.ensure_future(check(ctx)) for check in ASKING_CHECKS[1:]]
+    try:
+        verdicts = [await ASKING_CHECKS[0](ctx)]
+        verdicts += [await task for task in others]
+    finally:
+        for task in others:
+            task.cancel()
+    for verdict in verdicts:
         if verdict is not None:
             return verdict
-    for check in TAKING_CHECKS:
+    for check in LOCAL_CHECKS + TAKING_CHECKS:
         verdict = await check(ctx)
         if verdict is not None:
             return verdict
