@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from harness import fmt_table, load, write_config  # noqa: E402
+from harness import fmt_table, load, run_with_tree, write_config  # noqa: E402
 from stats import latency_summary  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
@@ -114,7 +114,7 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
     parser.add_argument("--gap-ms", default="0,10,50,200")
@@ -123,7 +123,7 @@ def main() -> None:
     rows = asyncio.run(main_async(args))
     if args.json:
         print(json.dumps(rows, indent=2))
-        return
+        return 0
     table = [
         [
             r["gap_ms"],
@@ -135,7 +135,8 @@ def main() -> None:
         for r in rows
     ]
     print(fmt_table(["gap ms", "jobs", "p50 ms", "p99 ms", "max ms"], table))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_with_tree(main))

@@ -18,7 +18,8 @@ The layout is the ``[fleet]`` table of that config:
   each target's in-flight jobs in Redis, and the worker releases the lease after the ack.
 
 nats-server 2.15 allows 1,000 consumers per stream by default, so ``dedicated`` with more
-than 333 targets cannot start: the case reports the services' start-up error.
+than 317 targets (beside 16 partitions) is refused by the settings' validation: the case
+reports the configuration error.
 
 Per case the bench measures, before any job: the number of work consumers on JF_WORK, the
 idle CPU the fleet burns per second (each process, the workers together, all together),

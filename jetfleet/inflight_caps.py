@@ -22,6 +22,8 @@ KEY_PREFIX = "jf:inflight:"
 # Connections one leaser keeps to Redis; each call holds one for a single round trip.
 POOL_SIZE = 32
 
+# The key itself expires once idle (twice the longest lease seen); its expiry only ever
+# grows, so a shorter lease cannot take other jobs' places with it.
 _NOW_MS = """
 redis.replicate_commands()
 local t = redis.call('TIME')
@@ -37,7 +39,9 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
+end
 return 1
 """
 )
@@ -47,12 +51,27 @@ _KEEP = (
     _NOW_MS
     + """
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+end
 return 1
 """
 )
 
-_COUNT = _NOW_MS + "return redis.call('ZCARD', KEYS[1])"
+# Every key given: drop expired places, then count. One round trip for many targets.
+_COUNT_MANY = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local counts = {}
+for i, key in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  counts[i] = redis.call('ZCARD', key)
+end
+return counts
+"""
+# Keys per counting call: one round trip each, without one huge script call.
+COUNT_BATCH = 500
 
 
 class CapsUnavailable(JetfleetError):
@@ -66,7 +85,7 @@ class InFlightCaps:
         self.client = client
         self._take = client.register_script(_TAKE)
         self._keep = client.register_script(_KEEP)
-        self._count = client.register_script(_COUNT)
+        self._count_many = client.register_script(_COUNT_MANY)
 
     @classmethod
     def connect(cls, url: str) -> InFlightCaps:
@@ -114,9 +133,17 @@ class InFlightCaps:
             # Not fatal: the place frees itself when the lease's time runs out.
             raise CapsUnavailable(f"redis: {exc}") from exc
 
-    async def count(self, target: str) -> int:
-        """Jobs of ``target`` holding a place now."""
-        return int(await self._call(self._count, target))
+    async def counts(self, targets: list[str]) -> dict[str, int]:
+        """Jobs of each target holding a place now, in one round trip per 500 targets."""
+        found: dict[str, int] = {}
+        for start in range(0, len(targets), COUNT_BATCH):
+            batch = targets[start : start + COUNT_BATCH]
+            try:
+                values = await self._count_many(keys=[KEY_PREFIX + t for t in batch])
+            except RedisError as exc:
+                raise CapsUnavailable(f"redis: {exc}") from exc
+            found.update(zip(batch, (int(v) for v in values), strict=True))
+        return found
 
     async def _call(self, script: Any, target: str, *args: object) -> int:
         try:

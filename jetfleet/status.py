@@ -193,7 +193,7 @@ async def _shared_leased(settings: Settings, lanes: LaneMap) -> dict[str, int]:
         return {}
     caps = InFlightCaps.connect(settings.redis.url)
     try:
-        return {t: await caps.count(t) for t in shared}
+        return await caps.counts(shared)
     except CapsUnavailable:
         return dict.fromkeys(shared, 0)
     finally:

@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -26,7 +26,7 @@ from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.embedded import free_port
 from jetfleet.errors import ConfigError
-from jetfleet.inflight_caps import POOL_SIZE
+from jetfleet.inflight_caps import COUNT_BATCH, POOL_SIZE, InFlightCaps
 from jetfleet.lease_store import LeaseStore
 from jetfleet.schemas import Job, LeaseGrant, LeaseRefusal
 from jetfleet.schemas.lease import LeaseRelease, LeaseRenew
@@ -533,3 +533,35 @@ def test_more_work_consumers_than_nats_server_allows_on_a_stream_is_refused() ->
     fits = fleet_of("nats://x:1", "redis://x:1", "http://t/", names, dedicated_targets=317)
     validate(fits)
     assert 3 * len(LaneMap(fits).lanes) <= 1000
+
+
+async def test_place_counts_drop_expired_places_and_batch_many_targets(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    caps = InFlightCaps.connect(redis_url)
+    try:
+        names = [f"many-{n}" for n in range(COUNT_BATCH + 20)]  # two counting calls
+        for n, name in enumerate(names[:30]):
+            for job in range(n % 3 + 1):
+                assert await caps.take(name, f"job-{job}", cap=5, ttl_s=30.0)
+        # A place whose lease ran out (by Redis's clock) no longer counts.
+        assert await caps.take("many-0", "short", cap=5, ttl_s=0.05)
+        await wait_for(_redis_time_passed(redis_client, 0.1), 5, "Redis's clock to move on")
+        counts = await caps.counts(names)
+        assert counts["many-0"] == 1 and counts["many-1"] == 2 and counts["many-2"] == 3
+        assert sum(counts.values()) == sum(n % 3 + 1 for n in range(30))
+        assert counts[names[-1]] == 0 and len(counts) == len(names)
+    finally:
+        await caps.close()
+
+
+def _redis_time_passed(client: aioredis.Redis, seconds: float) -> Callable[[], Awaitable[bool]]:
+    started: list[float] = []
+
+    async def passed() -> bool:
+        now_s, now_us = await client.time()
+        now = now_s + now_us / 1e6
+        started[:0] = [] if started else [now]
+        return now - started[0] >= seconds
+
+    return passed
