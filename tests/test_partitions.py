@@ -230,6 +230,12 @@ async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commi
             v for k, v in stack.leaser.answers.values.items() if ("reason", "target-busy") in k
         )
         assert busy > 0, "the leaser never had to refuse: the test did not reach the cap"
+        handed_back = sum(
+            w.hand_backs.get(worker=w.worker_id, target=n, reason="target-busy")
+            for w in stack.workers
+            for n in names
+        )
+        assert handed_back == busy  # every refusal shows on the workers' /metrics
 
         # Every place is given back (just after each ack), not left to expire with its
         # lease (20 s here): the next jobs find the target empty.

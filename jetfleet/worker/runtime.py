@@ -118,7 +118,12 @@ class Worker:
             "jetfleet_worker_attempts_total",
             "Attempts by worker, identity, target, handler version, outcome and reason",
         )
-        self.metrics = [self.attempts]
+        self.hand_backs = CounterFamily(
+            "jetfleet_worker_hand_backs_total",
+            "Jobs handed back unrun by worker, target and reason (held, a lease refusal, "
+            "no slot, retry elsewhere)",
+        )
+        self.metrics = [self.attempts, self.hand_backs]
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
@@ -248,6 +253,12 @@ class Worker:
             await waiting  # TierSlots gives the slot back if it was granted meanwhile
         return False
 
+    async def _hand_back(self, msg: Msg, target: str, reason: str, delay: float) -> None:
+        """Give a job back unrun (no lease held, nothing spent), and count it: a target
+        whose jobs keep coming back shows on ``/metrics``."""
+        self.hand_backs.inc(worker=self.worker_id, target=target, reason=reason)
+        await msg.nak(delay=delay)
+
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
         """How long a job handed back unrun stays away.
 
@@ -314,13 +325,13 @@ class Worker:
             # It failed here last time: give another worker (and identity) the first
             # chance at the retry. Only once; if it comes back, it runs here.
             self.stats["deferred-elsewhere"] += 1
-            await msg.nak(delay=RETRY_ELSEWHERE_S)
+            await self._hand_back(msg, target, "retry-elsewhere", RETRY_ELSEWHERE_S)
             return
         wait = self.gate.admit(target)
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
             # probe is out: do not call it yet. No lease is taken, so nothing is spent.
-            await msg.nak(delay=self._hand_back_delay(msg, target, wait))
+            await self._hand_back(msg, target, "held", self._hand_back_delay(msg, target, wait))
             return
         kind = ""
         try:
@@ -406,7 +417,7 @@ class Worker:
                 # others (when the whole target is refused, nobody pulls it anyway).
                 self.gate.hold(target, delay)
                 delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
-            await msg.nak(delay=delay)
+            await self._hand_back(msg, target, reply.reason, delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt)
 
