@@ -15,8 +15,9 @@ A status read is not atomic and jobs change state in two steps (result written, 
 message acked), so a sample may be off by the jobs caught between two steps: at most
 every worker slot (``workers x concurrency``, counting the slots of workers killed with
 jobs in hand, which stay caught until ack_wait). Samples are not read while a wave is being
-published and admitted: ``fleet_status`` reads ``submitted`` first, the work stream next
-and ``admitting`` last, so a job the scheduler routes between those reads is in neither
+published and admitted: ``fleet_status`` reads ``submitted``, the work stream and
+``admitting`` at once but not atomically, so a job the scheduler routes between those
+reads can be in neither
 (a whole batch of 200 in a few ms), and a wave published meanwhile shows as admitted but
 never submitted: artefacts of the reader's timing, not jobs in two states (the scheduler
 restart happens inside such a wave). Once everything has settled, the equation must hold
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
@@ -46,6 +49,7 @@ from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.status import FIELDS, FleetStatus, count_messages, fleet_status
+from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet
 from tests.faults.plan import FaultPlan
@@ -64,13 +68,21 @@ SCHEDULER_RESTART_WAVE = 5  # restarted while admitting this wave
 SAMPLE_EVERY_S = 0.5
 
 
-def _write_config(path: Path, nats_url: str, base_url: str) -> Path:
+def _write_config(
+    path: Path, nats_url: str, base_url: str, redis_url: str, partitioned: bool
+) -> Path:
+    # Partitioned: the target shares a hashed partition's consumers, and the leaser caps
+    # it through Redis (places taken, renewed, released after the ack, or expired).
+    lanes = "dedicated_targets = 0\n" if partitioned else ""
     path.write_text(f"""\
 [nats]
 url = "{nats_url}"
 
+[redis]
+url = "{redis_url}"
+
 [fleet]
-ack_wait_s = 4.0
+{lanes}ack_wait_s = 4.0
 lease_ttl_s = 2.0
 retry_base_s = 0.05
 retry_max_backoff_s = 0.2
@@ -242,11 +254,23 @@ async def _ready(fleet: WorkerFleet, n: int) -> bool:
     return len(fleet.ready()) >= n
 
 
+@pytest.mark.parametrize("lanes", ["dedicated", "partitioned"])
 async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_restarts(
-    tmp_path: Path, nats_url: str, simulator: TargetSimulator
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    redis_client: aioredis.Redis,  # flushed: no places left from earlier tests
+    simulator: TargetSimulator,
+    lanes: str,
 ) -> None:
     began = time.monotonic()
-    config = _write_config(tmp_path / "jetfleet.toml", nats_url, simulator.base_url)
+    config = _write_config(
+        tmp_path / "jetfleet.toml",
+        nats_url,
+        simulator.base_url,
+        redis_url,
+        partitioned=lanes == "partitioned",
+    )
     settings = load_settings(config, {})
     plan = _plan(settings)
     stack = InProcessStack(settings)
@@ -256,6 +280,10 @@ async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_rest
     tasks: list[asyncio.Task[None]] = []
     try:
         await stack.start(workers=0)
+        consumers = {c.name for c in await run.js.consumers_info(subjects.STREAM_WORK)}
+        lane = LaneMap(settings).lane_of(TARGET)
+        assert lane.shared == (lanes == "partitioned")
+        assert consumers == {lane.consumer(t) for t in subjects.TIERS}, consumers
         for _ in range(WORKERS):
             fleet.spawn()
         await wait_for(lambda: _ready(fleet, WORKERS), 60, f"{WORKERS} workers ready")
