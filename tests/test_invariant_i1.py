@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+import redis.asyncio as aioredis
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
@@ -33,6 +35,7 @@ from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.status import count_messages
+from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet
 from tests.faults.plan import TEST_HANDLERS, EventLog, FaultPlan
@@ -46,14 +49,20 @@ STALL_S = ACK_WAIT_S + 2.0  # past the TTL and ack_wait: redelivered while still
 REJECTED = ("rejected:fenced-out", "rejected:lease-expired")
 
 
-def _write_config(path: Path, nats_url: str, base_url: str) -> Path:
+def _write_config(
+    path: Path, nats_url: str, base_url: str, redis_url: str = "", partitioned: bool = False
+) -> Path:
     handlers = ", ".join(f'"{h}"' for h in TEST_HANDLERS)
+    # Partitioned: the target shares a hashed partition's consumers and the leaser caps it
+    # through Redis; the lease is also released after each ack.
+    lanes = "dedicated_targets = 0\n" if partitioned else ""
+    redis = f'[redis]\nurl = "{redis_url}"\n\n' if redis_url else ""
     path.write_text(f"""\
 [nats]
 url = "{nats_url}"
 
-[fleet]
-ack_wait_s = {ACK_WAIT_S!r}
+{redis}[fleet]
+{lanes}ack_wait_s = {ACK_WAIT_S!r}
 lease_ttl_s = {LEASE_TTL_S!r}
 retry_base_s = 0.05
 retry_max_backoff_s = 0.5
@@ -173,14 +182,18 @@ class FaultEnv:
 
 
 @contextlib.asynccontextmanager
-async def fault_env(tmp_path: Path, plan: FaultPlan) -> AsyncIterator[FaultEnv]:
+async def fault_env(
+    tmp_path: Path, plan: FaultPlan, redis_url: str = "", partitioned: bool = False
+) -> AsyncIterator[FaultEnv]:
     """A fresh nats-server (its consumer gets this test's ack_wait), the simulator as the
     target, scheduler + leaser + sink in process; stops everything, workers first."""
     nats = EmbeddedNats(tmp_path / "nats")
     await asyncio.to_thread(nats.start)
     try:
         async with TargetSimulator(SimulatorConfig()) as sim:
-            config = _write_config(tmp_path / "jetfleet.toml", nats.url, sim.base_url)
+            config = _write_config(
+                tmp_path / "jetfleet.toml", nats.url, sim.base_url, redis_url, partitioned
+            )
             settings = load_settings(config, {})
             stack = InProcessStack(settings)
             fleet = WorkerFleet(tmp_path / "fleet", config, plan)
@@ -232,13 +245,19 @@ def _assert_once_each(jobs: list[Job], records: list[Any]) -> float:
     return len(records) / len(ids)
 
 
+@pytest.mark.parametrize("lanes", ["dedicated", "partitioned"])
 async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
     tmp_path: Path,
+    redis_url: str,
+    redis_client: aioredis.Redis,  # flushed: no places left from earlier tests
+    lanes: str,
 ) -> None:
     jobs_n, workers_n, kills_n = 2000, 3, 8
     plan = FaultPlan(stall_per_mille=20, drop_ack_per_mille=25, stall_s=STALL_S)
     began = time.monotonic()
-    async with fault_env(tmp_path, plan) as env:
+    partitioned = lanes == "partitioned"
+    async with fault_env(tmp_path, plan, redis_url, partitioned) as env:
+        assert LaneMap(env.settings).lane_of(TARGET).shared == partitioned
         fleet = env.fleet
         for _ in range(workers_n):
             fleet.spawn()
