@@ -206,7 +206,8 @@ class Worker:
                     if await self._wait_for_slot(slots, tier):
                         self._spawn(self._run_and_release(msg, lane, tier))
                     else:
-                        await msg.nak()  # every slot stays busy: hand it to another worker
+                        # Every slot stays busy: hand it to another worker at once.
+                        await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
             except Exception:  # keep pulling through reconnects and leader changes
                 log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
                 sub = None
@@ -253,7 +254,9 @@ class Worker:
             await waiting  # TierSlots gives the slot back if it was granted meanwhile
         return False
 
-    async def _hand_back(self, msg: Msg, target: str, reason: str, delay: float) -> None:
+    async def _hand_back(
+        self, msg: Msg, target: str, reason: str, delay: float | None = None
+    ) -> None:
         """Give a job back unrun (no lease held, nothing spent), and count it: a target
         whose jobs keep coming back shows on ``/metrics``."""
         self.hand_backs.inc(worker=self.worker_id, target=target, reason=reason)
