@@ -156,8 +156,12 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         await _ensure_bucket(js, bucket, ttl, settings)
     await _remove_pre_tier_consumers(js, settings)
     configs = consumer_configs(settings)
-    await _follow_lane_changes(js, [c for s, c in configs if s == subjects.STREAM_WORK])
+    work = [c for s, c in configs if s == subjects.STREAM_WORK]
+    lane_drifts, held_back = await _follow_lane_changes(js, work, apply=update)
+    drifts += lane_drifts
     for stream, config in configs:
+        if config.durable_name in held_back:
+            continue
         drifts += await _ensure_consumer(js, stream, config, update)
     for drift in drifts:
         log.warning("topology drift %s%s", drift, " (updated)" if update else "")
@@ -199,33 +203,57 @@ async def _live_consumers(js: JetStreamContext, stream: str) -> list[js_api.Cons
             return found
 
 
-async def _follow_lane_changes(js: JetStreamContext, declared: list[js_api.ConsumerConfig]) -> None:
-    """Make room for the declared work consumers when targets moved between lanes.
+async def _follow_lane_changes(
+    js: JetStreamContext, declared: list[js_api.ConsumerConfig], apply: bool
+) -> tuple[list[Drift], set[str]]:
+    """Find (and with ``apply``, make room for) targets that moved between lanes.
 
-    A WorkQueue stream refuses two consumers that take the same subject, so a consumer
-    that takes a subject now declared for another lane is deleted (a target that became
-    partitioned, or a partition whose members changed). A lane whose members changed is
-    deleted and made again rather than updated: a consumer whose filters are widened does
-    not go back for the older messages of the new subject, which would be stranded. Jobs
-    held through a deleted consumer are delivered again through the new one; their leases
-    keep them from running twice (docs/topology.md).
+    A WorkQueue stream refuses two consumers that take the same subject, so a live work
+    consumer that takes a subject now declared for another lane must go (a target that
+    became partitioned, or a partition whose members changed). A lane whose members
+    changed is deleted and made again rather than updated: a consumer whose filters are
+    widened does not go back for the older messages of the new subject, which would be
+    stranded. Jobs held through a deleted consumer are delivered again through the new
+    one; their leases keep them from running twice (docs/topology.md).
+
+    Without ``apply`` nothing changes: each such consumer is a drift, and the declared
+    consumers that would clash with it are not created (``jetfleet topology apply``
+    moves the lanes). Returns the drifts and the declared consumers left alone.
     """
-    wanted = {c.durable_name: _filter_set(c) for c in declared}
+    wanted = {str(c.durable_name): _filter_set(c) for c in declared}
     claimed = {subject: name for name, subs in wanted.items() for subject in subs}
+    drifts: list[Drift] = []
+    held_back: set[str] = set()
     for info in await _live_consumers(js, subjects.STREAM_WORK):
         name = info.name
         live = _filter_set(info.config)
         if name in wanted and live == wanted[name]:
             continue
-        if name in wanted or any(claimed.get(s, name) != name for s in live):
-            await js.delete_consumer(subjects.STREAM_WORK, name)
-            log.warning(
-                "work consumer %s took %s, now declared %s: removed, to be made again; "
-                "its jobs are delivered through the declared lanes",
-                name,
+        clashes = {claimed[s] for s in live if claimed.get(s, name) != name}
+        if name not in wanted and not clashes:
+            continue  # a lane of targets no longer declared: left alone (docs/topology.md)
+        declared_filters = sorted(wanted[name]) if name in wanted else "(none: removed)"
+        drifts.append(
+            Drift(
+                f"consumer {subjects.STREAM_WORK}/{name}",
+                "filter_subjects",
                 sorted(live),
-                sorted(wanted.get(name, ())) or "for other lanes",
+                declared_filters,
             )
+        )
+        if apply:
+            await js.delete_consumer(subjects.STREAM_WORK, name)
+        else:
+            held_back |= clashes | ({name} if name in wanted else set())
+    if drifts and not apply:
+        log.warning(
+            "targets moved between work lanes; their consumers are unchanged and %d "
+            "declared consumer(s) are not made until `jetfleet topology apply` moves them "
+            "(jobs wait in %s meanwhile)",
+            len(held_back),
+            subjects.STREAM_WORK,
+        )
+    return drifts, held_back
 
 
 async def _ensure_stream(

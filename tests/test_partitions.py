@@ -263,8 +263,8 @@ async def test_queued_jobs_follow_their_target_when_it_moves_between_lanes(
         await wait_for(lambda: _queued(stack, 30), 30, "30 jobs queued")
         await stack.stop()
 
-        # Now both are partitioned, with a new target beside them: their dedicated
-        # consumers go, the partition is made, and the queued jobs are delivered through it.
+        # Now both are partitioned, with a new target beside them. A service starting
+        # with the new settings changes nothing and reports the move as drift...
         second = fleet_of(
             nats_url,
             redis_url,
@@ -273,8 +273,19 @@ async def test_queued_jobs_follow_their_target_when_it_moves_between_lanes(
             dedicated_targets=0,
             target_partitions=1,
         )
+        before = await _work_consumers(nc)
         stack = InProcessStack(second)
         await stack.start(workers=0)
+        assert await _work_consumers(nc) == before
+        drifts = await declare(nc.jetstream(), second)
+        assert {d.what for d in drifts} == {
+            f"consumer JF_WORK/work-{t}-{tier}"
+            for t in ("alpha", "beta")
+            for tier in subjects.TIERS
+        }
+        # ...until the operator applies it (`jetfleet topology apply`): the dedicated
+        # consumers go, the partition is made, and the queued jobs go through it.
+        await declare(nc.jetstream(), second, update=True)
         assert await _work_consumers(nc) == _expected(second)
         await _submit_plain(nc, second, "gamma", 15, "before")
         await stack.add_worker("w-0")
@@ -292,6 +303,7 @@ async def test_queued_jobs_follow_their_target_when_it_moves_between_lanes(
         await wait_for(lambda: _queued(stack, 30), 30, "30 more jobs queued")
         await stack.stop()
         third = fleet_of(nats_url, redis_url, base, ["alpha", "beta", "gamma"], dedicated_targets=3)
+        await declare(nc.jetstream(), third, update=True)
         stack = InProcessStack(third)
         await stack.start(workers=1)
         assert await _work_consumers(nc) == _expected(third)
@@ -343,7 +355,12 @@ async def test_a_partition_consumer_is_made_again_when_its_members_change(
     try:
         await declare(js, before)
         made = await js.consumer_info(subjects.STREAM_WORK, "work-P0-normal")
-        await declare(js, after)
+        # A plain declare (any service's start) reports the change and leaves it.
+        drifts = await declare(js, after)
+        assert "consumer JF_WORK/work-P0-normal: filter_subjects is" in "\n".join(map(str, drifts))
+        unchanged = await js.consumer_info(subjects.STREAM_WORK, "work-P0-normal")
+        assert unchanged.created == made.created
+        await declare(js, after, update=True)  # jetfleet topology apply
         remade = await js.consumer_info(subjects.STREAM_WORK, "work-P0-normal")
         assert set(remade.config.filter_subjects or []) == {
             subjects.work(n, "normal") for n in [*names, "late"]
