@@ -54,7 +54,7 @@ def _write_config(
 ) -> Path:
     handlers = ", ".join(f'"{h}"' for h in TEST_HANDLERS)
     # Partitioned: the target shares a hashed partition's consumers and the leaser caps it
-    # through Redis; the lease is also released after each ack.
+    # through Redis; the sink frees each place when it commits.
     lanes = "dedicated_targets = 0\n" if partitioned else ""
     redis = f'[redis]\nurl = "{redis_url}"\n\n' if redis_url else ""
     path.write_text(f"""\

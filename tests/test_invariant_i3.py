@@ -72,7 +72,7 @@ def _write_config(
     path: Path, nats_url: str, base_url: str, redis_url: str, partitioned: bool
 ) -> Path:
     # Partitioned: the target shares a hashed partition's consumers, and the leaser caps
-    # it through Redis (places taken, renewed, released after the ack, or expired).
+    # it through Redis (places taken, renewed, freed by the sink or a release, or expired).
     lanes = "dedicated_targets = 0\n" if partitioned else ""
     path.write_text(f"""\
 [nats]

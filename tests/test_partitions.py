@@ -237,8 +237,8 @@ async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commi
         )
         assert handed_back == busy  # every refusal shows on the workers' /metrics
 
-        # Every place is given back (just after each ack), not left to expire with its
-        # lease (20 s here): the next jobs find the target empty.
+        # Every place is freed when its job settles (by the sink), not left to expire with
+        # its lease (20 s here): the next jobs find the target empty.
         async def places_freed() -> bool:
             return all([await redis_client.zcard(f"jf:inflight:{n}") == 0 for n in names])
 

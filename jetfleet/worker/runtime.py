@@ -515,12 +515,6 @@ class Worker:
             return True
         return await self.leases.release(order.job.id, held.fence, refund=refund)
 
-    def _free_place(self, order: WorkOrder, held: Held) -> None:
-        # In the background: the job is settled, so its slot is free for the next one
-        # while the release travels (drain still waits for it).
-        if self.lane_map.is_shared(order.target):
-            self._spawn(self._give_back(order, held))
-
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
@@ -543,13 +537,11 @@ class Worker:
                 await self._record_duplicate(order, reply.committed_by, "suppressed")
             # The sink confirmed our fence: this is the live delivery. The lease is left to
             # expire by its TTL: the job is gone from the queue, so releasing it would only
-            # cost the leaser a round trip per job. A partitioned target's lease also holds
-            # one of its in-flight places, which must free now.
+            # cost the leaser a round trip per job (a partitioned target's in-flight place
+            # was freed by the sink).
             await msg.ack()
-            self._free_place(order, held)
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
-            self._free_place(order, held)
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)

@@ -13,6 +13,7 @@ from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
+from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -20,8 +21,11 @@ from jetfleet.results import committed_job
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
+from jetfleet.work_lanes import LaneMap
 
 log = logging.getLogger(__name__)
+# Answers after which the job is done for good (the worker acks or terminates it).
+SETTLED = frozenset({"committed", "suppressed:duplicate-key", "dead-lettered"})
 
 _decoder = msgspec.json.Decoder(Report)
 _encoder = msgspec.json.Encoder()
@@ -45,6 +49,8 @@ class Sink:
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
         self.metrics = [self.answers]
+        self.lanes = LaneMap(settings)
+        self.caps: InFlightCaps | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -58,6 +64,8 @@ class Sink:
     async def start(self) -> None:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
+        if any(lane.shared for lane in self.lanes.lanes):
+            self.caps = InFlightCaps.connect(self.settings.redis.url)
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
         )
@@ -71,6 +79,8 @@ class Sink:
             await self._sub.drain()  # type: ignore[no-untyped-call]
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
+        if self.caps is not None:
+            await self.caps.close()
 
     async def _on_report(self, msg: Msg) -> None:
         # Handle each report in its own task so one slow commit does not hold the rest.
@@ -92,13 +102,29 @@ class Sink:
 
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
-            return await commit(self.js, self.store, report, self.policy)
-        if self.policy.leases:
-            # Only the live lease's holder may dead-letter (and so terminate) a job.
-            refusal = await check_fence(self.store, report.order.job.id, report.fence)
-            if refusal is not None:
-                return refusal
-        return await self._dead_letter(report)
+            reply = await commit(self.js, self.store, report, self.policy)
+        else:
+            if self.policy.leases:
+                # Only the live lease's holder may dead-letter (and so terminate) a job.
+                refusal = await check_fence(self.store, report.order.job.id, report.fence)
+                if refusal is not None:
+                    return refusal
+            reply = await self._dead_letter(report)
+        if reply.status in SETTLED:
+            await self._free_place(report.order.target, report.order.job.id)
+        return reply
+
+    async def _free_place(self, target: str, job_id: str) -> None:
+        """A partitioned target's job is settled: free its in-flight place now, rather
+        than when its lease runs out (the lease itself is left to expire, as for every
+        settled job). The check above confirmed the reporter held the live lease, and a
+        settled job is never granted again, so the place is this job's to free."""
+        if self.caps is None or not self.lanes.is_shared(target):
+            return
+        try:
+            await self.caps.drop(target, job_id)
+        except CapsUnavailable as exc:
+            log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
