@@ -89,8 +89,10 @@ class Sink:
         task.add_done_callback(self._inflight.discard)
 
     async def _answer(self, msg: Msg) -> None:
+        report: Success | Failure | None = None
         try:
-            reply = await self._handle(_decoder.decode(msg.data))
+            report = _decoder.decode(msg.data)
+            reply = await self._handle(report)
         except msgspec.MsgspecError as exc:
             reply = SinkReply(status="error", detail=f"malformed report: {exc}")
         except Exception as exc:  # the worker retries; the commit is idempotent
@@ -99,20 +101,19 @@ class Sink:
         self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
         if msg.reply:
             await self.nc.publish(msg.reply, _encoder.encode(reply))
+        if report is not None and reply.status in SETTLED:
+            # After the answer: the worker need not wait for it.
+            await self._free_place(report.order.target, report.order.job.id)
 
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
-            reply = await commit(self.js, self.store, report, self.policy)
-        else:
-            if self.policy.leases:
-                # Only the live lease's holder may dead-letter (and so terminate) a job.
-                refusal = await check_fence(self.store, report.order.job.id, report.fence)
-                if refusal is not None:
-                    return refusal
-            reply = await self._dead_letter(report)
-        if reply.status in SETTLED:
-            await self._free_place(report.order.target, report.order.job.id)
-        return reply
+            return await commit(self.js, self.store, report, self.policy)
+        if self.policy.leases:
+            # Only the live lease's holder may dead-letter (and so terminate) a job.
+            refusal = await check_fence(self.store, report.order.job.id, report.fence)
+            if refusal is not None:
+                return refusal
+        return await self._dead_letter(report)
 
     async def _free_place(self, target: str, job_id: str) -> None:
         """A partitioned target's job is settled: free its in-flight place now, rather
