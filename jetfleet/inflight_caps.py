@@ -3,10 +3,12 @@
 A target with consumers of its own is capped by the server (``max_ack_pending``). A
 partitioned target shares its consumers, so the leaser caps it: one sorted set per
 target, ``jf:inflight:<target>``, holding the job ids with a live lease, each scored by
-when that lease runs out by Redis's clock. Taking, keeping and dropping a place are
-single Lua scripts, so any number of leaser replicas agree. Entries expire with their
-lease, so a worker that dies frees its places by itself; losing Redis loses only the
-counts, and the leaser refuses (fails closed) while Redis is unreachable.
+when that lease runs out by Redis's clock. Taking and keeping a place are Lua scripts and
+dropping one is a ZREM, each atomic, so any number of leaser and sink replicas agree.
+The leaser takes and keeps places and drops them on release or revoke; the sink drops a
+job's place when it settles the job. Entries expire with their lease, so a worker that
+dies frees its places by itself; losing Redis loses only the counts, and the leaser
+refuses (fails closed) while Redis is unreachable.
 """
 
 from __future__ import annotations
@@ -22,8 +24,7 @@ KEY_PREFIX = "jf:inflight:"
 # Connections one leaser keeps to Redis; each call holds one for a single round trip.
 POOL_SIZE = 32
 
-# The key itself expires once idle (twice the longest lease seen); its expiry only ever
-# grows, so a shorter lease cannot take other jobs' places with it.
+# Every script first drops the places whose lease ran out, by Redis's clock.
 _NOW_MS = """
 redis.replicate_commands()
 local t = redis.call('TIME')
@@ -32,6 +33,8 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 """
 
 # ARGV: job id, cap, ttl in ms. 1 when the job holds a place, 0 when the target is full.
+# The key itself expires once idle (twice the longest lease seen); its expiry only ever
+# grows, so a shorter lease cannot take other jobs' places with it.
 _TAKE = (
     _NOW_MS
     + """
