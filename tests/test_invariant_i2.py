@@ -21,24 +21,15 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NatsClient
 
-import jetfleet
 from jetfleet import subjects
-from jetfleet.admission import admit
-from jetfleet.client import jobs_for, new_job_id, resolve_url, submit_jobs
+from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
 from jetfleet.schemas import (
     CommittedResult,
     DataOutput,
-    Job,
-    LeaseGrant,
-    LeaseRequest,
-    NoopOutput,
     Outcome,
-    SinkReply,
-    Success,
-    Versions,
     WorkOrder,
 )
 from jetfleet.settings import Settings, load_settings
@@ -46,13 +37,13 @@ from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.leasing import grant_fence, order_for, report
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
 
 TTL_S = 2.0
 ACK_WAIT_S = 4.0
-VERSIONS = Versions(jetfleet=jetfleet.__version__, handler="noop@1")
 REPO = Path(__file__).resolve().parents[1]
 _encoder = msgspec.json.Encoder()
 
@@ -71,41 +62,8 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
     )
 
 
-def order_for(settings: Settings, path: str) -> WorkOrder:
-    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", path), handler="noop")
-    order = admit(subjects.submit("demo"), _encoder.encode(job), settings)
-    assert isinstance(order, WorkOrder), order
-    return order
-
-
-async def grant(client: LeaseClient, order: WorkOrder, worker: str) -> int:
-    reply = await client.grant(
-        LeaseRequest(
-            job_id=order.job.id,
-            target=order.target,
-            key=order.key,
-            worker=worker,
-            versions=VERSIONS,
-        )
-    )
-    assert isinstance(reply, LeaseGrant), reply
-    return reply.fence
-
-
 async def commit(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> str:
-    success = Success(
-        order=order,
-        worker=worker,
-        attempt=1,
-        duration_s=0.01,
-        output=NoopOutput(),
-        versions=VERSIONS,
-        fence=fence,
-    )
-    answer = await nc.request(
-        subjects.sink_report(order.target), _encoder.encode(success), timeout=5.0
-    )
-    return msgspec.json.decode(answer.data, type=SinkReply).status
+    return (await report(nc, order, fence, worker)).status
 
 
 async def results_for(nc: NatsClient, key: str) -> list[CommittedResult]:
@@ -126,9 +84,9 @@ async def test_I2_a_stale_fence_commit_is_rejected_whatever_the_order_of_arrival
 
     # Case 1: A's lease is released, B is granted; B commits first, then A.
     order = order_for(settings, "/page/1")
-    f1 = await grant(client, order, "A")
+    f1 = await grant_fence(client, order, "A")
     assert await client.release(order.job.id, f1) is True
-    f2 = await grant(client, order, "B")
+    f2 = await grant_fence(client, order, "B")
     assert f2 > f1
     assert await commit(nc, order, f2, "B") == "committed"
     assert await commit(nc, order, f1, "A") == "rejected:fenced-out"
@@ -138,9 +96,9 @@ async def test_I2_a_stale_fence_commit_is_rejected_whatever_the_order_of_arrival
     # Case 2: A's lease expires by the server's clock, B is granted; A commits first:
     # rejected although nothing is committed yet. Then B commits.
     order = order_for(settings, "/page/2")
-    f1 = await grant(client, order, "A")
+    f1 = await grant_fence(client, order, "A")
     await lease_gone(store, order.job.id)
-    f2 = await grant(client, order, "B")
+    f2 = await grant_fence(client, order, "B")
     assert f2 > f1
     assert await commit(nc, order, f1, "A") == "rejected:fenced-out"
     assert await results_for(nc, order.key) == []
@@ -161,7 +119,7 @@ async def test_I2_fences_only_grow_across_jobs_and_grants(
     last: dict[str, int] = {}
     for round_no in range(3):
         for n, order in enumerate(orders):
-            fence = await grant(client, order, f"w-{(n + round_no) % 3}")
+            fence = await grant_fence(client, order, f"w-{(n + round_no) % 3}")
             issued.append(fence)
             last[order.job.id] = fence
             if n % 2:  # renewals in between must not disturb the order
@@ -171,7 +129,7 @@ async def test_I2_fences_only_grow_across_jobs_and_grants(
     assert all(a < b for a, b in itertools.pairwise(issued)), issued
 
     # Grants made at the same time are all distinct and above everything before them.
-    concurrent = await asyncio.gather(*(grant(client, order, "w-c") for order in orders))
+    concurrent = await asyncio.gather(*(grant_fence(client, order, "w-c") for order in orders))
     assert len(set(concurrent)) == len(orders)
     assert min(concurrent) > max(issued)
 
@@ -186,7 +144,7 @@ async def test_I2_a_commit_after_server_side_expiry_is_rejected(
     client = LeaseClient(nc)
     order = order_for(settings, "/page/3")
     loop = asyncio.get_running_loop()
-    fence = await grant(client, order, "A")
+    fence = await grant_fence(client, order, "A")
     granted_at = loop.time()
     await lease_gone(store, order.job.id)  # never renewed
     assert loop.time() - granted_at >= TTL_S / 2
@@ -197,7 +155,7 @@ async def test_I2_a_commit_after_server_side_expiry_is_rejected(
     assert await results_for(nc, order.key) == []
 
     # The job can be granted again, and the expired holder stays fenced out.
-    f2 = await grant(client, order, "B")
+    f2 = await grant_fence(client, order, "B")
     assert f2 > fence
     assert await commit(nc, order, fence, "A") == "rejected:fenced-out"
     assert await commit(nc, order, f2, "B") == "committed"

@@ -15,7 +15,6 @@ from nats.aio.client import Client as NatsClient
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import FetchTimeoutError
 
-import jetfleet
 from jetfleet import subjects
 from jetfleet.admission import admit
 from jetfleet.client import new_job_id, resolve_url
@@ -32,9 +31,6 @@ from jetfleet.schemas import (
     LeaseReply,
     LeaseRequest,
     NoopOutput,
-    SinkReply,
-    Success,
-    Versions,
     WorkOrder,
 )
 from jetfleet.schemas.lease import (
@@ -51,12 +47,12 @@ from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.leasing import ask, granted, order_for, refused, report
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
 
 TTL_S = 2.0
-VERSIONS = Versions(jetfleet=jetfleet.__version__, handler="noop@1")
 _encoder = msgspec.json.Encoder()
 
 
@@ -73,68 +69,6 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
         ack_wait_s=30.0,
         handlers=("test.hold",),
     )
-
-
-def order_for(settings: Settings, path: str, target: str = "demo", **fields: object) -> WorkOrder:
-    job = msgspec.convert(
-        {
-            "id": new_job_id(),
-            "url": resolve_url(settings, target, path),
-            "handler": "noop",
-            **fields,
-        },
-        Job,
-    )
-    order = admit(subjects.submit(target), _encoder.encode(job), settings)
-    assert isinstance(order, WorkOrder), order
-    return order
-
-
-def ask(
-    order: WorkOrder,
-    worker: str = "w-a",
-    identity: str = "",
-    reply_subject: str = "",
-    job_id: str | None = None,
-) -> LeaseRequest:
-    return LeaseRequest(
-        job_id=job_id or order.job.id,
-        target=order.target,
-        key=order.key,
-        worker=worker,
-        versions=VERSIONS,
-        identity=identity,
-        reply_subject=reply_subject,
-        pin_identity=order.job.pin_identity,
-    )
-
-
-async def granted(client: LeaseClient, request: LeaseRequest) -> LeaseGrant:
-    reply = await client.grant(request)
-    assert isinstance(reply, LeaseGrant), reply
-    return reply
-
-
-async def refused(client: LeaseClient, request: LeaseRequest) -> LeaseRefusal:
-    reply = await client.grant(request)
-    assert isinstance(reply, LeaseRefusal), reply
-    return reply
-
-
-async def report(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> SinkReply:
-    success = Success(
-        order=order,
-        worker=worker,
-        attempt=1,
-        duration_s=0.01,
-        output=NoopOutput(),
-        versions=VERSIONS,
-        fence=fence,
-    )
-    answer = await nc.request(
-        subjects.sink_report(order.target), _encoder.encode(success), timeout=5.0
-    )
-    return msgspec.json.decode(answer.data, type=SinkReply)
 
 
 async def quarantine(nc: NatsClient, command: QuarantineCommand) -> QuarantineReply:

@@ -36,9 +36,9 @@ from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
 from jetfleet.work_lanes import PARTITION_HEADROOM, LaneMap, partition_of
 from tests.conftest import make_settings, wait_for
+from tests.leasing import ask, order_for
 from tests.queueing.helpers import TIMED_HANDLER, TIMINGS, committed, queue_settings, target
 from tests.stack import InProcessStack
-from tests.test_leases import ask, order_for
 
 # Distinct pages for every batch: the targets share one simulator, and the same URL is
 # the same work (one idempotency key).
