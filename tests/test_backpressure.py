@@ -21,7 +21,6 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.schemas import Job, Outcome
 from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
@@ -30,7 +29,7 @@ from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import read_stream
 from jetfleet.worker import Worker
 from tests.conftest import wait_for
-from tests.queueing.helpers import committed, dead, delivered, queue_settings, target
+from tests.queueing.helpers import committed, dead, delivered, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
 HELD, OPEN = "held", "open"
@@ -55,13 +54,7 @@ class BackpressureEnv:
         return self.stack.workers[0]
 
     async def submit(self, target_name: str, paths: list[str], prefix: str) -> list[Job]:
-        jobs = [
-            Job(id=f"{prefix}-{n}", url=resolve_url(self.settings, target_name, path))
-            for n, path in enumerate(paths)
-        ]
-        results = await submit_jobs(self.js, self.settings, target_name, jobs)
-        assert all(r.published and r.rejection is None for r in results), results[:3]
-        return jobs
+        return await submit_paths(self.js, self.settings, target_name, paths, prefix)
 
     async def outcomes(self, target_name: str) -> list[Outcome]:
         decoder = msgspec.json.Decoder(Outcome)

@@ -23,14 +23,13 @@ from dataclasses import dataclass
 import pytest
 from nats.js import JetStreamContext
 
-from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.schemas import Job
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.work_lanes import LaneMap, partition_of
 from tests.conftest import wait_for
-from tests.queueing.helpers import committed, queue_settings, target
+from tests.queueing.helpers import committed, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
 HEALTHY, HANGING = "healthy", "hanging"
@@ -50,13 +49,7 @@ class IsolationEnv:
     hanging: TargetSimulator
 
     async def submit(self, target_name: str, paths: list[str], prefix: str) -> list[Job]:
-        jobs = [
-            Job(id=f"{prefix}-{n}", url=resolve_url(self.settings, target_name, path))
-            for n, path in enumerate(paths)
-        ]
-        results = await submit_jobs(self.js, self.settings, target_name, jobs)
-        assert all(r.published and r.rejection is None for r in results), results[:3]
-        return jobs
+        return await submit_paths(self.js, self.settings, target_name, paths, prefix)
 
     async def time_to_commit(
         self, count: int, prefix: str, first_page: int, budget_s: float

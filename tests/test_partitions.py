@@ -22,7 +22,6 @@ from nats.js import api as js_api
 
 import jetfleet.cli.main as cli_main
 from jetfleet import subjects
-from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.embedded import free_port
 from jetfleet.errors import ConfigError
@@ -37,7 +36,14 @@ from jetfleet.topology import declare
 from jetfleet.work_lanes import PARTITION_HEADROOM, LaneMap, partition_of
 from tests.conftest import make_settings, wait_for
 from tests.leasing import ask, order_for
-from tests.queueing.helpers import TIMED_HANDLER, TIMINGS, committed, queue_settings, target
+from tests.queueing.helpers import (
+    TIMED_HANDLER,
+    TIMINGS,
+    committed,
+    queue_settings,
+    submit_paths,
+    target,
+)
 from tests.stack import InProcessStack
 
 # Distinct pages for every batch: the targets share one simulator, and the same URL is
@@ -154,17 +160,8 @@ async def _submit(
 ) -> list[Job]:
     # Distinct pages per target: the targets share one simulator, and the same URL is
     # the same work (one idempotency key).
-    jobs = [
-        Job(
-            id=f"{name}-{n}",
-            url=resolve_url(settings, name, f"/page/{first_page + n}"),
-            handler=TIMED_HANDLER,
-        )
-        for n in range(count)
-    ]
-    results = await submit_jobs(nc.jetstream(), settings, name, jobs)
-    assert all(r.published and r.rejection is None for r in results), results[:3]
-    return jobs
+    paths = [f"/page/{first_page + n}" for n in range(count)]
+    return await submit_paths(nc.jetstream(), settings, name, paths, name, handler=TIMED_HANDLER)
 
 
 async def _all_committed(nc: NatsClient, names: list[str], each: int) -> bool:
@@ -323,12 +320,8 @@ async def _submit_plain(
     nc: NatsClient, settings: Settings, name: str, count: int, prefix: str
 ) -> None:
     first = next(_PAGES) * 1000
-    jobs = [
-        Job(id=f"{prefix}-{name}-{n}", url=resolve_url(settings, name, f"/page/{first + n}"))
-        for n in range(count)
-    ]
-    results = await submit_jobs(nc.jetstream(), settings, name, jobs)
-    assert all(r.published and r.rejection is None for r in results), results[:3]
+    paths = [f"/page/{first + n}" for n in range(count)]
+    await submit_paths(nc.jetstream(), settings, name, paths, f"{prefix}-{name}")
 
 
 async def _queued(stack: InProcessStack, count: int) -> bool:

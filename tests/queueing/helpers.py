@@ -15,7 +15,8 @@ import msgspec
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.schemas import HandlerOutput
+from jetfleet.client import resolve_url, submit_jobs
+from jetfleet.schemas import HandlerOutput, Job
 from jetfleet.settings import Settings, TargetSettings, WorkerSettings
 from jetfleet.status import count_messages
 from jetfleet.worker import HandlerContext, handler
@@ -122,3 +123,25 @@ async def delivered(js: JetStreamContext, target_name: str) -> int:
         )
         total += info.delivered.consumer_seq or 0
     return total
+
+
+async def submit_paths(
+    js: JetStreamContext,
+    settings: Settings,
+    target_name: str,
+    paths: list[str],
+    prefix: str,
+    **fields: object,
+) -> list[Job]:
+    """One job per path (ids ``<prefix>-<n>``, with ``fields``), submitted; fails the test
+    unless every one is published and admitted."""
+    jobs = [
+        msgspec.convert(
+            {"id": f"{prefix}-{n}", "url": resolve_url(settings, target_name, path), **fields},
+            Job,
+        )
+        for n, path in enumerate(paths)
+    ]
+    results = await submit_jobs(js, settings, target_name, jobs)
+    assert all(r.published and r.rejection is None for r in results), results[:3]
+    return jobs
