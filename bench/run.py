@@ -46,6 +46,8 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # bench/ is not a package: its modules import each other flat
     sys.path.insert(0, str(HERE))
 
+from harness import fmt_table  # noqa: E402
+
 DEFAULT_SCENARIOS = ("jetfleet-noop", "jetfleet-http", "arq-noop", "arq-noop-tuned")
 SCENARIOS = (*DEFAULT_SCENARIOS, "jetfleet-noop-nolease")
 DEFAULT_JOBS = {
@@ -236,20 +238,7 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     rows.append(("stopped waiting because", lambda r: r.get("stop_reason")))
     rows.append(("error", lambda r: r.get("error")))
     cells = [[label] + [_fmt(get(results[n])) for n in names] for label, get in rows]
-    header = ["figure", *names]
-    widths = [max(len(str(row[i])) for row in [header, *cells]) for i in range(len(header))]
-    lines = [
-        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)),
-        "  ".join("-" * w for w in widths),
-    ]
-    for row in cells:
-        lines.append(
-            "  ".join(
-                [row[0].ljust(widths[0])]
-                + [c.rjust(w) for c, w in zip(row[1:], widths[1:], strict=True)]
-            )
-        )
-    return "\n".join(lines)
+    return fmt_table(["figure", *names], cells)
 
 
 def _json_safe(value: Any) -> Any:
