@@ -52,6 +52,7 @@ from harness import (  # noqa: E402
     stop_stack,
     summary,
     timed_calls,
+    wait_until_done,
     write_config,
 )
 from stats import latency_summary, process_usage, scan_logs  # noqa: E402
@@ -407,16 +408,13 @@ async def run_e2e(jobs: int, workers: int, keep: bool) -> dict[str, Any]:
             first = time.monotonic()
             await asyncio.wait_for(asyncio.gather(*(submit_one(j) for j in batch)), TIMEOUT_S)
             submit_s = time.monotonic() - first
-            deadline = first + TIMEOUT_S
-            stop = "all arrived"
-            while sum(1 for j in submitted if j in arrived) < count:
-                if time.monotonic() > deadline:
-                    stop = "timeout"
-                    break
-                if stack.dead_children():
-                    stop = "a child died"
-                    break
-                await asyncio.sleep(0.05)
+            stop = await wait_until_done(
+                stack,
+                # Awaited at once, inside this iteration: the loop variables are current.
+                lambda: sum(1 for j in submitted if j in arrived) >= count,  # noqa: B023
+                first + TIMEOUT_S,
+                "all arrived",
+            )
             cpu1 = {k: (process_usage(v) or {}).get("cpu_s", 0.0) for k, v in pids().items()}
             done = [j for j in submitted if j in arrived]
             last = max((arrived[j] for j in done), default=time.monotonic())

@@ -187,6 +187,20 @@ def counting_problems() -> Any:
         root.removeHandler(counter)
 
 
+async def wait_until_done(
+    stack: Any, done: Callable[[], bool], deadline: float, done_reason: str
+) -> str:
+    """Poll ``done`` (the bench's own counters) until it holds, a child of ``stack`` dies
+    or the monotonic ``deadline`` passes; returns why it stopped waiting."""
+    while not done():
+        if time.monotonic() > deadline:
+            return "timeout"
+        if stack.dead_children():
+            return "a child died"
+        await asyncio.sleep(0.05)
+    return done_reason
+
+
 def fmt_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A plain aligned text table (numbers right-aligned, one decimal)."""
 

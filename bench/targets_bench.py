@@ -58,7 +58,7 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import msgspec  # noqa: E402
-from harness import fmt_table, run_with_tree  # noqa: E402
+from harness import fmt_table, run_with_tree, wait_until_done  # noqa: E402
 from jetfleet_bench import _decode_head, _wait_ready  # noqa: E402
 from stats import latency_summary, process_usage, scan_logs  # noqa: E402
 
@@ -316,14 +316,10 @@ async def run_case(
         except TimeoutError:
             stop = "timeout while submitting"
         submit_s = time.monotonic() - first
-        while stop == "all committed" and len(arrived) < total:
-            if time.monotonic() > first + run_timeout_s:
-                stop = "timeout"
-                break
-            if stack.dead_children():
-                stop = "a child died"
-                break
-            await asyncio.sleep(0.05)
+        if stop == "all committed":
+            stop = await wait_until_done(
+                stack, lambda: len(arrived) >= total, first + run_timeout_s, stop
+            )
         ur1 = _usage(pids)
         run_s = time.monotonic() - first
         await asyncio.sleep(0.5)
