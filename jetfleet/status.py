@@ -15,7 +15,8 @@ from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.dead_letters import purged_counts
-from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
+from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.partition_places import PartitionPlaces
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap
 
@@ -81,7 +82,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(declared, lambda t: count_messages(js, subjects.STREAM_RESULTS, subjects.results(t))),
         _each(declared, lambda t: count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))),
         _each(dedicated, lambda t: _leased(js, t)),
-        _shared_leased(settings, lanes),
+        _shared_leased(settings),
     )
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
@@ -184,20 +185,17 @@ async def _leased(js: JetStreamContext, target: str) -> int:
     return leased
 
 
-async def _shared_leased(settings: Settings, lanes: LaneMap) -> dict[str, int]:
+async def _shared_leased(settings: Settings) -> dict[str, int]:
     """Leased jobs of each partitioned target: its places under the in-flight cap (a
     shared consumer's unacked count cannot be split by target). Unknown while Redis is
     unreachable: then they count as queued, and the total still adds up."""
-    shared = [t for lane in lanes.lanes if lane.shared for t in lane.targets]
-    if not shared:
-        return {}
-    caps = InFlightCaps.connect(settings.redis.url)
+    places = PartitionPlaces(settings)
     try:
-        return await caps.counts(shared)
+        return await places.counts()
     except CapsUnavailable:
-        return dict.fromkeys(shared, 0)
+        return dict.fromkeys(places.targets, 0)
     finally:
-        await caps.close()
+        await places.close()
 
 
 async def _admitting(js: JetStreamContext) -> int:

@@ -19,12 +19,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
-from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
+from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.partition_places import PartitionPlaces
 from jetfleet.results import committed_job
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
-from jetfleet.work_lanes import LaneMap
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
 # worker never holds off longer than this, whatever the quarantine's duration.
@@ -42,9 +42,7 @@ class GrantContext:
     settings: Settings
     js: JetStreamContext
     quarantine: QuarantineBook
-    lanes: LaneMap
-    caps: InFlightCaps | None
-    ttl_s: float
+    places: PartitionPlaces
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -102,11 +100,11 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     of its ``max_in_flight`` places (in Redis), or refuse. Last, so a place is only taken
     for a grant nothing else objects to."""
     req = ctx.request
-    if ctx.caps is None or not ctx.lanes.is_shared(req.target):
+    if not ctx.places.applies(req.target):
         return None
     cap = ctx.settings.targets[req.target].max_in_flight
     try:
-        if await ctx.caps.take(req.target, req.job_id, cap, ctx.ttl_s):
+        if await ctx.places.take(req.target, req.job_id, cap):
             return None
     except CapsUnavailable as exc:
         return LeaseRefusal(

@@ -15,9 +15,9 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
-from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.lease_store import HistoryEntry, LeaseStore
 from jetfleet.metrics import CounterFamily
+from jetfleet.partition_places import PartitionPlaces
 from jetfleet.schemas.lease import (
     LeaseCall,
     LeaseGrant,
@@ -37,7 +37,6 @@ from jetfleet.schemas.lease import (
 from jetfleet.services.leaser.checks import GrantContext, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
-from jetfleet.work_lanes import LaneMap
 
 log = logging.getLogger(__name__)
 
@@ -64,25 +63,21 @@ class Leaser:
             "Grant answers by answer (granted, refused, already-done), reason, target, worker",
         )
         self.metrics = [self.answers]
-        self.lanes = LaneMap(settings)
-        self.caps: InFlightCaps | None = None
 
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
-        shared = [t for lane in self.lanes.lanes if lane.shared for t in lane.targets]
-        if shared:
-            self.caps = InFlightCaps.connect(self.settings.redis.url)
-            if not await self.caps.reachable():
-                # Not fatal (Redis may come up later), but say it loudly: until then every
-                # grant for these targets is refused (caps-unavailable).
-                log.warning(
-                    "redis at %s does not answer: the %d partitioned targets (beyond "
-                    "fleet.dedicated_targets = %d) get no lease until it does",
-                    self.settings.redis.url,
-                    len(shared),
-                    self.settings.fleet.dedicated_targets,
-                )
+        self.places = PartitionPlaces(self.settings)
+        if not await self.places.reachable():
+            # Not fatal (Redis may come up later), but say it loudly: until then every
+            # grant for these targets is refused (caps-unavailable).
+            log.warning(
+                "redis at %s does not answer: the %d partitioned targets (beyond "
+                "fleet.dedicated_targets = %d) get no lease until it does",
+                self.settings.redis.url,
+                len(self.places.targets),
+                self.settings.fleet.dedicated_targets,
+            )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
         for subject, handler in (
@@ -104,8 +99,7 @@ class Leaser:
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
         await self.quarantine.stop()
-        if self.caps is not None:
-            await self.caps.close()
+        await self.places.close()
 
     def _spawner(
         self, handler: Callable[[Msg], Coroutine[Any, Any, None]]
@@ -138,35 +132,16 @@ class Leaser:
         if isinstance(call, LeaseRenew):
             record = await self.store.renew(call.job_id, call.fence, self.ttl_s)
             if record is not None:
-                await self._keep_place(record)
+                await self.places.keep(record.target, record.job_id)
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
             return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
-            await self._drop_place(record)
+            await self.places.free(record.target, record.job_id)
             if call.refund:
                 await self.store.refund_grant(call.job_id)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
-
-    async def _keep_place(self, record: LeaseRecord) -> None:
-        if self.caps is None or not self.lanes.is_shared(record.target):
-            return
-        try:
-            await self.caps.keep(record.target, record.job_id, self.ttl_s)
-        except CapsUnavailable as exc:
-            # The lease itself was renewed: the job goes on; only the count may lag.
-            log.warning("could not extend %s's place under its cap: %s", record.job_id, exc)
-
-    async def _drop_place(self, record: LeaseRecord) -> None:
-        if self.caps is None or not self.lanes.is_shared(record.target):
-            return
-        try:
-            await self.caps.drop(record.target, record.job_id)
-        except CapsUnavailable as exc:
-            log.warning(
-                "could not free %s's place (it expires with the lease): %s", record.job_id, exc
-            )
 
     def _count(self, request: LeaseRequest, reply: LeaseReply) -> None:
         answer = {LeaseGrant: "granted", LeaseRefusal: "refused"}.get(type(reply), "already-done")
@@ -175,9 +150,7 @@ class Leaser:
 
     async def grant(self, request: LeaseRequest) -> LeaseReply:
         """Run the grant checks in order; grant if none objects and no lease is live."""
-        ctx = GrantContext(
-            request, self.settings, self.js, self.quarantine, self.lanes, self.caps, self.ttl_s
-        )
+        ctx = GrantContext(request, self.settings, self.js, self.quarantine, self.places)
         # The grant count is read while the checks run: one round trip less per grant.
         history = asyncio.create_task(self.store.read_history(request.job_id))
         try:
@@ -276,7 +249,7 @@ class Leaser:
             if record.target != target or holder != name:
                 continue
             if await self.store.revoke(live):
-                await self._drop_place(record)
+                await self.places.free(record.target, record.job_id)
                 if record.reply_subject:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)

@@ -13,15 +13,14 @@ from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
-from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
+from jetfleet.partition_places import PartitionPlaces
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
-from jetfleet.work_lanes import LaneMap
 
 log = logging.getLogger(__name__)
 # Answers after which the job is done for good (the worker acks or terminates it).
@@ -49,8 +48,6 @@ class Sink:
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
         self.metrics = [self.answers]
-        self.lanes = LaneMap(settings)
-        self.caps: InFlightCaps | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -64,8 +61,7 @@ class Sink:
     async def start(self) -> None:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
-        if any(lane.shared for lane in self.lanes.lanes):
-            self.caps = InFlightCaps.connect(self.settings.redis.url)
+        self.places = PartitionPlaces(self.settings)
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
         )
@@ -79,8 +75,7 @@ class Sink:
             await self._sub.drain()  # type: ignore[no-untyped-call]
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
-        if self.caps is not None:
-            await self.caps.close()
+        await self.places.close()
 
     async def _on_report(self, msg: Msg) -> None:
         # Handle each report in its own task so one slow commit does not hold the rest.
@@ -102,8 +97,11 @@ class Sink:
         if msg.reply:
             await self.nc.publish(msg.reply, _encoder.encode(reply))
         if report is not None and reply.status in SETTLED:
-            # After the answer: the worker need not wait for it.
-            await self._free_place(report.order.target, report.order.job.id)
+            # A partitioned target's place frees now, not when the lease runs out. The
+            # check above confirmed the live lease, and a settled job is never granted
+            # again, so the place is this job's to free. After the answer: the worker
+            # need not wait for it.
+            await self.places.free(report.order.target, report.order.job.id)
 
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
@@ -114,18 +112,6 @@ class Sink:
             if refusal is not None:
                 return refusal
         return await self._dead_letter(report)
-
-    async def _free_place(self, target: str, job_id: str) -> None:
-        """A partitioned target's job is settled: free its in-flight place now, rather
-        than when its lease runs out (the lease itself is left to expire, as for every
-        settled job). The check above confirmed the reporter held the live lease, and a
-        settled job is never granted again, so the place is this job's to free."""
-        if self.caps is None or not self.lanes.is_shared(target):
-            return
-        try:
-            await self.caps.drop(target, job_id)
-        except CapsUnavailable as exc:
-            log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
