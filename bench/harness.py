@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -22,7 +20,8 @@ from typing import Any
 
 from stats import latency_summary
 
-from jetfleet.embedded import EmbeddedNats, die_with_parent
+from jetfleet.devstack import start_jetfleet
+from jetfleet.embedded import EmbeddedNats
 from jetfleet.settings import Settings, load_settings
 from jetfleet.settings_file import toml_tables
 
@@ -60,21 +59,7 @@ class Children:
 
     def spawn(self, name: str, argv: Sequence[str]) -> subprocess.Popen[bytes]:
         """Start ``python -m jetfleet ARGV`` as child ``name``."""
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
-        }
-        env["JETFLEET_CONFIG"] = str(self.config)
-        with (self.folder / "logs" / f"{name}.log").open("ab") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "jetfleet", *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=die_with_parent,
-            )
+        proc = start_jetfleet(argv, self.config, self.folder / "logs" / f"{name}.log")
         self.procs[name] = proc
         return proc
 

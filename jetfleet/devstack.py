@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,21 +145,7 @@ class DevStack:
     def _spawn(self, name: str, args: list[str]) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
-        }
-        env["JETFLEET_CONFIG"] = str(self.config_path)
-        with (logs / f"{name}.log").open("ab") as out:
-            self.children[name] = subprocess.Popen(
-                [sys.executable, "-m", "jetfleet", *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=die_with_parent,
-            )
+        self.children[name] = start_jetfleet(args, self.config_path, logs / f"{name}.log")
 
     def dead_children(self) -> list[str]:
         """Names of children that exited while the stack should be running."""
@@ -197,3 +184,24 @@ def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def start_jetfleet(argv: Sequence[str], config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``python -m jetfleet ARGV`` on ``config`` alone (the caller's JETFLEET_*,
+    NATS_URL and REDIS_URL are dropped), its output appended to ``log_path``; it dies
+    with its parent."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
+    }
+    env["JETFLEET_CONFIG"] = str(config)
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "jetfleet", *argv],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            preexec_fn=die_with_parent,
+        )
