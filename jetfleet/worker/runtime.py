@@ -16,7 +16,7 @@ import contextlib
 import logging
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterable
 from typing import Literal
 
@@ -51,6 +51,7 @@ from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.tier_slots import TierSlots
@@ -84,9 +85,9 @@ UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
 # The longest a partitioned target's job is handed back for (see _hand_back_delay).
 HAND_BACK_MAX_S = 2.0
-# A retry is offered to other workers for this long before it may run here again.
+# How long a retry handed back for another worker stays away (jittered, so jobs handed
+# back together do not return together into one worker's batch fetch).
 RETRY_ELSEWHERE_S = 0.5
-FAILED_HERE_MEMORY = 10_000
 
 
 class Worker:
@@ -135,8 +136,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
-        # Jobs whose last attempt failed (retryably) on this worker, oldest first.
-        self._failed_here: OrderedDict[str, bool] = OrderedDict()
+        self._failed_here = FailedHere()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -324,11 +324,12 @@ class Worker:
             )
             await msg.nak(delay=UNKNOWN_TARGET_DELAY_S)
             return
-        if self._failed_here.pop(order.job.id, False):
+        if self._failed_here.offer_elsewhere(order.job.id, msg.metadata.num_delivered or 0):
             # It failed here last time: give another worker (and identity) the first
-            # chance at the retry. Only once; if it comes back, it runs here.
+            # chance at the retry. If it keeps coming back, it runs here.
             self.stats["deferred-elsewhere"] += 1
-            await self._hand_back(msg, target, "retry-elsewhere", RETRY_ELSEWHERE_S)
+            delay = RETRY_ELSEWHERE_S * random.uniform(0.5, 1.5)
+            await self._hand_back(msg, target, "retry-elsewhere", delay)
             return
         wait = self.gate.admit(target)
         if wait is not None:
@@ -369,7 +370,7 @@ class Worker:
             self.stats["lease-lost"] += 1
         elif verdict.kind == "retryable":
             if await self._give_back(order, held):
-                self._remember_failure(order.job.id)
+                self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
                 await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
         elif verdict.kind == "blocked":
             await self._back_off(msg, order, held, verdict)
@@ -503,11 +504,6 @@ class Worker:
                 held.lost.set()
                 handler.cancel()
                 return
-
-    def _remember_failure(self, job_id: str) -> None:
-        self._failed_here[job_id] = True
-        while len(self._failed_here) > FAILED_HERE_MEMORY:
-            self._failed_here.popitem(last=False)
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
         """Release the lease before a nak; False means it was not ours any more."""
