@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -23,6 +23,12 @@ from jetfleet.work_lanes import LaneMap
 # Reads of one kind in flight at once: enough to hide round trips at thousands of
 # targets, few enough not to flood the server's API with ephemeral consumers.
 READS_IN_FLIGHT = 32
+
+# A read that does not add up is read again, up to this many reads in all, this far
+# apart: a job caught between two states (acked in one stream, not yet stored in the
+# next) is counted once a moment later, so only a lasting difference is flagged.
+CONFIRM_READS = 3
+CONFIRM_GAP_S = 0.25
 
 FIELDS = ("submitted", "queued", "leased", "committed", "dead", "rejected")
 
@@ -56,6 +62,36 @@ class FleetStatus(msgspec.Struct):
     went missing (or was counted twice) and is flagged."""
     conserved: bool = True
     """Whether every submitted job is in exactly one state right now (see ``unaccounted``)."""
+    reads: int = 1
+    """How many reads this answer took: each earlier one did not add up (see
+    ``confirmed_status``)."""
+
+
+async def confirmed_status(
+    js: JetStreamContext,
+    settings: Settings,
+    reads: int = CONFIRM_READS,
+    gap_s: float = CONFIRM_GAP_S,
+) -> FleetStatus:
+    """``fleet_status``, read again while it does not add up (``reads`` reads at most,
+    ``gap_s`` apart): the first read that adds up, or the last one."""
+    return await read_until_conserved(lambda: fleet_status(js, settings), reads, gap_s)
+
+
+async def read_until_conserved(
+    read: Callable[[], Awaitable[FleetStatus]], reads: int, gap_s: float
+) -> FleetStatus:
+    """Call ``read`` until its answer is conserved, at most ``reads`` times."""
+    if reads < 1:
+        raise ValueError(f"reads must be at least 1, not {reads}")
+    n = 1
+    status = await read()
+    while not status.conserved and n < reads:
+        await asyncio.sleep(gap_s)
+        n += 1
+        status = await read()
+    status.reads = n
+    return status
 
 
 async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:

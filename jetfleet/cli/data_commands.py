@@ -19,7 +19,7 @@ from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings
-from jetfleet.status import FIELDS, fleet_status
+from jetfleet.status import CONFIRM_GAP_S, FIELDS, confirmed_status
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
 
@@ -163,7 +163,7 @@ def _run_status(args: argparse.Namespace) -> int:
 async def _status(settings: Settings, as_json: bool) -> int:
     nc = await connect_nats(settings.nats, "jetfleet-cli")
     try:
-        status = await fleet_status(nc.jetstream(), settings)
+        status = await confirmed_status(nc.jetstream(), settings)
     finally:
         await nc.close()
     if as_json:
@@ -175,11 +175,14 @@ async def _status(settings: Settings, as_json: bool) -> int:
     if status.admitting:
         print(f"\n{status.admitting} submission(s) awaiting admission")
     if not status.conserved:
-        # A moment's difference is a job changing state; run status again to confirm.
+        # Read again already; a difference that lasts while jobs flow fast can still be
+        # jobs in motion, so say how to tell.
         print(
             f"\nWARNING: submitted != queued + leased + committed + dead + rejected + "
-            f"admitting (off by {status.unaccounted:+d}); if it persists, a job is "
-            "missing or counted twice",
+            f"admitting in each of {status.reads} reads over "
+            f"{(status.reads - 1) * CONFIRM_GAP_S:g} s (last off by {status.unaccounted:+d}). "
+            "While jobs flow, a few may be between states; once the fleet is idle, a "
+            "difference means a job is missing or counted twice",
             file=sys.stderr,
         )
     return 0

@@ -16,7 +16,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.devstack import DevStack
 from jetfleet.errors import JetfleetError
-from jetfleet.status import fleet_status
+from jetfleet.status import confirmed_status, fleet_status
 from jetfleet.topology import declare
 
 
@@ -116,6 +116,11 @@ async def _demo(
                 await asyncio.sleep(0.2)
             elapsed = time.monotonic() - started
             bar.close()
+            if not full.conserved:
+                # The last read caught a job between two states: the summary's `lost`
+                # must not report it, so read again until it adds up.
+                full = await confirmed_status(js, settings)
+                status = full.totals
         finally:
             await nc.close()
         if stack.dead_children():

@@ -34,7 +34,7 @@ from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from jetfleet.services.gateway.metrics import render_metrics
 from jetfleet.settings import Settings
-from jetfleet.status import fleet_status
+from jetfleet.status import confirmed_status, fleet_status
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,7 @@ class Gateway:
         )
 
     async def _status(self, request: web.Request) -> web.Response:
-        status = await fleet_status(self.js, self.settings)
+        status = await confirmed_status(self.js, self.settings)
         return web.Response(body=msgspec.json.encode(status), content_type="application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:
