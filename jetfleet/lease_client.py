@@ -11,6 +11,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from jetfleet import subjects
 from jetfleet.schemas.lease import (
+    LEASE_LOST,
     LeaseGrant,
     LeaseRefusal,
     LeaseRelease,
@@ -45,15 +46,26 @@ class LeaseClient:
         return await self._call(request)
 
     async def renew(self, job_id: str, fence: int) -> bool | None:
-        """True if still ours, False if lost, None if the leaser did not answer."""
-        reply = await self._call(LeaseRenew(job_id=job_id, fence=fence))
-        return None if reply is None else isinstance(reply, LeaseGrant)
+        """True if still ours, False if lost, None if unknown (no answer, or the leaser
+        failed to read its store: a passing error must not cost a healthy job)."""
+        return _settled(await self._call(LeaseRenew(job_id=job_id, fence=fence)))
 
-    async def release(self, job_id: str, fence: int, refund: bool = False) -> bool:
+    async def release(self, job_id: str, fence: int, refund: bool = False) -> bool | None:
         """True if it was still ours and is now released (``refund``: the attempt does
-        not count against the job's budget)."""
-        reply = await self._call(LeaseRelease(job_id=job_id, fence=fence, refund=refund))
-        return isinstance(reply, LeaseGrant)
+        not count against the job's budget), False if it was not ours any more, None if
+        unknown (it then expires by its TTL)."""
+        return _settled(await self._call(LeaseRelease(job_id=job_id, fence=fence, refund=refund)))
+
+
+def _settled(reply: LeaseReply | None) -> bool | None:
+    """A renew's or release's answer: only ``lease-lost`` says the lease is not ours."""
+    if isinstance(reply, LeaseGrant):
+        return True
+    if isinstance(reply, LeaseRefusal) and reply.reason == LEASE_LOST:
+        return False
+    if reply is not None:
+        log.warning("leaser could not settle a lease call: %s", reply)
+    return None
 
 
 def is_refusal(reply: LeaseReply | None) -> bool:

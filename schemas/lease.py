@@ -57,6 +57,11 @@ class LeaseGrant(msgspec.Struct, frozen=True, tag="granted", omit_defaults=True)
     """How many times this job has been granted, this grant included."""
 
 
+LEASE_LOST = "lease-lost"
+"""A renew's or release's refusal when the lease is gone or superseded; any other
+refusal of those calls (``leaser-error``) leaves the lease's state unknown."""
+
+
 class LeaseRefusal(msgspec.Struct, frozen=True, tag="refused", omit_defaults=True):
     """No lease: ``reason`` says why, ``retry_after_s`` when to ask again."""
 

@@ -12,6 +12,8 @@ from jetfleet.admission import admit
 from jetfleet.client import new_job_id, resolve_url
 from jetfleet.lease_client import LeaseClient
 from jetfleet.schemas import (
+    AttemptRecord,
+    Failure,
     Job,
     LeaseGrant,
     LeaseRefusal,
@@ -84,8 +86,30 @@ async def report(nc: NatsClient, order: WorkOrder, fence: int, worker: str) -> S
         versions=VERSIONS,
         fence=fence,
     )
+    return await _send(nc, order, success)
+
+
+async def report_failure(
+    nc: NatsClient, order: WorkOrder, fence: int, worker: str, reason: str = "not-found"
+) -> SinkReply:
+    """Report a permanent failure of the job's first attempt: the sink dead-letters it."""
+    attempt = AttemptRecord(
+        attempt=1, worker=worker, fence=fence, outcome="permanent", reason=reason
+    )
+    failure = Failure(
+        order=order,
+        worker=worker,
+        reason=reason,
+        history=[attempt],
+        versions=VERSIONS,
+        fence=fence,
+    )
+    return await _send(nc, order, failure)
+
+
+async def _send(nc: NatsClient, order: WorkOrder, report: Success | Failure) -> SinkReply:
     answer = await nc.request(
-        subjects.sink_report(order.target), _encoder.encode(success), timeout=5.0
+        subjects.sink_report(order.target), _encoder.encode(report), timeout=5.0
     )
     return msgspec.json.decode(answer.data, type=SinkReply)
 

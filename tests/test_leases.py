@@ -47,7 +47,7 @@ from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.leasing import ask, granted, order_for, refused, report
+from tests.leasing import ask, granted, order_for, refused, report, report_failure
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -149,6 +149,39 @@ async def test_a_second_grant_while_held_is_refused_as_held(
     live = await store.live(order.job.id)
     assert live is not None and live.fence == first.fence
     assert (await store.highest_fence(order.job.id)).grants == 1
+
+
+async def test_the_same_delivery_asking_again_gets_its_own_grant_back(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    """A grant whose answer was lost: the worker asks again for the same delivery and
+    gets that lease back, instead of waiting it out as held and spending an attempt."""
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/40")
+    delivery = "$JS.ACK.JF_WORK.work-demo-normal.1.40.40.0.0"
+    first = await granted(client, ask(order, worker="w-a", reply_subject=delivery))
+    again = await granted(client, ask(order, worker="w-a", reply_subject=delivery))
+    assert (again.fence, again.attempt) == (first.fence, 1)
+    assert (await store.highest_fence(order.job.id)).grants == 1
+    # A later delivery of the job, or another worker, is still refused while it is held.
+    for worker, reply_subject in (("w-a", delivery + "1"), ("w-b", delivery)):
+        refusal = await refused(client, ask(order, worker=worker, reply_subject=reply_subject))
+        assert refusal.reason == "held"
+
+
+async def test_a_dead_job_whose_key_another_job_committed_since_stays_dead_only(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """Its terminate lost, a dead-lettered job comes back after another job committed
+    its key: it is terminated again, not recorded as that commit's duplicate too."""
+    client = LeaseClient(nc)
+    dead = order_for(settings, "/page/41", idempotency_key="k-41")
+    later = order_for(settings, "/page/41", idempotency_key="k-41")
+    fence = (await granted(client, ask(dead, worker="w-a"))).fence
+    assert (await report_failure(nc, dead, fence, "w-a")).status == "dead-lettered"
+    fence = (await granted(client, ask(later, worker="w-b"))).fence
+    assert (await report(nc, later, fence, "w-b")).status == "committed"
+    assert (await refused(client, ask(dead, worker="w-c"))).reason == "dead-lettered"
 
 
 async def test_a_committed_key_answers_already_done(

@@ -119,7 +119,9 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
-ASKING_CHECKS: tuple[GrantCheck, ...] = (already_done, dead_lettered)
+# dead_lettered first: a job dead-lettered (its term lost) whose key another job has
+# since committed must end dead only, not also be recorded as that commit's duplicate.
+ASKING_CHECKS: tuple[GrantCheck, ...] = (dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
 """Read-only checks answered from memory (the quarantine watch): run in line, since a

@@ -15,10 +15,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
-from jetfleet.lease_store import HistoryEntry, LeaseStore
+from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.schemas.lease import (
+    LEASE_LOST,
     LeaseCall,
     LeaseGrant,
     LeaseRecord,
@@ -134,14 +135,14 @@ class Leaser:
             if record is not None:
                 await self.places.keep(record.target, record.job_id)
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
-            return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
+            return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
             await self.places.free(record.target, record.job_id)
             if call.refund:
                 await self.store.refund_grant(call.job_id)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
-        return LeaseRefusal(reason="lease-lost", detail="the lease is gone or superseded")
+        return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
 
     def _count(self, request: LeaseRequest, reply: LeaseReply) -> None:
         answer = {LeaseGrant: "granted", LeaseRefusal: "refused"}.get(type(reply), "already-done")
@@ -167,6 +168,9 @@ class Leaser:
             fence = await self.store.create(record, self.ttl_s)
             if fence is None:
                 live = await self.store.live(request.job_id)
+                again = await self._grant_again(request, live)
+                if again is not None:
+                    return again
                 holder = live.record.worker if live else "another worker"
                 return LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {holder}"
@@ -182,6 +186,24 @@ class Leaser:
             # Not needed after a refusal; a failed read is retried by record_grant.
             history.add_done_callback(_ignore_outcome)
         return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=attempt)
+
+    async def _grant_again(
+        self, request: LeaseRequest, live: LiveLease | None
+    ) -> LeaseGrant | None:
+        """The live lease again, renewed, if it was granted to this very delivery (same
+        worker, same reply subject) whose answer was lost or late: asking again must not
+        leave the job waiting out its own lease as ``held`` and spend an attempt."""
+        if (
+            live is None
+            or not request.reply_subject
+            or live.record.reply_subject != request.reply_subject
+            or live.record.worker != request.worker
+        ):
+            return None
+        if await self.store.renew(request.job_id, live.fence, self.ttl_s) is None:
+            return None
+        grants = (await self.store.highest_fence(request.job_id)).grants
+        return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=max(1, grants))
 
     async def _answer_quarantine(self, msg: Msg) -> None:
         try:
