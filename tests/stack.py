@@ -34,13 +34,17 @@ class InProcessStack:
         control = await self._connect("test-control")
         await declare(control.jetstream(), self.settings)
         self.scheduler = Scheduler(self.settings, await self._connect("scheduler"))
-        self.sink = Sink(self.settings, await self._connect("sink"))
         self.leaser = Leaser(self.settings, await self._connect("leaser"))
         await self.scheduler.start()
         await self.leaser.start()
-        await self.sink.start()
+        await self.start_sink()
         for n in range(workers):
             await self.add_worker(f"w-{n}")
+
+    async def start_sink(self) -> None:
+        """Start a sink (again, after a test drained the first one)."""
+        self.sink = Sink(self.settings, await self._connect("sink"))
+        await self.sink.start()
 
     async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
         worker = Worker(self.settings, await self._connect(worker_id), worker_id, identity=identity)

@@ -29,7 +29,7 @@ from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
-from jetfleet.worker.verdict import Held, Verdict
+from jetfleet.worker.verdict import Held
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 
@@ -79,9 +79,7 @@ class RecordingWorker(Worker):
 class StalledWorker(RecordingWorker):
     """A worker whose lease keeper never runs: no renewal, no +WPI (a stall, a GC pause)."""
 
-    async def _keep_lease(
-        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
-    ) -> None:
+    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
         return
 
 

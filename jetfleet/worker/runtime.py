@@ -80,6 +80,9 @@ TARGET_WIDE_REFUSALS = frozenset(
         "caps-unavailable",
     }
 )
+# How long drain waits for the pull loops to notice it before cancelling them (a fetch
+# in flight ends within FETCH_WAIT_S).
+LOOP_STOP_S = FETCH_WAIT_S + 1.0
 # A job of a target this worker's settings do not declare (a newer config elsewhere).
 UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
@@ -162,7 +165,13 @@ class Worker:
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop pulling, let in-flight jobs finish (release them after ``timeout_s``)."""
         self._stopping.set()
-        await asyncio.gather(*self._loops, return_exceptions=True)
+        if self._loops:
+            # A loop queued for a slot waits for a job to end; those jobs are waited for
+            # (and cancelled) below, so the loops need not be.
+            _, waiting = await asyncio.wait(self._loops, timeout=LOOP_STOP_S)
+            for loop in waiting:
+                loop.cancel()
+            await asyncio.gather(*self._loops, return_exceptions=True)
         if self._tasks:
             _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
             for task in pending:
@@ -210,6 +219,10 @@ class Worker:
                         await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
             except Exception:  # keep pulling through reconnects and leader changes
                 log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
+                if sub is not None:
+                    # Drop the old subscription, or what it buffered waits for ack_wait.
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
                 sub = None
                 await self._pause(1.0)
 
@@ -275,9 +288,13 @@ class Worker:
         """
         if not self.lane_map.is_shared(target):
             return wait
+        return max(wait, self._growing_delay(msg))
+
+    def _growing_delay(self, msg: Msg) -> float:
+        """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
         deliveries = min(int(msg.metadata.num_delivered or 1), 16)
         grown = min(HAND_BACK_MAX_S, MIN_REFUSAL_DELAY_S * 2.0 ** (deliveries - 1))
-        return max(wait, grown * random.uniform(0.5, 1.0))
+        return grown * random.uniform(0.5, 1.0)
 
     async def _held_off(self, lane: WorkLane) -> bool:
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
@@ -302,6 +319,13 @@ class Worker:
     async def _run_and_release(self, msg: Msg, lane: WorkLane, tier: str) -> None:
         try:
             await self._process(msg, subjects.target_of(msg.subject))
+        except Exception:
+            # A bug or a connection lost mid-job: say so, and give the job back rather
+            # than leave it to the ack wait (a lease still held makes the next delivery
+            # wait for its TTL; a nak after an ack is ignored).
+            log.exception("job on %s failed in worker %s", msg.subject, self.worker_id)
+            with contextlib.suppress(Exception):
+                await msg.nak(delay=self.policy.delay_s(msg.metadata.num_delivered or 1))
         finally:
             self._slots[lane.name].release(tier)
 
@@ -349,13 +373,39 @@ class Worker:
         if held is None:
             return ""
         attempt = held.attempt or msg.metadata.num_delivered
-        started = time.monotonic()
+        # Renewals run until just before the ack, nak or term: a report slowed by an
+        # election must not outlive the lease, and no +WPI may follow a nak (it would
+        # restart the ack wait and so override the nak's delay).
+        keeper = asyncio.create_task(self._keep_lease(msg, order, held))
         try:
-            verdict = await self._run(msg, order, attempt, held)
+            try:
+                verdict, reply = await self._run_and_report(msg, order, attempt, held)
+            finally:
+                await _stop(keeper)
         except asyncio.CancelledError:
-            if await self._give_back(order, held):
-                await msg.nak()  # released by a drain: someone else may take it now
+            # Cancelled by a drain: someone else may take it now, and the attempt is
+            # refunded, so rolling deploys do not use up jobs' attempt budgets.
+            if await self._give_back(order, held, refund=True):
+                await msg.nak()
             raise
+        if verdict.kind == "lost":
+            self.stats["lease-lost"] += 1
+        elif verdict.kind == "retryable":
+            if await self._give_back(order, held):
+                self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
+                await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
+        elif verdict.kind == "blocked":
+            await self._back_off(msg, order, held, verdict)
+        else:
+            await self._settle(msg, order, held, verdict, reply)
+        return verdict.kind
+
+    async def _run_and_report(
+        self, msg: Msg, order: WorkOrder, attempt: int, held: Held
+    ) -> tuple[Verdict, SinkReply | None]:
+        """Run the attempt, publish its outcome, and report a final verdict to the sink."""
+        started = time.monotonic()
+        verdict = await self._run(msg, order, attempt, held)
         duration = time.monotonic() - started
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
             verdict = Verdict(
@@ -366,36 +416,32 @@ class Worker:
             )
         versions = self._versions(order)
         await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
-        if verdict.kind == "lost":
-            self.stats["lease-lost"] += 1
-        elif verdict.kind == "retryable":
-            if await self._give_back(order, held):
-                self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
-                await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
-        elif verdict.kind == "blocked":
-            await self._back_off(msg, order, held, verdict)
-        else:
-            reply = await self._report(order, attempt, verdict, duration, versions, held)
-            await self._settle(msg, order, held, verdict, reply)
-        return verdict.kind
+        if verdict.kind not in ("ok", "permanent"):
+            return verdict, None
+        return verdict, await self._report(order, attempt, verdict, duration, versions, held)
 
     async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
-        reply = await self.leases.grant(
-            LeaseRequest(
-                job_id=order.job.id,
-                target=target,
-                key=order.key,
-                worker=self.worker_id,
-                versions=self._versions(order),
-                identity=self.identity,
-                region=self.settings.worker.region,
-                reply_subject=msg.reply or "",
-                pin_identity=order.job.pin_identity,
-            )
+        request = LeaseRequest(
+            job_id=order.job.id,
+            target=target,
+            key=order.key,
+            worker=self.worker_id,
+            versions=self._versions(order),
+            identity=self.identity,
+            region=self.settings.worker.region,
+            reply_subject=msg.reply or "",
+            pin_identity=order.job.pin_identity,
         )
+        asked_at = time.monotonic()
+        reply = await self.leases.grant(request)
+        if reply is None:
+            # The leaser may have granted and its answer been lost: asking again for this
+            # same delivery gets that grant back (see the leaser's _grant_again).
+            asked_at = time.monotonic()
+            reply = await self.leases.grant(request)
         if reply is None:
             await msg.nak(delay=1.0)  # leaser unreachable; our delivery is still the live one
             return None
@@ -409,7 +455,10 @@ class Worker:
             if reply.reason == "dead-lettered":
                 await self._term(msg, "dead-lettered")  # a term that was lost, sent again
                 return None
-            delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
+            # A refusal about this job (wrong-identity, held, leaser-error) grows with each
+            # delivery, so a job nobody may run (pinned to an identity no worker has)
+            # settles at one lease request per HAND_BACK_MAX_S instead of spinning.
+            delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s, self._growing_delay(msg))
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
@@ -423,7 +472,7 @@ class Worker:
                 delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             await self._hand_back(msg, target, reply.reason, delay)
             return None
-        return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt)
+        return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         if attempt > order.max_attempts:
@@ -441,8 +490,9 @@ class Worker:
                 reason="unknown-handler",
                 detail=f"no handler {order.job.handler!r} in this worker",
             )
-        handler = asyncio.create_task(self._attempt(order, attempt, fn))
-        keeper = asyncio.create_task(self._keep_lease(msg, order, held, handler))
+        if held.lost.is_set():
+            return Verdict("lost", reason="lease-lost")  # lost while being granted
+        held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
         try:
             return await handler
         except asyncio.CancelledError:
@@ -451,7 +501,7 @@ class Worker:
                 return Verdict("lost", reason="lease-lost")
             raise
         finally:
-            keeper.cancel()
+            held.running = None
 
     async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
         assert self._session is not None
@@ -479,37 +529,50 @@ class Worker:
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
 
-    async def _keep_lease(
-        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
-    ) -> None:
-        """Renew at ttl/3 and send +WPI in the same beat; cancel the handler if lost."""
+    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
+        """Renew at ttl/3 and send +WPI in the same beat; if the lease is lost, mark it
+        and cancel the handler if it still runs. Never dies of an error: a failed call
+        counts as unanswered."""
         if not held.fence:
             interval = self.settings.fleet.ack_wait_s / 3
             while True:
                 await asyncio.sleep(interval)
-                await msg.in_progress()
+                try:
+                    await msg.in_progress()
+                except Exception as exc:  # reconnecting: the next beat tries again
+                    log.warning("in-progress for job %s failed: %s", order.job.id, exc)
         interval = held.ttl_s / 3
-        unanswered = 0.0
+        # The server's TTL ran from no earlier than when the last renewal was sent.
+        renewed_at = held.asked_at
         while True:
             await asyncio.sleep(interval)
-            renewed = await self.leases.renew(order.job.id, held.fence)
+            asked_at = time.monotonic()
+            try:
+                renewed = await self.leases.renew(order.job.id, held.fence)
+                if renewed:
+                    await msg.in_progress()
+            except Exception as exc:
+                log.warning("renewing the lease of job %s failed: %s", order.job.id, exc)
+                renewed = None
             if renewed:
-                unanswered = 0.0
-                await msg.in_progress()
+                renewed_at = asked_at
                 continue
-            unanswered += interval
-            # Refused: lost for sure. Unanswered for a whole TTL: it has expired by the
-            # server's clock by now, so act as if lost.
-            if renewed is False or unanswered >= held.ttl_s:
+            # Refused: lost for sure. Unanswered for a whole TTL since the last renewal
+            # was sent: it has expired by the server's clock by now, so act as if lost.
+            if renewed is False or time.monotonic() - renewed_at >= held.ttl_s:
                 held.lost.set()
-                handler.cancel()
+                if held.running is not None:
+                    held.running.cancel()
                 return
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
-        """Release the lease before a nak; False means it was not ours any more."""
+        """Release the lease before a nak; False means it was not ours any more. When the
+        leaser cannot say, the nak goes ahead: the next delivery is refused as ``held``
+        until the lease's TTL ends, far sooner than an ack wait."""
         if not held.fence:
             return True
-        return await self.leases.release(order.job.id, held.fence, refund=refund)
+        released = await self.leases.release(order.job.id, held.fence, refund=refund)
+        return released is not False
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
@@ -523,9 +586,20 @@ class Worker:
     async def _settle(
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
     ) -> None:
-        if reply is None:  # sink unreachable: give the job back for a later try
-            if await self._give_back(order, held):
-                await msg.nak(delay=self.policy.delay_s(1))
+        if reply is None or reply.status == "error":
+            # Give the job back now rather than leave it to the ack wait. Unreachable:
+            # an outage, not the job's fault, so the attempt is refunded. An error may
+            # be this job's own (say, an output the stream refuses), so it spends the
+            # attempt and the job ends dead-lettered if it keeps failing. Either way the
+            # delay grows with each delivery, and a commit that did happen is found by
+            # the next grant (already-done).
+            if reply is None:
+                self.stats["sink-unreachable"] += 1
+            else:
+                self.stats["sink-error"] += 1
+                log.warning("sink failed on job %s: %s", order.job.id, reply.detail)
+            if await self._give_back(order, held, refund=reply is None):
+                await msg.nak(delay=self.policy.delay_s(msg.metadata.num_delivered or 1))
             return
         self.stats[reply.status] += 1
         if reply.status in ("committed", "suppressed:duplicate-key"):
@@ -707,3 +781,10 @@ class Worker:
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
         await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait until it has stopped."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

@@ -32,4 +32,8 @@ class Held:
     fence: int
     ttl_s: float
     attempt: int
+    asked_at: float = 0.0
+    """When the grant was asked for (monotonic): its TTL runs from no earlier than that."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
+    running: asyncio.Task[Verdict] | None = None
+    """The handler's task while it runs: cancelled if the lease is lost."""

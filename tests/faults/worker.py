@@ -71,15 +71,13 @@ class FaultyWorker(Worker):
         """Whether this attempt of ``order`` is one the plan stalls (first grants only)."""
         return order.job.handler == STALL_HANDLER and attempt == 1
 
-    async def _keep_lease(
-        self, msg: Msg, order: WorkOrder, held: Held, handler: asyncio.Task[Verdict]
-    ) -> None:
+    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
         if self.stalls(order, held.attempt or msg.metadata.num_delivered):
             # No renewal and no +WPI: the lease expires by the server's clock and
-            # JetStream redelivers after ack_wait. _run cancels us when the handler ends.
+            # JetStream redelivers after ack_wait. The worker cancels us before it settles.
             self.events.write("renewal-suppressed", job=order.job.id, fence=held.fence)
             await asyncio.Event().wait()
-        await super()._keep_lease(msg, order, held, handler)
+        await super()._keep_lease(msg, order, held)
 
     async def _publish_outcome(
         self,
