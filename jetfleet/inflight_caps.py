@@ -40,8 +40,10 @@ _TAKE = (
     + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+else
+  redis.call('ZADD', KEYS[1], 'GT', now + tonumber(ARGV[3]), ARGV[1])
 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
 end
@@ -49,11 +51,13 @@ return 1
 """
 )
 
-# ARGV: job id, ttl in ms.
+# ARGV: job id, ttl in ms. Only a place still held is kept (XX): a renewal that lands
+# after the job's release or settle must not bring back a freed place (and so take one
+# beyond the cap). GT: a place is only ever lengthened, never cut short.
 _KEEP = (
     _NOW_MS
     + """
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[1], 'XX', 'GT', now + tonumber(ARGV[2]), ARGV[1])
 if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
   redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
 end

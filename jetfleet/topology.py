@@ -175,8 +175,13 @@ async def _remove_pre_tier_consumers(js: JetStreamContext, settings: Settings) -
     an old data folder would stop every service at start. Their unacked messages stay in
     the stream and are delivered again through the tier consumers.
     """
+    # A target named like another's tier consumer ("shop-high" beside "shop") must not
+    # take that live consumer with it.
+    current = {lane.consumer(tier) for lane in LaneMap(settings).lanes for tier in subjects.TIERS}
     for name in settings.targets:
         old = f"work-{name}"
+        if old in current:
+            continue
         try:
             await js.delete_consumer(subjects.STREAM_WORK, old)
         except NotFoundError:

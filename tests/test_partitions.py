@@ -146,6 +146,24 @@ async def test_declare_makes_one_consumer_per_tier_per_lane(nats_url: str, redis
         await nc.close()
 
 
+async def test_a_target_named_like_another_targets_tier_consumer_keeps_it(
+    nats_url: str, redis_url: str
+) -> None:
+    # "work-shop-high" is shop's high-tier consumer, and also what a pre-tier jetfleet
+    # named shop-high's; the clean-up of the latter must not delete the former.
+    settings = fleet_of(nats_url, redis_url, "http://127.0.0.1:9/", ["shop", "shop-high"])
+    nc = await connect_nats(settings.nats, "test")
+    try:
+        js = nc.jetstream()
+        assert await declare(js, settings) == []
+        before = await js.consumer_info(subjects.STREAM_WORK, "work-shop-high")
+        assert await declare(js, settings) == []
+        after = await js.consumer_info(subjects.STREAM_WORK, "work-shop-high")
+        assert after.created == before.created
+    finally:
+        await nc.close()
+
+
 # -- running ---------------------------------------------------------------------------
 
 
@@ -581,3 +599,24 @@ def _redis_time_passed(client: aioredis.Redis, seconds: float) -> Callable[[], A
         return now - started[0] >= seconds
 
     return passed
+
+
+async def test_a_late_renewal_does_not_bring_back_a_freed_place_or_cut_one_short(
+    redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    caps = InFlightCaps.connect(redis_url)
+    try:
+        assert await caps.take("late", "done", cap=1, ttl_s=30.0)
+        await caps.drop("late", "done")
+        # A renewal that was in flight when the job settled lands after the free.
+        await caps.keep("late", "done", ttl_s=30.0)
+        assert (await caps.counts(["late"]))["late"] == 0
+        assert await caps.take("late", "next", cap=1, ttl_s=30.0)  # the place is free
+        # A keep (or take) with a shorter lease never shortens a place.
+        await caps.keep("late", "next", ttl_s=0.05)
+        assert not await caps.take("late", "other", cap=1, ttl_s=0.05)
+        assert await caps.take("late", "next", cap=1, ttl_s=0.05)
+        await wait_for(_redis_time_passed(redis_client, 0.2), 5, "Redis's clock to move on")
+        assert (await caps.counts(["late"]))["late"] == 1
+    finally:
+        await caps.close()
