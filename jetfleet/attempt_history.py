@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import msgspec
 from nats.aio.client import Client as NatsClient
 
@@ -9,6 +11,7 @@ from jetfleet import subjects
 from jetfleet.direct_batch import read_subject
 from jetfleet.schemas import AttemptRecord, Outcome
 
+log = logging.getLogger(__name__)
 _decoder = msgspec.json.Decoder(Outcome)
 
 
@@ -24,7 +27,14 @@ async def attempt_history(
     by_attempt: dict[tuple[int, int], AttemptRecord] = {}
     subject = subjects.outcome(target, job_id)
     for msg in await read_subject(nc, subjects.STREAM_OUTCOMES, subject):
-        event = _decoder.decode(msg.data)
+        try:
+            event = _decoder.decode(msg.data)
+        except msgspec.MsgspecError as exc:
+            # Anyone may publish on an outcome subject: one bad event must not keep the
+            # job from its dead letter for ever. A failed read, by contrast, is raised
+            # (the worker tries again later) rather than writing a history with holes.
+            log.warning("skipped an undecodable outcome event on %s: %s", subject, exc)
+            continue
         by_attempt[(event.attempt, event.fence)] = AttemptRecord(
             attempt=event.attempt,
             worker=event.worker,

@@ -284,6 +284,22 @@ async def test_a_permanent_failure_is_tried_once_and_dead_lettered_with_its_reas
     assert (status.submitted, status.dead, status.queued, status.leased) == (1, 1, 0, 0)
 
 
+async def test_an_undecodable_outcome_event_does_not_keep_a_job_from_its_dead_letter(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    # Outcome subjects are plain subjects anyone may publish on.
+    js = nc.jetstream()
+    await js.publish(subjects.outcome("demo", "perm-junk"), b"not an outcome")
+    await submit(js, settings, "demo", Job(id="perm-junk", url=page(simulator, "/missing/2")))
+    entry = await letter_of(js, "perm-junk")
+    [attempt] = entry.letter.history
+    assert (entry.letter.reason, attempt.outcome, attempt.worker) == (
+        "http-404",
+        "permanent",
+        "w-0",
+    )
+
+
 # --- 2. retryable failure ----------------------------------------------------------------
 
 

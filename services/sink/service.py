@@ -106,23 +106,32 @@ class Sink:
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
             return await commit(self.js, self.store, report, self.policy)
-        if self.policy.leases:
-            # Only the live lease's holder may dead-letter (and so terminate) a job.
-            refusal = await check_fence(self.store, report.order.job.id, report.fence)
-            if refusal is not None:
-                return refusal
         return await self._dead_letter(report)
 
     async def _dead_letter(self, failure: Failure) -> SinkReply:
         order = failure.order
-        holder = await committed_job(self.js, order.target, order.key)
+        # Every read at once, so the letter is written one round trip after the fence
+        # was confirmed: the shorter that gap, the less room for a revoke and a rerun
+        # that commits to slip in before the letter lands.
+        fence_check = (
+            check_fence(self.store, order.job.id, failure.fence)
+            if self.policy.leases
+            else _no_refusal()
+        )
+        refusal, holder, history = await asyncio.gather(
+            fence_check,
+            committed_job(self.js, order.target, order.key),
+            attempt_history(self.nc, order.target, order.job.id, failure.history),
+        )
+        if refusal is not None:
+            # Only the live lease's holder may dead-letter (and so terminate) a job.
+            return refusal
         if holder is not None:
             # The work is already done (a lost ack or term, then a failing rerun): the job
             # is settled as a duplicate, never both committed and dead.
             return SinkReply(
                 status="suppressed:duplicate-key", detail=order.key, committed_by=holder
             )
-        history = await attempt_history(self.nc, order.target, order.job.id, failure.history)
         letter = DeadLetter(
             order=order, reason=failure.reason, history=history, detail=failure.detail
         )
@@ -136,3 +145,8 @@ class Sink:
         )
         log.info("dead-lettered %s: %s", order.job.id, failure.reason)
         return SinkReply(status="dead-lettered", detail=failure.reason)
+
+
+async def _no_refusal() -> SinkReply | None:
+    """The fence check when leases are off: nothing to refuse."""
+    return None
