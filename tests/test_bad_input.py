@@ -501,7 +501,7 @@ async def test_a_kept_rejection_points_at_the_original_submission(
     for _, rejection in await rejections(js):
         assert rejection.submit_seq > 0, rejection.reason
         original = await js.get_msg(subjects.STREAM_SUBMIT, rejection.submit_seq)
-        assert original.subject == rejection.subject
+        assert original.subject == rejection.subject and original.data is not None
         assert _carries(rejection, original.data)
 
 

@@ -52,7 +52,8 @@ class RunningDev:
         raise AssertionError(f"jetfleet dev did not write its env file:\n{self.output()}")
 
     def descendants(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        children: list[psutil.Process] = psutil.Process(self.proc.pid).children(recursive=True)
+        return children
 
     def stop(self) -> int:
         if self.proc.poll() is None:

@@ -25,6 +25,7 @@ class _AsService:
 
     def __init__(self, worker: FaultyWorker) -> None:
         self.worker = worker
+        self.metrics = worker.metrics
 
     async def start(self) -> None:
         await self.worker.start()
