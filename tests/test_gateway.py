@@ -125,8 +125,11 @@ async def test_a_batch_of_relative_urls_is_committed_and_counted(
     }
     assert shown["targets"]["demo"] == shown["totals"]
     assert shown["admitting"] == 0
-    # Same shape and numbers as `jetfleet status --json` (both encode fleet_status).
-    assert shown == msgspec.to_builtins(await stack.status())
+    # Same shape and numbers as `jetfleet status --json` (both encode fleet_status);
+    # how many reads each took depends on the moment it read.
+    cli_status = msgspec.to_builtins(await stack.status())
+    assert shown.pop("reads") >= 1 and cli_status.pop("reads") >= 1
+    assert shown == cli_status
     # The assigned ids are the jobs' ids, and each relative URL was resolved.
     committed = [r async for r in iter_results(nc.jetstream(), "demo")]
     assert sorted(r.job_id for r in committed) == sorted(answer["accepted"])
