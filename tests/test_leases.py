@@ -505,3 +505,20 @@ async def test_a_quarantined_worker_does_not_delay_the_requeued_job_for_other_wo
         for worker in started:
             await worker.drain(5.0)
             await worker.nc.close()
+
+
+async def test_a_quarantine_set_after_the_watch_died_is_still_enforced(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """The leaser answers quarantine checks from a KV watch; if the watch dies, it reads
+    KV instead of answering 'not quarantined' to every scope it had not seen."""
+    assert services.leaser is not None
+    watch = services.leaser.quarantine._watching
+    assert watch is not None
+    watch.cancel()  # as if the watch's subscription had failed
+    await asyncio.gather(watch, return_exceptions=True)
+    record = QuarantineRecord(scope="worker", name="w-late", target="demo", reason="test")
+    await quarantine(nc, QuarantineSet(record=record))
+    client = LeaseClient(nc)
+    refusal = await refused(client, ask(order_for(settings, "/page/42"), worker="w-late"))
+    assert refusal.reason == "quarantined"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import logging
 import re
 from typing import Any
 
@@ -18,6 +19,7 @@ from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.schemas.lease import QuarantineRecord, QuarantineScope
 from jetfleet.stream_reader import read_stream
 
+log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(QuarantineRecord)
 PREFIX = "quarantine"
@@ -51,6 +53,7 @@ class QuarantineBook:
         self.control = control
         self._known: set[str] = set()
         self._watching: asyncio.Task[None] | None = None
+        self._warned = False
 
     async def start(self) -> None:
         """Load the records in force and follow changes."""
@@ -61,10 +64,21 @@ class QuarantineBook:
 
     async def stop(self) -> None:
         """Stop following changes."""
-        if self._watching is not None:
-            self._watching.cancel()
+        watching, self._watching = self._watching, None
+        if watching is not None:
+            watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._watching
+                await watching
+
+    def _following(self) -> bool:
+        """Whether the watch is alive. If it died, every ask is read from KV: slower, but
+        a quarantine set since must not be missed (the book fails closed, not open)."""
+        if self._watching is None or not self._watching.done():
+            return self._watching is not None
+        if not self._warned:
+            self._warned = True
+            log.error("quarantine watch stopped; reading every quarantine check from KV")
+        return False
 
     async def _follow(self, watcher: Any, loaded: asyncio.Future[None]) -> None:
         async for entry in watcher:
@@ -82,7 +96,7 @@ class QuarantineBook:
         if not name:
             return None
         key = record_key(scope, name, target)
-        if self._watching is not None and key not in self._known:
+        if self._following() and key not in self._known:
             return None
         try:
             entry = await self.control.get(key)
