@@ -141,7 +141,8 @@ def replay_job_id(original_id: str, letter_id: int) -> str:
     """The id a replay of dead letter ``letter_id`` runs under: new, and the same every
     time, so a repeated replay of one letter is one submission (the submit stream
     drops the repeat inside its duplicate window)."""
-    return f"{original_id[:_ORIGINAL_ID_CHARS]}.r{letter_id}"
+    # A cut that ends in "." would make "..", which a job id may not hold.
+    return f"{original_id[:_ORIGINAL_ID_CHARS].rstrip('.')}.r{letter_id}"
 
 
 def replay_copy(entry: DeadLetterEntry) -> Job:

@@ -633,3 +633,12 @@ async def test_a_dead_lettered_job_delivered_again_is_terminated_not_run(
     assert simulator.counts()["by_path_kind"] == {"missing": 1}  # not fetched again
     status = await stack.status()
     assert status.targets["demo"].dead == 1 and status.targets["demo"].committed == 0
+
+
+@pytest.mark.parametrize("dot_at", [99, 98])
+def test_a_replay_id_is_a_valid_job_id_wherever_a_long_id_is_cut(dot_at: int) -> None:
+    original = "a" * dot_at + "." + "b" * (127 - dot_at)
+    msgspec.convert({"id": original, "url": "http://t/"}, Job)
+    new_id = replay_job_id(original, 123456)
+    job = msgspec.convert({"id": new_id, "url": "http://t/"}, Job)  # raises if invalid
+    assert job.id.endswith(".r123456") and job.id.startswith("a" * dot_at)
