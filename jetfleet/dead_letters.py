@@ -34,7 +34,7 @@ from jetfleet.errors import JetfleetError
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import DeadLetter, Job, Rejection
 from jetfleet.settings import Settings
-from jetfleet.stream_reader import read_stream
+from jetfleet.stream_reader import count_messages, read_stream
 
 log = logging.getLogger(__name__)
 
@@ -284,18 +284,25 @@ async def record_purged(js: JetStreamContext, target: str, count: int) -> int:
     )
 
 
-async def dead_letter_counts(js: JetStreamContext, target: str | None = None) -> dict[str, int]:
-    """How many dead letters each target has now (only ``target``'s when given)."""
-    filter_ = subjects.dlq(target) if target else ALL_DEAD_LETTERS
+async def dead_letter_total(js: JetStreamContext, target: str | None = None) -> int:
+    """How many dead letters there are now (only ``target``'s when given), without listing
+    subjects: each letter has its own, and the server lists at most 100,000."""
+    if target is not None:
+        return await count_messages(js, subjects.STREAM_DLQ, subjects.dlq(target))
     try:
-        info = await js.stream_info(subjects.STREAM_DLQ, subjects_filter=filter_)
+        info = await js.stream_info(subjects.STREAM_DLQ)
     except NotFoundError:
-        return {}
-    counts: dict[str, int] = {}
-    for subject, n in (info.state.subjects or {}).items():
-        name = subjects.target_of(subject)
-        counts[name] = counts.get(name, 0) + n
-    return counts
+        return 0
+    return info.state.messages
+
+
+async def _oldest_letter_target(js: JetStreamContext) -> str | None:
+    """The target of the oldest dead letter, or None when there is none."""
+    try:
+        msg = await js.get_msg(subjects.STREAM_DLQ, seq=1, subject=ALL_DEAD_LETTERS, next=True)
+    except NotFoundError:
+        return None
+    return subjects.target_of(msg.subject or "")
 
 
 async def purge(js: JetStreamContext, target: str | None = None) -> int:
@@ -308,15 +315,21 @@ async def purge(js: JetStreamContext, target: str | None = None) -> int:
     Returns:
         How many dead letters were removed.
     """
-    names: Iterable[str] = [target] if target is not None else sorted(await dead_letter_counts(js))
+    if target is not None:
+        return await _purge_target(js, target)
+    # Target by target, oldest letter first: one round trip each, never a subject list.
     removed = 0
-    for name in names:
-        n = await _purge_subject(js, subjects.dlq(name))
-        if n:
-            await record_purged(js, name, n)
-            log.info("purged %d dead letter(s) of %s", n, name)
-        removed += n
+    while (name := await _oldest_letter_target(js)) is not None:
+        removed += await _purge_target(js, name)
     return removed
+
+
+async def _purge_target(js: JetStreamContext, name: str) -> int:
+    n = await _purge_subject(js, subjects.dlq(name))
+    if n:
+        await record_purged(js, name, n)
+        log.info("purged %d dead letter(s) of %s", n, name)
+    return n
 
 
 async def purged_counts(js: JetStreamContext, targets: Iterable[str]) -> dict[str, int]:
@@ -348,7 +361,7 @@ async def purged_counts(js: JetStreamContext, targets: Iterable[str]) -> dict[st
 __all__ = [
     "REPLAY_HEADER",
     "DeadLetterEntry",
-    "dead_letter_counts",
+    "dead_letter_total",
     "get_dead_letter",
     "list_dead_letters",
     "purge",

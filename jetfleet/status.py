@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
@@ -18,6 +17,7 @@ from jetfleet.dead_letters import purged_counts
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.settings import Settings
+from jetfleet.stream_reader import count_messages
 from jetfleet.work_lanes import LaneMap
 
 # Reads of one kind in flight at once: enough to hide round trips at thousands of
@@ -183,29 +183,6 @@ async def _each(
             return target, await count(target)
 
     return dict(await asyncio.gather(*(one(t) for t in targets)))
-
-
-async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:
-    """How many messages of ``stream`` match ``filter_``, without listing subjects.
-
-    Results are one subject per key, so the per-subject map of ``stream_info`` would grow
-    with every job; an ephemeral consumer's pending count costs the same for any size.
-    """
-    config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE,
-        deliver_policy=js_api.DeliverPolicy.ALL,
-        filter_subject=filter_,
-        inactive_threshold=5.0,
-        mem_storage=True,
-    )
-    try:
-        info = await js.add_consumer(stream, config)
-    except NotFoundError:
-        return 0
-    try:
-        return info.num_pending or 0
-    finally:
-        await js.delete_consumer(stream, info.name)
 
 
 async def _leased(js: JetStreamContext, target: str) -> int:

@@ -51,3 +51,26 @@ async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) ->
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(stream, info.name)
+
+
+async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:
+    """How many messages of ``stream`` match ``filter_``, without listing subjects.
+
+    Results are one subject per key, so the per-subject map of ``stream_info`` would grow
+    with every job; an ephemeral consumer's pending count costs the same for any size.
+    """
+    config = js_api.ConsumerConfig(
+        ack_policy=js_api.AckPolicy.NONE,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        filter_subject=filter_,
+        inactive_threshold=5.0,
+        mem_storage=True,
+    )
+    try:
+        info = await js.add_consumer(stream, config)
+    except NotFoundError:
+        return 0
+    try:
+        return info.num_pending or 0
+    finally:
+        await js.delete_consumer(stream, info.name)

@@ -32,6 +32,7 @@ from jetfleet.client import submit_jobs
 from jetfleet.dead_letters import (
     REPLAY_HEADER,
     DeadLetterEntry,
+    dead_letter_total,
     get_dead_letter,
     list_dead_letters,
     purge,
@@ -642,3 +643,15 @@ def test_a_replay_id_is_a_valid_job_id_wherever_a_long_id_is_cut(dot_at: int) ->
     new_id = replay_job_id(original, 123456)
     job = msgspec.convert({"id": new_id, "url": "http://t/"}, Job)  # raises if invalid
     assert job.id.endswith(".r123456") and job.id.startswith("a" * dot_at)
+
+
+async def test_purge_without_a_target_empties_every_targets_letters(
+    settings: Settings, nc: NatsClient, simulator: TargetSimulator
+) -> None:
+    js = nc.jetstream()
+    for n in range(6):
+        await put_letter(js, simulator, TARGETS[n % 2], f"every-{n}", "http-404")
+    assert await dead_letter_total(js) == 6 and await dead_letter_total(js, "other") == 3
+    assert await purge(js) == 6
+    assert await dead_letter_total(js) == 0
+    assert await purged_counts(js, TARGETS) == {"demo": 3, "other": 3}

@@ -34,7 +34,7 @@ from jetfleet.schemas import Job
 from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.status import count_messages
+from jetfleet.stream_reader import count_messages
 from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet

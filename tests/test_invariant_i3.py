@@ -48,7 +48,8 @@ from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.status import FIELDS, FleetStatus, count_messages, fleet_status
+from jetfleet.status import FIELDS, FleetStatus, fleet_status
+from jetfleet.stream_reader import count_messages
 from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet

@@ -17,7 +17,7 @@ from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.dead_letters import (
     DeadLetterEntry,
-    dead_letter_counts,
+    dead_letter_total,
     get_dead_letter,
     list_dead_letters,
     purge,
@@ -279,7 +279,7 @@ def _run_purge(args: argparse.Namespace) -> int:
     scope = f" of {args.target}" if args.target else ""
 
     async def count(js: JetStreamContext) -> int:
-        return sum((await dead_letter_counts(js, args.target)).values())
+        return await dead_letter_total(js, args.target)
 
     pending: int = asyncio.run(_with_js(settings, count))
     if pending == 0:

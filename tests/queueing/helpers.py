@@ -18,7 +18,7 @@ from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.schemas import HandlerOutput, Job
 from jetfleet.settings import Settings, TargetSettings, WorkerSettings
-from jetfleet.status import count_messages
+from jetfleet.stream_reader import count_messages
 from jetfleet.worker import HandlerContext, handler
 from jetfleet.worker.builtin import http_get
 from tests.conftest import make_settings
