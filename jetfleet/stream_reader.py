@@ -21,15 +21,8 @@ async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) ->
     The count to read comes from the consumer's pending count, not from the stream's
     per-subject map, which the server caps at 100,000 subjects.
     """
-    config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE,
-        deliver_policy=js_api.DeliverPolicy.ALL,
-        filter_subject=filter_subject,
-        inactive_threshold=30.0,
-        mem_storage=True,
-    )
     try:
-        info = await js.add_consumer(stream, config)
+        info = await js.add_consumer(stream, _reader(filter_subject, inactive_s=30.0))
     except NotFoundError:
         return
     remaining = info.num_pending or 0
@@ -59,18 +52,23 @@ async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int
     Results are one subject per key, so the per-subject map of ``stream_info`` would grow
     with every job; an ephemeral consumer's pending count costs the same for any size.
     """
-    config = js_api.ConsumerConfig(
-        ack_policy=js_api.AckPolicy.NONE,
-        deliver_policy=js_api.DeliverPolicy.ALL,
-        filter_subject=filter_,
-        inactive_threshold=5.0,
-        mem_storage=True,
-    )
     try:
-        info = await js.add_consumer(stream, config)
+        info = await js.add_consumer(stream, _reader(filter_, inactive_s=5.0))
     except NotFoundError:
         return 0
     try:
         return info.num_pending or 0
     finally:
         await js.delete_consumer(stream, info.name)
+
+
+def _reader(filter_subject: str, inactive_s: float) -> js_api.ConsumerConfig:
+    """An ephemeral, unacked, in-memory consumer of every message matching the filter;
+    the server removes it after ``inactive_s`` if we die before deleting it."""
+    return js_api.ConsumerConfig(
+        ack_policy=js_api.AckPolicy.NONE,
+        deliver_policy=js_api.DeliverPolicy.ALL,
+        filter_subject=filter_subject,
+        inactive_threshold=inactive_s,
+        mem_storage=True,
+    )
