@@ -5,6 +5,7 @@ held by a job that hangs. Real servers; the sink is stopped or stood in for."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import msgspec
 import pytest
@@ -20,6 +21,7 @@ from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
+from jetfleet.worker.runtime import HAND_BACK_MAX_S, MIN_REFUSAL_DELAY_S
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 
@@ -125,3 +127,45 @@ async def test_drain_returns_and_gives_back_a_hung_job_while_every_slot_is_busy(
         assert [(await store.highest_fence(j.id)).grants for j in jobs] == [0, 0]
     finally:
         await worker_nc.close()
+
+
+async def test_a_refusal_about_the_job_backs_off_to_one_ask_per_two_seconds(
+    settings: Settings, nc: NatsClient
+) -> None:
+    # A job pinned to an identity no worker has is refused wrong-identity (retry after
+    # 0) on every delivery; its nak delay doubles per delivery up to HAND_BACK_MAX_S.
+    worker = Worker(settings, nc, "w-pin")
+
+    def delay(deliveries: int) -> float:
+        delivery = SimpleNamespace(metadata=SimpleNamespace(num_delivered=deliveries))
+        return worker._growing_delay(delivery)  # type: ignore[arg-type]
+
+    for n in range(1, 12):
+        low = min(HAND_BACK_MAX_S, MIN_REFUSAL_DELAY_S * 2 ** (n - 1)) / 2
+        assert low <= delay(n) <= 2 * low
+    assert min(delay(40) for _ in range(100)) >= HAND_BACK_MAX_S / 2
+
+
+async def test_a_job_pinned_to_an_identity_nobody_has_is_asked_for_ever_more_slowly(
+    settings: Settings, nc: NatsClient, stack: InProcessStack
+) -> None:
+    assert stack.leaser is not None
+    answers = stack.leaser.answers
+    [job] = jobs_for("demo", settings, ["/page/5"], pin_identity="nobody")
+    await submit_jobs(nc.jetstream(), settings, "demo", [job])
+    refusals: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def refused(times: int) -> bool:
+        count = sum(
+            n for labels, n in answers.values.items() if dict(labels)["reason"] == "wrong-identity"
+        )
+        refusals.extend([loop.time()] * (count - len(refusals)))
+        return count >= times
+
+    await wait_for(lambda: refused(6), 30, "six wrong-identity refusals")
+    # Naks of at least 0.25, 0.25, 0.5, 1 and 1 s (half of 0.25 s doubling, jittered):
+    # at a fixed 0.25 s, as before, six refusals took 1.25 s.
+    assert refusals[5] - refusals[0] >= 3.0 - 0.1
+    totals = (await stack.status()).totals
+    assert totals.queued + totals.leased == 1 and totals.dead == 0  # waiting, not lost
