@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jetfleet.worker.target_gate import HAND_BACK_S, PROBE_WAIT_S, TargetGate
+from jetfleet.worker.verdict import Verdict, target_answered
 
 
 def test_a_refused_target_hands_jobs_back_at_once_for_other_workers() -> None:
@@ -46,3 +47,18 @@ def test_a_probe_that_never_reached_the_target_does_not_clear_it() -> None:
     gate.done("shop", answered=False, blocked=False)  # e.g. its lease was refused
     assert gate.admit("shop") is None  # a new probe, not free flow
     assert gate.admit("shop") == PROBE_WAIT_S
+
+
+def test_only_a_verdict_from_the_target_ends_the_probing() -> None:
+    gate = TargetGate()
+    gate.blocked("shop", 0.0)
+    assert gate.admit("shop") is None  # the probe
+    exhausted = Verdict("permanent", reason="attempts-exhausted", called=False)
+    for said_nothing in (None, Verdict("lost"), exhausted, Verdict("blocked")):
+        gate.done("shop", answered=target_answered(said_nothing), blocked=False)
+        assert gate.admit("shop") is None  # still suspect: the next job probes
+        assert gate.admit("shop") == PROBE_WAIT_S  # and the others wait
+    gate.done(
+        "shop", answered=target_answered(Verdict("permanent", reason="http-404")), blocked=False
+    )
+    assert gate.admit("shop") is None and gate.admit("shop") is None  # free again

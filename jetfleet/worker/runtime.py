@@ -55,7 +55,7 @@ from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.tier_slots import TierSlots
-from jetfleet.worker.verdict import Held, Verdict
+from jetfleet.worker.verdict import Held, Verdict, target_answered
 
 log = logging.getLogger(__name__)
 
@@ -361,17 +361,18 @@ class Worker:
             # probe is out: do not call it yet. No lease is taken, so nothing is spent.
             await self._hand_back(msg, target, "held", self._hand_back_delay(msg, target, wait))
             return
-        kind = ""
+        verdict: Verdict | None = None
         try:
-            kind = await self._process_order(msg, order, target)
+            verdict = await self._process_order(msg, order, target)
         finally:
-            self.gate.done(target, answered=kind not in ("", "lost"), blocked=kind == "blocked")
+            blocked = verdict is not None and verdict.kind == "blocked"
+            self.gate.done(target, answered=target_answered(verdict), blocked=blocked)
 
-    async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> str:
-        """Lease, run, report and settle one job; the verdict's kind ("" if not run)."""
+    async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
+        """Lease, run, report and settle one job; its verdict (None if not leased)."""
         held = await self._take_lease(msg, order, target)
         if held is None:
-            return ""
+            return None
         attempt = held.attempt or msg.metadata.num_delivered
         # Renewals run until just before the ack, nak or term: a report slowed by an
         # election must not outlive the lease, and no +WPI may follow a nak (it would
@@ -398,7 +399,7 @@ class Worker:
             await self._back_off(msg, order, held, verdict)
         else:
             await self._settle(msg, order, held, verdict, reply)
-        return verdict.kind
+        return verdict
 
     async def _run_and_report(
         self, msg: Msg, order: WorkOrder, attempt: int, held: Held
@@ -481,6 +482,7 @@ class Worker:
                 "permanent",
                 reason="attempts-exhausted",
                 detail=f"attempt {attempt} of {order.max_attempts}",
+                called=False,
             )
         try:
             fn, _ = get_handler(order.job.handler)
@@ -489,6 +491,7 @@ class Worker:
                 "permanent",
                 reason="unknown-handler",
                 detail=f"no handler {order.job.handler!r} in this worker",
+                called=False,
             )
         if held.lost.is_set():
             return Verdict("lost", reason="lease-lost")  # lost while being granted

@@ -23,6 +23,15 @@ class Verdict:
     delay_s: float | None = None
     attempt_reason: str = ""
     """The attempt's own reason when ``reason`` is about the job (attempts-exhausted)."""
+    called: bool = True
+    """Whether the target was called (False: judged without running the handler)."""
+
+
+def target_answered(verdict: Verdict | None) -> bool:
+    """Whether ``verdict`` shows the target answering normally, which ends the probing
+    after a block: the handler called it, kept its lease, and was not blocked. A job
+    not leased (None), lost, or judged without a call says nothing about the target."""
+    return verdict is not None and verdict.called and verdict.kind not in ("lost", "blocked")
 
 
 @dataclass
