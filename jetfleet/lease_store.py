@@ -9,6 +9,7 @@ fence ever granted and the number of grants.
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -20,6 +21,8 @@ from jetfleet import subjects
 from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
+# Compare-and-set attempts before a write gives up under contention.
+_CAS_TRIES = 10
 _encoder = msgspec.json.Encoder()
 _record_decoder = msgspec.json.Decoder(LeaseRecord)
 _history_decoder = msgspec.json.Decoder(JobLeaseHistory)
@@ -108,7 +111,7 @@ class LeaseStore:
         ``read`` is the history as read before the grant (saves a round trip); on a
         conflict the history is read again.
         """
-        for _ in range(10):
+        for _ in range(_CAS_TRIES):
             if read is None:
                 read = await self.read_history(job_id)
             old, last = read.history, read.revision
@@ -128,7 +131,7 @@ class LeaseStore:
 
     async def refund_grant(self, job_id: str) -> None:
         """Take back one grant from the job's count (an attempt the target refused)."""
-        for _ in range(10):
+        for _ in range(_CAS_TRIES):
             try:
                 entry = await self.history.get(job_id)
             except KeyNotFoundError:
@@ -150,36 +153,46 @@ class LeaseStore:
         nats-py's ``kv.update`` cannot carry a TTL, so the CAS is a raw publish with
         ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
         """
-        live = await self.live(job_id)
-        if live is None or live.fence != fence:
-            return None
-        record = msgspec.structs.replace(live.record, fence=fence)
-        try:
+
+        async def extend(live: LiveLease) -> LeaseRecord:
+            record = msgspec.structs.replace(live.record, fence=fence)
             await self.js.publish(
                 f"$KV.{subjects.BUCKET_LEASES}.{job_id}",
                 _encoder.encode(record),
                 headers={"Nats-Expected-Last-Subject-Sequence": str(live.revision)},
                 msg_ttl=ttl_whole_seconds(ttl_s),
             )
-        except APIError as exc:
-            if exc.err_code in _WRONG_LAST_SEQUENCE:
-                return None
-            raise
-        return record
+            return record
+
+        return await self._while_ours(job_id, fence, extend)
 
     async def release(self, job_id: str, fence: int) -> LeaseRecord | None:
         """Delete the lease if ``fence`` is still the live one; its record, or None if it
         is not ours."""
-        live = await self.live(job_id)
-        if live is None or live.fence != fence:
-            return None
-        try:
+
+        async def delete(live: LiveLease) -> LeaseRecord:
             await self.leases.delete(job_id, last=live.revision)
-        except APIError as exc:
-            if exc.err_code in _WRONG_LAST_SEQUENCE:
+            return live.record
+
+        return await self._while_ours(job_id, fence, delete)
+
+    async def _while_ours(
+        self, job_id: str, fence: int, write: Callable[[LiveLease], Awaitable[LeaseRecord]]
+    ) -> LeaseRecord | None:
+        """``write`` the live lease, compare-and-set on its revision, if ``fence`` holds
+        it; None if not. A conflict with the same fence still live (its renewal, sent just
+        before, landed first) is read and tried again, so a release or revoke racing the
+        holder's renewal does not mistake it for a lost lease."""
+        for _ in range(_CAS_TRIES):
+            live = await self.live(job_id)
+            if live is None or live.fence != fence:
                 return None
-            raise
-        return live.record
+            try:
+                return await write(live)
+            except APIError as exc:
+                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                    raise
+        return None
 
     async def revoke(self, live: LiveLease) -> bool:
         """Take a live lease away (its holder's renewal and commit will then fail)."""

@@ -522,3 +522,20 @@ async def test_a_quarantine_set_after_the_watch_died_is_still_enforced(
     client = LeaseClient(nc)
     refusal = await refused(client, ask(order_for(settings, "/page/42"), worker="w-late"))
     assert refusal.reason == "quarantined"
+
+
+async def test_a_release_racing_the_holders_renewal_still_releases(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    """A worker stops its renewals before it releases, but a renewal already sent can land
+    between the release's read and its compare-and-set; that must not read as a lost
+    lease (the job would then wait for the ack wait instead of being handed back)."""
+    client = LeaseClient(nc)
+    for n in range(40):
+        order = order_for(settings, f"/race/{n}")
+        fence = (await granted(client, ask(order, worker="w-a"))).fence
+        _, released = await asyncio.gather(
+            store.renew(order.job.id, fence, TTL_S), store.release(order.job.id, fence)
+        )
+        assert released is not None, n
+        assert await store.live(order.job.id) is None, n
