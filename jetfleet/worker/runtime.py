@@ -456,10 +456,7 @@ class Worker:
             if reply.reason == "dead-lettered":
                 await self._term(msg, "dead-lettered")  # a term that was lost, sent again
                 return None
-            # A refusal about this job (wrong-identity, held, leaser-error) grows with each
-            # delivery, so a job nobody may run (pinned to an identity no worker has)
-            # settles at one lease request per HAND_BACK_MAX_S instead of spinning.
-            delay = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s, self._growing_delay(msg))
+            retry_after = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
@@ -469,8 +466,13 @@ class Worker:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
-                self.gate.hold(target, delay)
+                self.gate.hold(target, retry_after)
                 delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+            else:
+                # About this job (wrong-identity, held, leaser-error): the delay grows with
+                # each delivery, so a job nobody may run (pinned to an identity no worker
+                # has) settles at one lease request per HAND_BACK_MAX_S, not four a second.
+                delay = max(retry_after, self._growing_delay(msg))
             await self._hand_back(msg, target, reply.reason, delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
@@ -493,8 +495,6 @@ class Worker:
                 detail=f"no handler {order.job.handler!r} in this worker",
                 called=False,
             )
-        if held.lost.is_set():
-            return Verdict("lost", reason="lease-lost")  # lost while being granted
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
         try:
             return await handler
