@@ -129,7 +129,8 @@ class InFlightCaps:
         return bool(taken)
 
     async def keep(self, target: str, job_id: str, ttl_s: float) -> None:
-        """Extend the job's place with its renewed lease."""
+        """Extend the job's place with its renewed lease, if it still holds one (a freed
+        place is never brought back, nor a place ever shortened)."""
         await self._call(self._keep, target, job_id, _ms(ttl_s))
 
     async def drop(self, target: str, job_id: str) -> None:
