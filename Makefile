@@ -15,8 +15,17 @@ format:
 	$(PY) -m ruff format jetfleet services schemas tests bench
 	$(PY) -m ruff check --fix jetfleet services schemas tests bench
 
+# mypy cannot follow setuptools' editable import hook, so it reads a tree of links laid
+# out the way the package installs (services/ and schemas/ inside jetfleet/). The links
+# live under build/ only; the repository itself has none.
+TYPECHECK_TREE := build/typecheck
+
 mypy:
-	$(PY) -m mypy
+	rm -rf $(TYPECHECK_TREE) && mkdir -p $(TYPECHECK_TREE)/jetfleet
+	for f in jetfleet/*; do ln -s $(CURDIR)/$$f $(TYPECHECK_TREE)/$$f; done
+	ln -s $(CURDIR)/services $(TYPECHECK_TREE)/jetfleet/services
+	ln -s $(CURDIR)/schemas $(TYPECHECK_TREE)/jetfleet/schemas
+	MYPYPATH=$(TYPECHECK_TREE) $(PY) -m mypy
 
 schemas:
 	$(PY) -m jetfleet schemas check

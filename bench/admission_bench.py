@@ -29,13 +29,13 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 from harness import fmt_table, load, run_with_tree, write_config  # noqa: E402
+from jetfleet.services.scheduler import Scheduler  # noqa: E402
 from stats import latency_summary  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.client import jobs_for, submit_jobs  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
-from jetfleet.embedded import EmbeddedNats  # noqa: E402
-from jetfleet.services.scheduler import Scheduler  # noqa: E402
+from jetfleet.dev.embedded import EmbeddedNats  # noqa: E402
 from jetfleet.settings import Settings  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from stats import latency_summary, process_usage, scan_logs
 
-from jetfleet.embedded import EmbeddedRedis, die_with_parent
+from jetfleet.dev.embedded import EmbeddedRedis, die_with_parent
 
 HERE = Path(__file__).resolve().parent
 IN_FLIGHT = 256  # enqueues awaiting redis at once (the same as the jetfleet submitter)

@@ -55,13 +55,6 @@ from harness import (  # noqa: E402
     wait_until_done,
     write_config,
 )
-from stats import latency_summary, process_usage, scan_logs  # noqa: E402
-
-import jetfleet  # noqa: E402
-from jetfleet import subjects  # noqa: E402
-from jetfleet.canonical import idempotency_key  # noqa: E402
-from jetfleet.connection import connect_nats  # noqa: E402
-from jetfleet.lease_client import LeaseClient  # noqa: E402
 from jetfleet.schemas import (  # noqa: E402
     AttemptRecord,
     Failure,
@@ -74,6 +67,13 @@ from jetfleet.schemas import (  # noqa: E402
     WorkOrder,
 )
 from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
+from stats import latency_summary, process_usage, scan_logs  # noqa: E402
+
+import jetfleet  # noqa: E402
+from jetfleet import subjects  # noqa: E402
+from jetfleet.canonical import idempotency_key  # noqa: E402
+from jetfleet.connection import connect_nats  # noqa: E402
+from jetfleet.lease_client import LeaseClient  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 
 TARGET = "demo"
@@ -336,8 +336,8 @@ async def run_e2e(jobs: int, workers: int, keep: bool) -> dict[str, Any]:
     from jetfleet_bench import _wait_ready
 
     from jetfleet.client import jobs_for, submit_jobs
-    from jetfleet.devstack import DevStack
-    from jetfleet.status import fleet_status
+    from jetfleet.dev.devstack import DevStack
+    from jetfleet.ops.status import fleet_status
 
     folder = Path(tempfile.mkdtemp(prefix="jetfleet-bench-dlq-e2e-"))
     stack = DevStack(folder, workers=workers)

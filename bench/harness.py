@@ -20,10 +20,10 @@ from typing import Any
 
 from stats import latency_summary
 
-from jetfleet.devstack import start_jetfleet
-from jetfleet.embedded import EmbeddedNats
+from jetfleet.dev.devstack import start_jetfleet
+from jetfleet.dev.embedded import EmbeddedNats
+from jetfleet.dev.settings_file import toml_tables
 from jetfleet.settings import Settings, load_settings
-from jetfleet.settings_file import toml_tables
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 15.0

@@ -22,8 +22,8 @@ from stats import latency_summary, process_usage
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.devstack import DevStack
-from jetfleet.status import fleet_status
+from jetfleet.dev.devstack import DevStack
+from jetfleet.ops.status import fleet_status
 from jetfleet.topology import declare
 
 TARGET = "demo"

@@ -47,14 +47,14 @@ from harness import (  # noqa: E402
     timed_calls,
     write_config,
 )
+from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
+from jetfleet.schemas.report import Versions  # noqa: E402
 from stats import process_usage, scan_logs  # noqa: E402
 
 import jetfleet  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
 from jetfleet.lease_client import LeaseClient  # noqa: E402
 from jetfleet.lease_store import LeaseStore  # noqa: E402
-from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
-from jetfleet.schemas.report import Versions  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 
 TARGET = "demo"

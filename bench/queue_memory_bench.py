@@ -41,17 +41,17 @@ if str(HERE) not in sys.path:
 import aiohttp  # noqa: E402
 import msgspec  # noqa: E402
 from harness import fmt_table, run_with_tree, stop_stack  # noqa: E402
+from jetfleet.schemas import Job  # noqa: E402
 from jetfleet_bench import _wait_ready  # noqa: E402
 from stats import process_usage  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
-from jetfleet.devstack import DevStack  # noqa: E402
-from jetfleet.embedded import die_with_parent  # noqa: E402
+from jetfleet.dev.devstack import DevStack  # noqa: E402
+from jetfleet.dev.embedded import die_with_parent  # noqa: E402
+from jetfleet.ops.status import fleet_status  # noqa: E402
 from jetfleet.publish import publish_durably  # noqa: E402
-from jetfleet.schemas import Job  # noqa: E402
 from jetfleet.settings import load_settings  # noqa: E402
-from jetfleet.status import fleet_status  # noqa: E402
 
 TARGET = "demo"
 SAMPLE_EVERY_S = 2.0

@@ -150,7 +150,7 @@ def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     import psutil
 
-    from jetfleet.embedded import find_nats_server, find_redis_server
+    from jetfleet.dev.embedded import find_nats_server, find_redis_server
 
     try:
         import arq

@@ -65,11 +65,11 @@ from stats import latency_summary, process_usage, scan_logs  # noqa: E402
 from jetfleet import subjects  # noqa: E402
 from jetfleet.client import jobs_for, submit_jobs  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
-from jetfleet.devstack import DevStack  # noqa: E402
+from jetfleet.dev.devstack import DevStack  # noqa: E402
+from jetfleet.dev.settings_file import toml_tables  # noqa: E402
 from jetfleet.inflight_caps import KEY_PREFIX  # noqa: E402
-from jetfleet.settings_file import toml_tables  # noqa: E402
+from jetfleet.ops.status import fleet_status  # noqa: E402
 from jetfleet.simulator import TargetSimulator  # noqa: E402
-from jetfleet.status import fleet_status  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 from jetfleet.work_lanes import LaneMap  # noqa: E402
 

@@ -7,11 +7,13 @@ import logging
 import nats
 from nats.aio.client import Client as NatsClient
 
-from jetfleet.embedded import MIN_NATS_VERSION
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import NatsSettings
 
 log = logging.getLogger(__name__)
+
+# Per-message TTL (leases, idempotency keys) and consumer pause need 2.11.
+MIN_NATS_VERSION = (2, 11, 0)
 
 
 async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:

@@ -6,6 +6,14 @@ maps each subject family to the type (or tagged union) it carries; ``jetfleet sc
 export`` writes the JSON Schema and AsyncAPI documents from it.
 """
 
+# One import name per module: imported as plain `schemas` (the source folder on sys.path)
+# every module here would exist twice, and isinstance checks between the copies fail.
+if __name__ != "jetfleet.schemas":
+    raise ImportError(
+        f"import jetfleet.schemas, not {__name__}: the folder installs as jetfleet.schemas"
+    )
+
+
 from jetfleet.schemas.events import CommittedResult, DeadLetter, Duplicate, Outcome, Rejection
 from jetfleet.schemas.job import Job, WorkOrder
 from jetfleet.schemas.lease import (

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
-
 from jetfleet.schemas.report import Versions
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
-
 from jetfleet.schemas.job import WorkOrder
 from jetfleet.schemas.output import HandlerOutput
 

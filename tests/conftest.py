@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.connection import connect_nats
-from jetfleet.embedded import EmbeddedNats, EmbeddedRedis
+from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import (
     FleetSettings,

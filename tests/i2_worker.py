@@ -15,8 +15,9 @@ import asyncio
 import os
 import time
 
-from jetfleet.cli.main import main
 from jetfleet.schemas import DataOutput, HandlerOutput, HttpFetch
+
+from jetfleet.cli.main import main
 from jetfleet.worker.builtin import http_get
 from jetfleet.worker.handlers import HandlerContext, handler
 

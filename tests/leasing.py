@@ -4,13 +4,6 @@ real leaser and sink answer them over NATS)."""
 from __future__ import annotations
 
 import msgspec
-from nats.aio.client import Client as NatsClient
-
-import jetfleet
-from jetfleet import subjects
-from jetfleet.admission import admit
-from jetfleet.client import new_job_id, resolve_url
-from jetfleet.lease_client import LeaseClient
 from jetfleet.schemas import (
     AttemptRecord,
     Failure,
@@ -24,6 +17,13 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
+from nats.aio.client import Client as NatsClient
+
+import jetfleet
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.client import new_job_id, resolve_url
+from jetfleet.lease_client import LeaseClient
 from jetfleet.settings import Settings
 
 VERSIONS = Versions(jetfleet=jetfleet.__version__, handler="noop@1")

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from nats.aio.client import Client as NatsClient
-
-from jetfleet.connection import connect_nats
 from jetfleet.services.leaser import Leaser
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.connection import connect_nats
+from jetfleet.ops.status import FleetStatus, fleet_status
 from jetfleet.settings import Settings
-from jetfleet.status import FleetStatus, fleet_status
 from jetfleet.topology import declare
 from jetfleet.worker import Worker
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import msgspec
 import pytest
+from jetfleet.schemas import Job, Outcome
+from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
-from jetfleet.schemas import Job, Outcome
-from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import read_stream

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import msgspec
 import pytest
+from jetfleet.schemas import Job, Rejection, SinkReply, WorkOrder
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
@@ -21,7 +22,6 @@ from jetfleet import subjects
 from jetfleet.admission import admit
 from jetfleet.client import jobs_for, submit_jobs, submit_raw
 from jetfleet.results import iter_results
-from jetfleet.schemas import Job, Rejection, SinkReply, WorkOrder
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
 from tests.conftest import wait_for

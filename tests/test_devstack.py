@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from jetfleet.stack_env import read_env
+from jetfleet.dev.stack_env import read_env
 
 START_TIMEOUT_S = 60.0
 

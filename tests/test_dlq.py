@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from jetfleet.schemas import AttemptRecord, CommittedResult, DeadLetter, Job, WorkOrder
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
@@ -29,7 +30,9 @@ from jetfleet.admission import job_key
 from jetfleet.canonical import idempotency_key
 from jetfleet.cli import dlq_commands
 from jetfleet.client import submit_jobs
-from jetfleet.dead_letters import (
+from jetfleet.dev.settings_file import settings_toml
+from jetfleet.errors import JetfleetError
+from jetfleet.ops.dead_letters import (
     REPLAY_HEADER,
     DeadLetterEntry,
     dead_letter_total,
@@ -41,12 +44,9 @@ from jetfleet.dead_letters import (
     replay,
     replay_job_id,
 )
-from jetfleet.errors import JetfleetError
 from jetfleet.publish import publish_durably
 from jetfleet.results import iter_results
-from jetfleet.schemas import AttemptRecord, CommittedResult, DeadLetter, Job, WorkOrder
 from jetfleet.settings import Settings, TargetSettings
-from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, wait_for

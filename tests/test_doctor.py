@@ -9,13 +9,15 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from jetfleet.schemas import Outcome, Versions
+from jetfleet.schemas.events import OutcomeKind
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.cli import doctor_command
 from jetfleet.client import jobs_for, submit_jobs
-from jetfleet.doctor import (
+from jetfleet.ops.doctor import (
     NO_ATTEMPTS,
     Attempt,
     DoctorReport,
@@ -29,8 +31,6 @@ from jetfleet.doctor import (
     read_attempts,
     target_rules,
 )
-from jetfleet.schemas import Outcome, Versions
-from jetfleet.schemas.events import OutcomeKind
 from jetfleet.settings import Settings, TargetSettings
 from tests.conftest import make_settings, wait_for
 from tests.stack import InProcessStack

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from jetfleet.schemas import HttpFetch
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.results import iter_results
-from jetfleet.schemas import HttpFetch
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for

@@ -8,18 +8,18 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
-from nats.aio.client import Client as NatsClient
-
-from jetfleet import subjects
-from jetfleet.connection import connect_nats
-from jetfleet.results import iter_results
 from jetfleet.schemas import Rejection
 from jetfleet.services.gateway import Gateway
 from jetfleet.services.gateway.access import check_write, is_loopback
 from jetfleet.services.gateway.batch import MAX_ITEMS, max_body_bytes
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.connection import connect_nats
+from jetfleet.ops.status import FIELDS
+from jetfleet.results import iter_results
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.status import FIELDS
 from jetfleet.stream_reader import read_stream
 from tests.conftest import wait_for
 from tests.stack import InProcessStack

@@ -23,15 +23,15 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from jetfleet.schemas import Job
+from jetfleet.services.sink import Sink
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.embedded import EmbeddedNats
+from jetfleet.dev.embedded import EmbeddedNats
 from jetfleet.results import iter_results
-from jetfleet.schemas import Job
-from jetfleet.services.sink import Sink
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import count_messages

@@ -19,21 +19,21 @@ from pathlib import Path
 import libfaketime
 import msgspec
 import pytest
-from nats.aio.client import Client as NatsClient
-
-from jetfleet import subjects
-from jetfleet.client import jobs_for, submit_jobs
-from jetfleet.lease_client import LeaseClient
-from jetfleet.lease_store import LeaseStore
-from jetfleet.results import iter_results
 from jetfleet.schemas import (
     CommittedResult,
     DataOutput,
     Outcome,
     WorkOrder,
 )
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.dev.settings_file import settings_toml
+from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_store import LeaseStore
+from jetfleet.results import iter_results
 from jetfleet.settings import Settings, load_settings
-from jetfleet.settings_file import settings_toml
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, sim_target, wait_for

@@ -36,19 +36,19 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from jetfleet.schemas import Job
+from jetfleet.services.scheduler import Scheduler
+from jetfleet.services.sink import Sink
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.dead_letters import DeadLetterEntry, list_dead_letters
-from jetfleet.schemas import Job
-from jetfleet.services.scheduler import Scheduler
-from jetfleet.services.sink import Sink
+from jetfleet.ops.dead_letters import DeadLetterEntry, list_dead_letters
+from jetfleet.ops.status import FIELDS, FleetStatus, fleet_status
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.status import FIELDS, FleetStatus, fleet_status
 from jetfleet.stream_reader import count_messages
 from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for

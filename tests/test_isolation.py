@@ -21,10 +21,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from jetfleet.schemas import Job
 from nats.js import JetStreamContext
 
 from jetfleet.connection import connect_nats
-from jetfleet.schemas import Job
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.work_lanes import LaneMap, partition_of

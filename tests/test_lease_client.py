@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from jetfleet.schemas.lease import LEASE_LOST, LeaseGrant, LeaseRefusal, LeaseReply
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from jetfleet import subjects
 from jetfleet.lease_client import LeaseClient
-from jetfleet.schemas.lease import LEASE_LOST, LeaseGrant, LeaseRefusal, LeaseReply
 
 
 async def _answering(nc: NatsClient, reply: LeaseReply) -> None:

@@ -11,17 +11,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from nats.aio.client import Client as NatsClient
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import FetchTimeoutError
-
-from jetfleet import subjects
-from jetfleet.admission import admit
-from jetfleet.client import new_job_id, resolve_url
-from jetfleet.connection import connect_nats
-from jetfleet.lease_client import LeaseClient
-from jetfleet.lease_store import LeaseStore
-from jetfleet.results import iter_results
 from jetfleet.schemas import (
     HandlerOutput,
     Job,
@@ -42,6 +31,17 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
 )
 from jetfleet.services.leaser import Leaser
+from nats.aio.client import Client as NatsClient
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import FetchTimeoutError
+
+from jetfleet import subjects
+from jetfleet.admission import admit
+from jetfleet.client import new_job_id, resolve_url
+from jetfleet.connection import connect_nats
+from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_store import LeaseStore
+from jetfleet.results import iter_results
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker

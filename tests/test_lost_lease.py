@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import msgspec
 import pytest
+from jetfleet.schemas import DataOutput, HandlerOutput, Job, WorkOrder
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -24,7 +25,6 @@ from jetfleet.client import new_job_id, resolve_url
 from jetfleet.connection import connect_nats
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
-from jetfleet.schemas import DataOutput, HandlerOutput, Job, WorkOrder
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker

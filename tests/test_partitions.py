@@ -17,19 +17,19 @@ from pathlib import Path
 import msgspec
 import pytest
 import redis.asyncio as aioredis
+from jetfleet.schemas import Job, LeaseGrant, LeaseRefusal
+from jetfleet.schemas.lease import LeaseRelease, LeaseRenew
+from jetfleet.services.leaser import Leaser
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
 import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
-from jetfleet.embedded import free_port
+from jetfleet.dev.embedded import free_port
 from jetfleet.errors import ConfigError
 from jetfleet.inflight_caps import COUNT_BATCH, POOL_SIZE, InFlightCaps
 from jetfleet.lease_store import LeaseStore
-from jetfleet.schemas import Job, LeaseGrant, LeaseRefusal
-from jetfleet.schemas.lease import LeaseRelease, LeaseRenew
-from jetfleet.services.leaser import Leaser
 from jetfleet.settings import Settings, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare

@@ -7,7 +7,7 @@ import itertools
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.client import jobs_for, submit_jobs
-from jetfleet.dead_letters import list_dead_letters
+from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.settings import Settings
 from tests.conftest import wait_for
 from tests.stack import InProcessStack

@@ -8,12 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jetfleet.schemas as wire
 import msgspec
 import pytest
-
-import jetfleet
-import jetfleet.schemas as wire
-from jetfleet import schema_export
 from jetfleet.schemas import (
     AttemptRecord,
     CommittedResult,
@@ -45,6 +42,9 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
+
+import jetfleet
+from jetfleet.ops import schema_export
 from jetfleet.wire_catalog import CHANNELS, Channel
 
 FIX = "jetfleet schemas export"

@@ -11,14 +11,14 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.cli.data_commands import _status
-from jetfleet.settings import Settings
-from jetfleet.status import (
+from jetfleet.ops.status import (
     CONFIRM_READS,
     FleetStatus,
     TargetCounts,
     confirmed_status,
     read_until_conserved,
 )
+from jetfleet.settings import Settings
 from tests.leasing import order_for
 from tests.stack import InProcessStack
 

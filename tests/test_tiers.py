@@ -20,6 +20,7 @@ from itertools import pairwise
 
 import msgspec
 import pytest
+from jetfleet.schemas import Job, WorkOrder
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
@@ -27,7 +28,6 @@ from nats.js import JetStreamContext
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.results import iter_results
-from jetfleet.schemas import Job, WorkOrder
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for

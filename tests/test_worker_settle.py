@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import msgspec
 import pytest
+from jetfleet.schemas import HandlerOutput, NoopOutput, SinkReply
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -16,7 +17,6 @@ from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.lease_store import LeaseStore
-from jetfleet.schemas import HandlerOutput, NoopOutput, SinkReply
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker

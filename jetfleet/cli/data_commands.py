@@ -17,9 +17,9 @@ from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
+from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, confirmed_status
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings
-from jetfleet.status import CONFIRM_GAP_S, FIELDS, confirmed_status
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
 
@@ -209,7 +209,7 @@ async def _results_export(settings: Settings, target: str | None) -> int:
 
 
 def _run_schemas_export(args: argparse.Namespace) -> int:
-    from jetfleet.schema_export import default_dir, export
+    from jetfleet.ops.schema_export import default_dir, export
 
     written = export(args.out or default_dir())
     print(f"wrote {len(written)} file(s) to {args.out or default_dir()}")
@@ -217,7 +217,7 @@ def _run_schemas_export(args: argparse.Namespace) -> int:
 
 
 def _run_schemas_check(args: argparse.Namespace) -> int:
-    from jetfleet.schema_export import check, default_dir
+    from jetfleet.ops.schema_export import check, default_dir
 
     problems = check(args.out or default_dir())
     for problem in problems:

@@ -14,9 +14,9 @@ from jetfleet import subjects
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.devstack import DevStack
+from jetfleet.dev.devstack import DevStack
 from jetfleet.errors import JetfleetError
-from jetfleet.status import confirmed_status, fleet_status
+from jetfleet.ops.status import confirmed_status, fleet_status
 from jetfleet.topology import declare
 
 

@@ -15,7 +15,8 @@ from nats.js import JetStreamContext
 
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
-from jetfleet.dead_letters import (
+from jetfleet.errors import JetfleetError
+from jetfleet.ops.dead_letters import (
     DeadLetterEntry,
     dead_letter_total,
     get_dead_letter,
@@ -23,7 +24,6 @@ from jetfleet.dead_letters import (
     purge,
     replay,
 )
-from jetfleet.errors import JetfleetError
 from jetfleet.schemas import AttemptRecord
 from jetfleet.settings import Settings
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
-from jetfleet.doctor import DEFAULT_LIMIT, DoctorReport, Recommendation, diagnose
+from jetfleet.ops.doctor import DEFAULT_LIMIT, DoctorReport, Recommendation, diagnose
 from jetfleet.settings import Settings
 
 

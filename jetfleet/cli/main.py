@@ -18,9 +18,9 @@ from jetfleet.cli import (
     run_commands,
     scenario_command,
 )
+from jetfleet.dev.stack_env import effective_env
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import Settings, load_settings
-from jetfleet.stack_env import effective_env
 
 DESCRIPTION = """\
 Run a polite fleet of crawl and browser-automation workers from NATS JetStream.

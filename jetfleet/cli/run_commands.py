@@ -16,7 +16,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
 from jetfleet.connection import connect_nats
-from jetfleet.devstack import DevStack
+from jetfleet.dev.devstack import DevStack
 from jetfleet.errors import JetfleetError
 from jetfleet.service import Service, serve_until_signalled
 from jetfleet.services import SERVICE_NAMES

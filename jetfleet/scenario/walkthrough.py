@@ -18,7 +18,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.client import submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.embedded import EmbeddedNats
+from jetfleet.dev.embedded import EmbeddedNats
 from jetfleet.errors import PermanentFailure
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jetfleet.status import FIELDS, FleetStatus
+from jetfleet.ops.status import FIELDS, FleetStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

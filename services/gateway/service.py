@@ -15,13 +15,6 @@ import msgspec
 import nats.errors
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from nats.aio.client import Client as NatsClient
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
-
-from jetfleet import subjects
-from jetfleet.client import SubmitResult, submit_raw
-from jetfleet.errors import SubmitError
-from jetfleet.metrics import CounterFamily
 from jetfleet.services.gateway.access import check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
@@ -33,8 +26,15 @@ from jetfleet.services.gateway.batch import (
 from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from jetfleet.services.gateway.metrics import render_metrics
+from nats.aio.client import Client as NatsClient
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+from jetfleet import subjects
+from jetfleet.client import SubmitResult, submit_raw
+from jetfleet.errors import SubmitError
+from jetfleet.metrics import CounterFamily
+from jetfleet.ops.status import confirmed_status, fleet_status
 from jetfleet.settings import Settings
-from jetfleet.status import confirmed_status, fleet_status
 
 log = logging.getLogger(__name__)
 

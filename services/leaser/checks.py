@@ -15,6 +15,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
+from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -22,8 +24,6 @@ from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.results import committed_job
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
-from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.settings import Settings
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a

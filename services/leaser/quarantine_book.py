@@ -10,13 +10,13 @@ import re
 from typing import Any
 
 import msgspec
+from jetfleet.schemas.lease import QuarantineRecord, QuarantineScope
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.lease_store import ttl_whole_seconds
-from jetfleet.schemas.lease import QuarantineRecord, QuarantineScope
 from jetfleet.stream_reader import read_stream
 
 log = logging.getLogger(__name__)

@@ -10,14 +10,6 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import msgspec
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
-
-from jetfleet import subjects
-from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
-from jetfleet.metrics import CounterFamily
-from jetfleet.partition_places import PartitionPlaces
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     LeaseCall,
@@ -37,6 +29,14 @@ from jetfleet.schemas.lease import (
 )
 from jetfleet.services.leaser.checks import GrantContext, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from jetfleet import subjects
+from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
+from jetfleet.metrics import CounterFamily
+from jetfleet.partition_places import PartitionPlaces
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ import contextlib
 import logging
 
 import msgspec
+from jetfleet.schemas import Rejection
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -17,7 +18,6 @@ from jetfleet import subjects
 from jetfleet.admission import admit
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
-from jetfleet.schemas import Rejection
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)

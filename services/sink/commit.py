@@ -22,6 +22,7 @@ import asyncio
 from dataclasses import dataclass
 
 import msgspec
+from jetfleet.schemas import CommittedResult, SinkReply, Success
 from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
@@ -29,7 +30,6 @@ from jetfleet import subjects
 from jetfleet.lease_store import LeaseStore
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
-from jetfleet.schemas import CommittedResult, SinkReply, Success
 
 _encoder = msgspec.json.Encoder()
 _WRONG_LAST_SEQUENCE = (10071, 10164)

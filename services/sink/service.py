@@ -7,6 +7,8 @@ import asyncio
 import logging
 
 import msgspec
+from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
+from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -18,8 +20,6 @@ from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
-from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
-from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jetfleet.embedded import die_with_parent
+from jetfleet.dev.embedded import die_with_parent
 from tests.conftest import wait_for
 from tests.faults.plan import FaultPlan, read_events
 

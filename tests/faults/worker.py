@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable
 
+from jetfleet.schemas import DataOutput, HandlerOutput, SinkReply, Versions, WorkOrder
+from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseGrant, LeaseReply, LeaseRequest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from jetfleet.lease_client import LeaseClient
-from jetfleet.schemas import DataOutput, HandlerOutput, SinkReply, Versions, WorkOrder
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseGrant, LeaseReply, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.worker import HandlerContext, Worker, handler
 from jetfleet.worker.verdict import Held, Verdict

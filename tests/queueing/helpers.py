@@ -12,11 +12,11 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+from jetfleet.schemas import HandlerOutput, Job
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
-from jetfleet.schemas import HandlerOutput, Job
 from jetfleet.settings import Settings, TargetSettings, WorkerSettings
 from jetfleet.stream_reader import count_messages
 from jetfleet.worker import HandlerContext, handler

@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jetfleet.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
+from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
+from jetfleet.dev.settings_file import toml_tables
+from jetfleet.dev.stack_env import write_env
 from jetfleet.errors import StackError
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings, load_settings
-from jetfleet.settings_file import toml_tables
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.stack_env import write_env
 
 log = logging.getLogger(__name__)
 

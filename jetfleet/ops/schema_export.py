@@ -54,7 +54,7 @@ def default_dir() -> Path:
     """The folder the generated files are committed to: the ``jetfleet.schemas`` package.
 
     Returns:
-        The package directory, symlinks resolved (the top-level ``schemas/`` folder in a
+        The package directory (the top-level ``schemas/`` folder in a
         source checkout).
     """
     return Path(jetfleet.schemas.__file__).resolve().parent

@@ -19,9 +19,9 @@ import sysconfig
 import time
 from pathlib import Path
 
+from jetfleet.connection import MIN_NATS_VERSION
 from jetfleet.errors import StackError
 
-MIN_NATS_VERSION = (2, 11, 0)
 _PR_SET_PDEATHSIG = 1
 
 

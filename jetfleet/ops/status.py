@@ -13,8 +13,8 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
-from jetfleet.dead_letters import purged_counts
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.ops.dead_letters import purged_counts
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
