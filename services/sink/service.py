@@ -9,6 +9,7 @@ import logging
 import msgspec
 from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
+from jetfleet.services.sink.exhausted import ExhaustedJobs
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
@@ -62,6 +63,9 @@ class Sink:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
         self.places = PartitionPlaces(self.settings)
+        # The backstop's dead letters: jobs whose max_deliver ran out.
+        self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
+        await self.exhausted.start()
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
         )
@@ -75,6 +79,7 @@ class Sink:
             await self._sub.drain()  # type: ignore[no-untyped-call]
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
+        await self.exhausted.drain(timeout_s)
         await self.places.close()
 
     async def _on_report(self, msg: Msg) -> None:
