@@ -7,8 +7,10 @@ validated minimum for one attempt) so the jobs it ends do so within seconds.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
@@ -58,6 +60,39 @@ async def dead_reasons(nc: NatsClient) -> dict[str, str]:
     return {e.letter.order.job.id: e.letter.reason for e in await list_dead_letters(nc.jetstream())}
 
 
+@contextlib.asynccontextmanager
+async def running(settings: Settings, workers: int) -> AsyncIterator[InProcessStack]:
+    """The services and ``workers`` workers, stopped on the way out."""
+    stack = InProcessStack(settings)
+    await stack.start(workers=workers)
+    try:
+        yield stack
+    finally:
+        await stack.stop()
+
+
+async def wait_dead(
+    nc: NatsClient, job_ids: list[str], timeout_s: float, what: str
+) -> dict[str, str]:
+    """Wait until each of ``job_ids`` has a dead letter; every letter's reason by job."""
+
+    async def all_dead() -> bool:
+        return set(job_ids) <= set(await dead_reasons(nc))
+
+    await wait_for(all_dead, timeout_s, what)
+    return await dead_reasons(nc)
+
+
+async def wait_queued(nc: NatsClient, n: int, what: str) -> None:
+    """Wait until ``JF_WORK`` holds exactly ``n`` work orders."""
+    js = nc.jetstream()
+
+    async def queued() -> bool:
+        return (await js.stream_info(subjects.STREAM_WORK)).state.messages == n
+
+    await wait_for(queued, 30, what)
+
+
 async def conserved_status(stack: InProcessStack) -> FleetStatus:
     status = await confirmed_status(stack.connections[0].jetstream(), stack.settings, reads=20)
     assert status.conserved, status
@@ -68,17 +103,12 @@ async def test_item3_a_job_pinned_to_an_identity_no_worker_owns_ends_dead_no_eli
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = unrunnable_settings(nats_url, redis_url, simulator)
-    stack = InProcessStack(settings)
-    await stack.start(workers=1)
-    try:
+    async with running(settings, workers=1) as stack:
         nc = stack.connections[0]
         [job] = jobs_for("demo", settings, pages(1), pin_identity=NOBODY)
         await submit_jobs(nc.jetstream(), settings, "demo", [job])
 
-        async def dead() -> bool:
-            return job.id in await dead_reasons(nc)
-
-        await wait_for(dead, 60, "the pinned job's dead letter")
+        await wait_dead(nc, [job.id], 60, "the pinned job's dead letter")
         [entry] = await list_dead_letters(nc.jetstream())
         assert entry.letter.reason == "no-eligible-worker"
         assert NOBODY in entry.letter.detail
@@ -86,8 +116,6 @@ async def test_item3_a_job_pinned_to_an_identity_no_worker_owns_ends_dead_no_eli
         assert simulator.counts()["total"] == 0
         status = await conserved_status(stack)
         assert (status.totals.dead, status.totals.queued, status.totals.leased) == (1, 0, 0)
-    finally:
-        await stack.stop()
 
 
 async def test_item3_a_job_older_than_its_max_age_ends_dead_expired_without_a_request(
@@ -95,40 +123,28 @@ async def test_item3_a_job_older_than_its_max_age_ends_dead_expired_without_a_re
 ) -> None:
     max_age_s = 2.0
     settings = unrunnable_settings(nats_url, redis_url, simulator, max_age_s=max_age_s)
-    stack = InProcessStack(settings)
-    await stack.start(workers=0)  # nobody runs it while it ages
-    try:
+    async with running(settings, workers=0) as stack:  # nobody runs it while it ages
         nc = stack.connections[0]
         js = nc.jetstream()
         [job] = jobs_for("demo", settings, pages(1))
         await submit_jobs(js, settings, "demo", [job])
 
-        async def queued() -> bool:
-            return (await js.stream_info(subjects.STREAM_WORK)).state.messages == 1
-
-        await wait_for(queued, 30, "the work order")
+        await wait_queued(nc, 1, "the work order")
         stored_at = (await js.get_msg(subjects.STREAM_WORK, seq=1, direct=False)).time
         assert stored_at is not None
-        clock = ServerClock(nc)
 
         async def too_old() -> bool:
-            clock._next_read = 0.0  # read the server afresh each time
-            age = await clock.age_s(stored_at)
+            age = await ServerClock(nc).age_s(stored_at)  # a fresh reading each time
             return age is not None and age > max_age_s + 0.5
 
         await wait_for(too_old, 30, "the job to pass its max age on the server's clock")
         await stack.add_worker("w-late")
 
-        async def dead() -> bool:
-            return job.id in await dead_reasons(nc)
-
-        await wait_for(dead, 30, "the expired job's dead letter")
-        assert (await dead_reasons(nc))[job.id] == "expired"
+        reasons = await wait_dead(nc, [job.id], 30, "the expired job's dead letter")
+        assert reasons == {job.id: "expired"}
         assert simulator.counts()["total"] == 0
         status = await conserved_status(stack)
         assert (status.totals.dead, status.totals.committed, status.totals.queued) == (1, 0, 0)
-    finally:
-        await stack.stop()
 
 
 async def test_item3_jobs_nobody_can_run_do_not_starve_runnable_jobs_of_their_tier(
@@ -137,18 +153,13 @@ async def test_item3_jobs_nobody_can_run_do_not_starve_runnable_jobs_of_their_ti
     """Twice the window of pinned-to-nobody jobs queued first, runnable ones behind them
     on the same target and tier: the runnable all commit, the pinned all end dead."""
     settings = unrunnable_settings(nats_url, redis_url, simulator)
-    stack = InProcessStack(settings)
-    await stack.start(workers=1)
-    try:
+    async with running(settings, workers=1) as stack:
         nc = stack.connections[0]
         js = nc.jetstream()
         pinned = jobs_for("demo", settings, pages(2 * WINDOW), pin_identity=NOBODY)
         await submit_jobs(js, settings, "demo", pinned)
 
-        async def all_queued() -> bool:
-            return (await js.stream_info(subjects.STREAM_WORK)).state.messages == len(pinned)
-
-        await wait_for(all_queued, 30, "the pinned jobs' work orders")
+        await wait_queued(nc, len(pinned), "the pinned jobs' work orders")
         runnable = jobs_for("demo", settings, pages(6))
         await submit_jobs(js, settings, "demo", runnable)
 
@@ -158,17 +169,11 @@ async def test_item3_jobs_nobody_can_run_do_not_starve_runnable_jobs_of_their_ti
 
         await wait_for(runnable_committed, 90, "the runnable jobs behind the pinned ones")
 
-        async def pinned_dead() -> bool:
-            return len(await dead_reasons(nc)) == len(pinned)
-
-        await wait_for(pinned_dead, 60, "every pinned job's dead letter")
-        reasons = await dead_reasons(nc)
+        reasons = await wait_dead(nc, [j.id for j in pinned], 60, "the pinned jobs' letters")
         assert reasons == {j.id: "no-eligible-worker" for j in pinned}
         status = await conserved_status(stack)
         counts = status.totals
         assert (counts.committed, counts.dead, counts.queued, counts.leased) == (6, 8, 0, 0)
-    finally:
-        await stack.stop()
 
 
 async def test_item3_an_exhausted_job_whose_key_is_committed_ends_a_duplicate_not_dead(
@@ -178,9 +183,7 @@ async def test_item3_an_exhausted_job_whose_key_is_committed_ends_a_duplicate_no
     the server's own format (docs: next-facts section 2) for a real work message, since
     the leaser settles a committed key (already-done) before max_deliver can run out."""
     settings = unrunnable_settings(nats_url, redis_url, simulator)
-    stack = InProcessStack(settings)
-    await stack.start(workers=1)
-    try:
+    async with running(settings, workers=1) as stack:
         nc = stack.connections[0]
         js = nc.jetstream()
         [page] = pages(1)
@@ -196,17 +199,11 @@ async def test_item3_an_exhausted_job_whose_key_is_committed_ends_a_duplicate_no
         [second] = jobs_for("demo", settings, [page])  # the same work, another job id
         await submit_jobs(js, settings, "demo", [second])
 
-        async def second_queued() -> bool:
-            return (await js.stream_info(subjects.STREAM_WORK)).state.messages == 1
-
-        await wait_for(second_queued, 30, "the second job's work order")
+        await wait_queued(nc, 1, "the second job's work order")
         seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
         await publish_advisory(nc, seq)
 
-        async def work_gone() -> bool:
-            return (await js.stream_info(subjects.STREAM_WORK)).state.messages == 0
-
-        await wait_for(work_gone, 30, "the exhausted work order to be removed")
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
         assert await dead_reasons(nc) == {}
         records = [
             msgspec.json.decode(m.data, type=Duplicate)
@@ -215,8 +212,6 @@ async def test_item3_an_exhausted_job_whose_key_is_committed_ends_a_duplicate_no
         assert [(r.job_id, r.committed_by) for r in records] == [(second.id, first.id)]
         status = await conserved_status(stack)
         assert (status.totals.submitted, status.totals.committed, status.totals.dead) == (2, 2, 0)
-    finally:
-        await stack.stop()
 
 
 async def publish_advisory(nc: NatsClient, seq: int, deliveries: int = 24) -> None:

@@ -27,6 +27,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
 from jetfleet.lease_store import LeaseStore
+from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.server_clock import parse_server_time
@@ -66,8 +67,11 @@ class ExhaustedJobs:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
         self.store = store
-        self.ended: dict[str, int] = {}
-        """Jobs ended here, by how (a dead letter's reason, or ``duplicate``)."""
+        self.ended = CounterFamily(
+            "jetfleet_sink_backstop_total",
+            "Jobs whose max_deliver ran out, ended by the sink: by target and how (the dead "
+            "letter's reason, or duplicate)",
+        )
         self._stopping = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
 
@@ -168,7 +172,7 @@ class ExhaustedJobs:
             msg_id=f"dlq-{order.job.id}",
             headers={"Jf-Reason": reason, "Jf-Job": order.job.id},
         )
-        self.ended[reason] = self.ended.get(reason, 0) + 1
+        self.ended.inc(target=order.target, how=reason)
         log.info(
             "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
         )
@@ -204,7 +208,7 @@ class ExhaustedJobs:
         return self.settings.fleet.max_job_age_s
 
     async def _record_duplicate(self, order: WorkOrder, committed_by: str) -> None:
-        self.ended["duplicate"] = self.ended.get("duplicate", 0) + 1
+        self.ended.inc(target=order.target, how="duplicate")
         if committed_by == order.job.id:
             return  # its own commit, whose ack was lost
         record = Duplicate(

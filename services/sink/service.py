@@ -49,6 +49,7 @@ class Sink:
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
         self.metrics = [self.answers]
+        self.exhausted: ExhaustedJobs | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -65,6 +66,7 @@ class Sink:
         self.places = PartitionPlaces(self.settings)
         # The backstop's dead letters: jobs whose max_deliver ran out.
         self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
+        self.metrics.append(self.exhausted.ended)
         await self.exhausted.start()
         self._sub = await self.nc.subscribe(
             f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
@@ -79,7 +81,8 @@ class Sink:
             await self._sub.drain()  # type: ignore[no-untyped-call]
         if self._inflight:
             await asyncio.wait(self._inflight, timeout=timeout_s)
-        await self.exhausted.drain(timeout_s)
+        if self.exhausted is not None:
+            await self.exhausted.drain(timeout_s)
         await self.places.close()
 
     async def _on_report(self, msg: Msg) -> None:
