@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -20,9 +21,11 @@ from nats.js import api as js_api
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus, confirmed_status
+from jetfleet.results import iter_results
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, TargetSettings, min_max_deliver, validate
 from jetfleet.simulator import TargetSimulator
@@ -30,6 +33,7 @@ from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
+from tests.test_invariant_i2 import SkewedWorker
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -321,3 +325,94 @@ def test_item3_a_jobs_max_age_is_its_targets_or_else_the_fleets(
     assert settings.max_age_s("demo") == 30.0
     plain = unrunnable_settings(nats_url, redis_url, simulator)
     assert plain.max_age_s("demo") == plain.fleet.max_job_age_s
+
+
+async def test_item3_a_workers_skewed_clock_neither_expires_a_fresh_job_nor_spares_an_old_one(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path
+) -> None:
+    """Ages are judged on the server's clock (I9): a worker a day ahead runs a fresh job,
+    and a worker a day behind still dead-letters one past its max age."""
+    max_age_s = 3.0
+    settings = unrunnable_settings(nats_url, redis_url, simulator, max_age_s=max_age_s)
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(settings))
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        ahead = SkewedWorker("w-ahead", "+1d", config, tmp_path, settings)
+        try:
+            await ahead.start()
+            assert ahead.clock > 86000, ahead.clock  # its wall clock really is a day ahead
+            await wait_pulling(nc, ahead)
+            [fresh] = jobs_for("demo", settings, pages(1))
+            await submit_jobs(js, settings, "demo", [fresh])
+
+            async def committed() -> bool:
+                return await count_messages(js, subjects.STREAM_RESULTS, "jf.results.>") == 1
+
+            await wait_for(committed, 30, f"the fresh job's commit\n{ahead.log_tail()}")
+        finally:
+            await ahead.stop()
+
+        [old] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [old])
+        await wait_queued(nc, 1, "the old job's work order")
+        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+        stored_at = (await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)).time
+        assert stored_at is not None
+
+        async def too_old() -> bool:
+            age = await ServerClock(nc).age_s(stored_at)
+            return age is not None and age > max_age_s + 0.5
+
+        await wait_for(too_old, 30, "the old job to pass its max age on the server's clock")
+        behind = SkewedWorker("w-behind", "-1d", config, tmp_path, settings)
+        try:
+            await behind.start()
+            assert behind.clock < -86000, behind.clock
+            reasons = await wait_dead(
+                nc, [old.id], 30, f"the old job's letter\n{behind.log_tail()}"
+            )
+        finally:
+            await behind.stop()
+        assert reasons == {old.id: "expired"}
+        assert simulator.counts()["total"] == 1  # the fresh job's one request
+        status = await conserved_status(stack)
+        assert (status.totals.committed, status.totals.dead) == (1, 1)
+
+
+async def wait_pulling(nc: NatsClient, worker: SkewedWorker) -> None:
+    """Wait until ``worker``'s process pulls the demo target's normal tier."""
+    js = nc.jetstream()
+
+    async def pulling() -> bool:
+        assert worker.proc is not None
+        if worker.proc.returncode is not None:
+            raise AssertionError(f"{worker.worker_id} exited:\n{worker.log_tail()}")
+        info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
+        return (info.num_waiting or 0) >= 1
+
+    await wait_for(pulling, 20, f"{worker.worker_id} to pull")
+
+
+async def test_item3_jobs_pinned_to_an_identity_a_worker_owns_still_run_there_not_dead(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """The hand-backs that send pinned jobs to the backstop leave them to their owner:
+    a worker without the identity pulls beside one that has it, and every job commits."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=1) as stack:
+        await stack.add_worker("w-alice", identity="alice")
+        js = stack.connections[0].jetstream()
+        pinned = jobs_for("demo", settings, pages(2 * WINDOW), pin_identity="alice")
+        await submit_jobs(js, settings, "demo", pinned)
+
+        async def all_committed() -> bool:
+            done = await count_messages(js, subjects.STREAM_RESULTS, "jf.results.>")
+            return done == len(pinned)
+
+        await wait_for(all_committed, 60, "every pinned job's commit")
+        results = [r async for r in iter_results(js, "demo")]
+        assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in pinned}
+        status = await conserved_status(stack)
+        assert (status.totals.committed, status.totals.dead) == (len(pinned), 0)
