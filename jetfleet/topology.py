@@ -137,12 +137,15 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
 
     Leases carry their own per-key TTL; the bucket's only clears release markers. Fence
     history must outlive any retry of its job. Control records last until removed.
+    Identity announcements expire by their own TTL.
     """
     fleet = settings.fleet
     return {
         subjects.BUCKET_LEASES: max(3600.0, 10 * fleet.ack_wait_s),
         subjects.BUCKET_FENCES: fleet.dedupe_ttl_s,
         subjects.BUCKET_CONTROL: 0.0,
+        # Keys carry their own short TTL (jetfleet/identity_presence.py).
+        subjects.BUCKET_IDENTITIES: 3600.0,
     }
 
 

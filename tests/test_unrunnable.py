@@ -31,6 +31,7 @@ from jetfleet.settings import Settings, TargetSettings, min_max_deliver, validat
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
+from tests import i2_worker  # noqa: F401  (registers the test.slow handler)
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 from tests.test_invariant_i2 import SkewedWorker
@@ -47,7 +48,7 @@ def unrunnable_settings(
 ) -> Settings:
     """One target with a small window, one attempt per job and the smallest backstop."""
     fields = msgspec.structs.asdict(sim_target(simulator))
-    fields.update(max_in_flight=WINDOW, max_attempts=1, **target)
+    fields.update({"max_in_flight": WINDOW, "max_attempts": 1, **target})
     settings = make_settings(nats_url, redis_url, {"demo": TargetSettings(**fields)})
     fleet = msgspec.structs.replace(settings.fleet, max_deliver=min_max_deliver(settings))
     settings = msgspec.structs.replace(settings, fleet=fleet)
@@ -416,3 +417,40 @@ async def test_item3_jobs_pinned_to_an_identity_a_worker_owns_still_run_there_no
         assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in pinned}
         status = await conserved_status(stack)
         assert (status.totals.committed, status.totals.dead) == (len(pinned), 0)
+
+
+async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_lettered(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """An owner whose slots are all busy does not pull, so only workers without the
+    identity see its jobs for a while: long enough to pass the patience, yet the jobs can
+    run, so they must wait for it rather than be driven to the backstop."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator, max_in_flight=8)
+    fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
+    worker = msgspec.structs.replace(settings.worker, concurrency=2)
+    settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker)
+    async with running(settings, workers=1) as stack:
+        await stack.add_worker("w-alice", identity="alice")
+        js = stack.connections[0].jetstream()
+        # Three rounds of the owner's two slots: the last jobs wait about 2 x BUSY_S.
+        busy = jobs_for(
+            "demo",
+            settings,
+            pages(6),
+            pin_identity="alice",
+            handler="test.slow",
+            args={"sleep_s": str(BUSY_S)},
+        )
+        await submit_jobs(js, settings, "demo", busy)
+
+        async def all_ended() -> bool:
+            done = await count_messages(js, subjects.STREAM_RESULTS, "jf.results.>")
+            return done + len(await dead_reasons(stack.connections[0])) == len(busy)
+
+        await wait_for(all_ended, 90, "every job pinned to the busy owner to end")
+        assert await dead_reasons(stack.connections[0]) == {}
+        results = [r async for r in iter_results(js, "demo")]
+        assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in busy}
+
+
+BUSY_S = 8.0  # longer than the pinned patience (about 10 s over two rounds)

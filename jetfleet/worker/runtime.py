@@ -32,6 +32,7 @@ from nats.js.errors import FetchTimeoutError
 import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
+from jetfleet.identity_presence import IdentityPresence
 from jetfleet.lease_client import LeaseClient
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -90,10 +91,11 @@ MIN_REFUSAL_DELAY_S = 0.25
 # The longest a partitioned target's job is handed back for (see _hand_back_delay).
 HAND_BACK_MAX_S = 2.0
 # Deliveries a job pinned to another identity is handed back with a growing delay (about
-# 10 s in all), time for a worker owning the identity to take it, even one restarting.
-# After that it goes back at once, without asking the leaser, so it uses up the
-# consumer's max_deliver (the backstop) in moments and leaves the pending window to
-# runnable jobs; a worker owning the identity still gets its share of those deliveries.
+# 10 s in all), time for a worker owning the identity to take it, even one starting.
+# After that, if no running worker owns the identity (jetfleet/identity_presence.py), it
+# goes back at once without asking the leaser, so it uses up the consumer's max_deliver
+# (the backstop) in moments and leaves the pending window to runnable jobs. A job whose
+# owner is running but busy keeps the growing delay and waits for it.
 PINNED_PATIENCE = 8
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
@@ -148,6 +150,8 @@ class Worker:
         self.gate = TargetGate()
         self._failed_here = FailedHere()
         self.clock = ServerClock(nc)
+        self.identities = IdentityPresence(self.js)
+        self._announcing: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -158,6 +162,11 @@ class Worker:
             # connections.
             connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
         )
+        if self.identity:
+            # Workers without it may then tell its pinned jobs wait for an owner.
+            self._announcing = asyncio.create_task(
+                self.identities.announce(self.identity, self.worker_id)
+            )
         for lane in self.lanes:
             for tier in subjects.TIERS:
                 self._loops.append(asyncio.create_task(self._pull_loop(lane, tier)))
@@ -185,6 +194,8 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._announcing is not None:
+            await _stop(self._announcing)  # its key ends by its TTL
         if self._session is not None:
             await self._session.close()
 
@@ -433,11 +444,10 @@ class Worker:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
-        pin = order.job.pin_identity
-        if pin and pin != self.identity and (msg.metadata.num_delivered or 0) > PINNED_PATIENCE:
-            # The leaser would refuse it (wrong-identity); past the patience no worker that
-            # owns the identity has taken it, so it goes straight back towards the backstop.
-            await self._hand_back(msg, target, "wrong-identity", 0.0)
+        if await self._nobody_owns_pin(msg, order):
+            # The leaser would refuse it (wrong-identity), and no running worker owns the
+            # identity: straight back, towards the backstop (no-eligible-worker).
+            await self._hand_back(msg, target, "no-eligible-worker", 0.0)
             return None
         request = LeaseRequest(
             job_id=order.job.id,
@@ -490,6 +500,17 @@ class Worker:
             await self._hand_back(msg, target, reply.reason, delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
+
+    async def _nobody_owns_pin(self, msg: Msg, order: WorkOrder) -> bool:
+        """Whether the job is pinned to an identity this worker lacks, has had its
+        patience, and no running worker announces the identity (one busy elsewhere does,
+        and its jobs wait for it)."""
+        pin = order.job.pin_identity
+        if not pin or pin == self.identity:
+            return False
+        if (msg.metadata.num_delivered or 0) <= PINNED_PATIENCE:
+            return False
+        return not await self.identities.owned(pin)
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         expired = await self._expired(msg, order)
