@@ -7,6 +7,7 @@ validated minimum for one attempt) so the jobs it ends do so within seconds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -23,6 +24,7 @@ from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
+from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus, confirmed_status
 from jetfleet.results import iter_results
@@ -454,3 +456,30 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
 
 
 BUSY_S = 8.0  # longer than the pinned patience (about 10 s over two rounds)
+
+
+async def test_item3_an_identity_is_owned_while_a_worker_announces_it_and_only_then(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    nc = await _connect(nats_url)
+    try:
+        await declare(nc.jetstream(), settings)
+        presence = IdentityPresence(nc.jetstream())
+        assert await presence.owned("alice") is False
+        announcing = asyncio.create_task(presence.announce("alice", "w-alice"))
+        try:
+            reader = IdentityPresence(nc.jetstream())  # no cached answer
+
+            async def owned() -> bool:
+                return await reader.owned("alice")
+
+            await wait_for(owned, 10, "alice to be announced")
+            assert await reader.owned("bob") is False
+            assert owned_key("alice") != owned_key("alice ")  # any identity, its own key
+        finally:
+            announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcing
+    finally:
+        await nc.close()
