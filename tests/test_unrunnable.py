@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import Duplicate
+from jetfleet.schemas import Duplicate, WorkOrder
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
@@ -25,6 +25,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
 from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.lease_client import LeaseClient
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus, confirmed_status
 from jetfleet.results import iter_results
@@ -35,6 +36,7 @@ from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
 from tests import i2_worker  # noqa: F401  (registers the test.slow handler)
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.leasing import grant_fence
 from tests.stack import InProcessStack
 from tests.test_invariant_i2 import SkewedWorker
 
@@ -483,3 +485,40 @@ async def test_item3_an_identity_is_owned_while_a_worker_announces_it_and_only_t
                 await announcing
     finally:
         await nc.close()
+
+
+async def test_item3_the_backstop_leaves_a_job_whose_lease_is_live_until_the_lease_ends(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """Only the live lease's holder may end a delivery: an advisory for a leased job is
+    put back, and the job is ended once the lease is given back."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+        await wait_queued(nc, 1, "the work order")
+        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
+        leases = LeaseClient(nc)
+        fence = await grant_fence(leases, order, "w-holder")
+        await publish_advisory(nc, seq)
+
+        async def looked_at_and_put_back() -> bool:
+            info = await js.consumer_info(
+                subjects.STREAM_ADVISORIES, subjects.CONSUMER_MAX_DELIVERIES
+            )
+            return bool(info.delivered.consumer_seq and info.num_ack_pending == 1)
+
+        await wait_for(looked_at_and_put_back, 30, "the sink to read the advisory")
+        assert await dead_reasons(nc) == {}
+        assert (await js.stream_info(subjects.STREAM_WORK)).state.messages == 1
+        assert await leases.release(order.job.id, fence) is True
+
+        reasons = await wait_dead(nc, [job.id], 30, "the letter once the lease is gone")
+        assert reasons == {job.id: "deliveries-exhausted"}
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
+        status = await conserved_status(stack)
+        assert (status.totals.dead, status.totals.queued) == (1, 0)

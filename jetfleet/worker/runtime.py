@@ -163,7 +163,7 @@ class Worker:
             connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
         )
         if self.identity:
-            # Workers without it may then tell its pinned jobs wait for an owner.
+            # So workers without it know that jobs pinned to it have an owner to wait for.
             self._announcing = asyncio.create_task(
                 self.identities.announce(self.identity, self.worker_id)
             )

@@ -77,10 +77,12 @@ class ExhaustedJobs:
 
     async def start(self) -> None:
         """Bind to the advisories' durable consumer and start reading."""
-        sub = await self.js.pull_subscribe_bind(
+        self._loop = asyncio.create_task(self._read(await self._bind()))
+
+    async def _bind(self) -> JetStreamContext.PullSubscription:
+        return await self.js.pull_subscribe_bind(
             subjects.CONSUMER_MAX_DELIVERIES, stream=subjects.STREAM_ADVISORIES
         )
-        self._loop = asyncio.create_task(self._read(sub))
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Stop reading once the advisories in hand are done."""
@@ -89,17 +91,22 @@ class ExhaustedJobs:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._loop, FETCH_WAIT_S + timeout_s)
 
-    async def _read(self, sub: JetStreamContext.PullSubscription) -> None:
+    async def _read(self, sub: JetStreamContext.PullSubscription | None) -> None:
         while not self._stopping.is_set():
             try:
+                if sub is None:
+                    sub = await self._bind()
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                await asyncio.gather(*(self._answer(msg) for msg in msgs))
             except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                 continue
-            except Exception:  # a reconnect or leader change: try again shortly
-                log.exception("reading %s failed", subjects.STREAM_ADVISORIES)
+            except Exception:  # a reconnect or leader change: bind again shortly
+                log.exception("reading %s failed; rebinding", subjects.STREAM_ADVISORIES)
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                sub = None
                 await asyncio.sleep(ERROR_RETRY_S)
-                continue
-            await asyncio.gather(*(self._answer(msg) for msg in msgs))
 
     async def _answer(self, msg: Msg) -> None:
         try:
