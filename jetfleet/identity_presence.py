@@ -2,7 +2,7 @@
 ended (``no-eligible-worker``) while a job pinned to a busy owner waits for it.
 
 Each worker with an identity keeps the key ``owned.<digest of identity>`` in the
-``jf-identities`` bucket alive: it writes it every ``ANNOUNCE_EVERY_S`` with a per-key
+``jf-workers`` bucket alive: it writes it every ``ANNOUNCE_EVERY_S`` with a per-key
 TTL of ``OWNED_TTL_S``, judged by the server's clock. The key is gone within that TTL
 after the last owner stops. Readers cache each answer for ``CACHE_S``.
 """
@@ -46,7 +46,7 @@ class IdentityPresence:
     async def announce(self, identity: str, worker_id: str) -> None:
         """Keep ``identity`` marked owned until cancelled. Never dies of an error: a
         missed beat is retried at the next, well inside the TTL."""
-        subject = f"$KV.{subjects.BUCKET_IDENTITIES}.{owned_key(identity)}"
+        subject = f"$KV.{subjects.BUCKET_WORKERS}.{owned_key(identity)}"
         payload = f"{identity}\n{worker_id}".encode()
         while True:
             try:
@@ -63,7 +63,7 @@ class IdentityPresence:
             return cached[0]
         try:
             if self._kv is None:
-                self._kv = await self.js.key_value(subjects.BUCKET_IDENTITIES)
+                self._kv = await self.js.key_value(subjects.BUCKET_WORKERS)
             entry = await self._kv.get(owned_key(identity))
             answer = bool(entry.value)
         except KeyNotFoundError:  # KeyDeletedError is a subclass: the TTL ran out

@@ -26,7 +26,7 @@ STREAM_ADVISORIES = "JF_ADVISORIES"
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
 BUCKET_FENCES = "jf-fences"  # job id -> highest fence granted, and the grant count
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
-BUCKET_IDENTITIES = "jf-identities"  # identities some running worker owns (per-key TTL)
+BUCKET_WORKERS = "jf-workers"  # what workers say: identities owned, last hand-backs (TTLs)
 
 # Consumers.
 CONSUMER_SCHEDULER = "scheduler"

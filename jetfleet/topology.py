@@ -145,7 +145,7 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
         subjects.BUCKET_FENCES: fleet.dedupe_ttl_s,
         subjects.BUCKET_CONTROL: 0.0,
         # Keys carry their own short TTL (jetfleet/identity_presence.py).
-        subjects.BUCKET_IDENTITIES: 3600.0,
+        subjects.BUCKET_WORKERS: 3600.0,
     }
 
 

@@ -526,3 +526,34 @@ async def test_item3_the_backstop_leaves_a_job_whose_lease_is_live_until_the_lea
         await wait_queued(nc, 0, "the exhausted work order to be removed")
         status = await conserved_status(stack)
         assert (status.totals.dead, status.totals.queued) == (1, 0)
+
+
+async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted_and_says_why(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """A partitioned target at its cap hands its other jobs back (``target-busy``) until
+    the backstop ends them; the letter names that, not a missing worker."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator, max_in_flight=1)
+    fleet = msgspec.structs.replace(
+        settings.fleet, handlers=("test.slow",), dedicated_targets=0, target_partitions=1
+    )
+    settings = msgspec.structs.replace(settings, fleet=fleet)
+    async with running(settings, workers=1) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        # Holds the target's one place for longer than the other job's deliveries last.
+        [holder] = jobs_for("demo", settings, pages(1), handler="test.slow", args={"sleep_s": "90"})
+        await submit_jobs(js, settings, "demo", [holder])
+
+        async def holding() -> bool:
+            return bool(simulator.counts()["total"] == 1)
+
+        await wait_for(holding, 30, "the first job to take the target's place")
+        [kept_out] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [kept_out])
+
+        reasons = await wait_dead(nc, [kept_out.id], 80, "the kept-out job's letter")
+        assert reasons == {kept_out.id: "deliveries-exhausted"}
+        [entry] = await list_dead_letters(js)
+        assert entry.letter.detail.endswith("never leased; last handed back: target-busy")
+        assert simulator.counts()["total"] == 1  # only the holder's request

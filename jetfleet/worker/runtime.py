@@ -33,6 +33,7 @@ import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
 from jetfleet.identity_presence import IdentityPresence
+from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -290,8 +291,13 @@ class Worker:
         self, msg: Msg, target: str, reason: str, delay: float | None = None
     ) -> None:
         """Give a job back unrun (no lease held, nothing spent), and count it: a target
-        whose jobs keep coming back shows on ``/metrics``."""
+        whose jobs keep coming back shows on ``/metrics``. On the job's last delivery
+        the reason is noted for the dead letter the backstop will write."""
         self.hand_backs.inc(worker=self.worker_id, target=target, reason=reason)
+        if (msg.metadata.num_delivered or 0) >= self.settings.fleet.max_deliver:
+            job_id = _job_id_of(msg)
+            if job_id:
+                await note_last_hand_back(self.js, job_id, reason)
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
@@ -836,6 +842,14 @@ class Worker:
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
         await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+
+
+def _job_id_of(msg: Msg) -> str:
+    """The job id of a delivery ("" if its work order does not decode)."""
+    try:
+        return _order_decoder.decode(msg.data).job.id
+    except msgspec.MsgspecError:
+        return ""
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

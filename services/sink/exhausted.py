@@ -26,6 +26,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
+from jetfleet.last_hand_back import last_hand_back
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -41,6 +42,8 @@ FETCH_WAIT_S = 1.0
 # its holder stalled) is looked at again after this; its lease ends within its TTL.
 LIVE_LEASE_RETRY_S = 5.0
 ERROR_RETRY_S = 2.0
+# Last hand-backs that mean no worker may run the job (None: no note, nobody said).
+NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "no-eligible-worker"})
 
 _encoder = msgspec.json.Encoder()
 _order_decoder = msgspec.json.Decoder(WorkOrder)
@@ -191,23 +194,30 @@ class ExhaustedJobs:
         stored: RawStreamMsg,
         history: list[AttemptRecord],
     ) -> tuple[str, str]:
-        """The dead letter's reason and detail, from what the job went through."""
-        deliveries = f"{advisory.deliveries} deliveries"
+        """The dead letter's reason and detail, from what the job went through: its age,
+        its attempts, whether it was ever leased, and why its last delivery was handed
+        back (noted by the worker, when known)."""
         age = _age_s(advisory, stored)
         max_age = self._max_age_s(order.target)
         if age is not None and age > max_age:
             return "expired", f"queued {age:.0f} s, more than the {max_age:g} s max age"
+        fences, handed_back = await asyncio.gather(
+            self.store.highest_fence(order.job.id), last_hand_back(self.js, order.job.id)
+        )
+        told = f"; last handed back: {handed_back}" if handed_back else ""
+        deliveries = f"{advisory.deliveries} deliveries"
         if history:
             last = history[-1]
-            return (
-                "deliveries-exhausted",
-                f"{deliveries} and {len(history)} attempt(s); last: {last.outcome} {last.reason}",
-            )
-        if (await self.store.highest_fence(order.job.id)).fence == 0:
+            attempts = f"{len(history)} attempt(s); last: {last.outcome} {last.reason}"
+            return "deliveries-exhausted", f"{deliveries} and {attempts}{told}"
+        if fences.fence:
+            return "deliveries-exhausted", f"{deliveries}; leased, but no verdict{told}"
+        if handed_back in NOBODY_MAY_RUN:
             pin = order.job.pin_identity
             whom = f"a worker owning identity {pin}" if pin else "a worker"
-            return "no-eligible-worker", f"{deliveries}, and {whom} never took it"
-        return "deliveries-exhausted", f"{deliveries}; leased, but no attempt reached a verdict"
+            return "no-eligible-worker", f"{deliveries}, and {whom} never took it{told}"
+        # Runnable, but kept out all along: its target at its cap, held or quarantined.
+        return "deliveries-exhausted", f"{deliveries}, never leased{told}"
 
     def _max_age_s(self, target: str) -> float:
         if target in self.settings.targets:
