@@ -67,6 +67,7 @@ SinkStatus = Literal[
     "rejected:lease-expired",
     "dead-lettered",
     "error",
+    "busy",
 ]
 
 
@@ -78,3 +79,6 @@ class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
     detail: str = ""
     committed_by: str = ""
     """With ``suppressed:duplicate-key``: the job id whose commit holds the key."""
+    retry_after_s: float = 0.0
+    """With ``busy`` (the replica has ``fleet.service_concurrency`` reports in hand, this
+    one was not looked at): how long to wait before sending it again."""
