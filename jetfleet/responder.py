@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -32,6 +33,8 @@ Reply = TypeVar("Reply", bound=msgspec.Struct)
 
 BUSY_RETRY_AFTER_S = 0.5
 """What a ``busy`` answer asks the caller to wait; callers grow it with each busy."""
+BUSY_LOG_EVERY_S = 10.0
+"""Overload is logged at most this often (with the count), not once per busy answer."""
 
 _encoder = msgspec.json.Encoder()
 
@@ -77,7 +80,8 @@ class Responder:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_hand = 0
-        self._said_full = False
+        self._busy_since_log = 0
+        self._busy_logged_at = -BUSY_LOG_EVERY_S
 
     @property
     def in_hand(self) -> int:
@@ -110,19 +114,26 @@ class Responder:
     async def _take(self, route: Route[Any, Any], msg: Msg) -> None:
         if self._in_hand >= self.limit:
             self.refused.inc(subject=route.subject, reason="busy")
-            if not self._said_full:  # once per spell of overload, not once per request
-                self._said_full = True
-                log.warning(
-                    "%s has %d requests in hand (fleet.service_concurrency): answering busy",
-                    self.service,
-                    self._in_hand,
-                )
+            self._log_busy()
             await self._reply(route, msg, None, route.refusals.busy(BUSY_RETRY_AFTER_S))
             return
-        self._said_full = False
         self._in_hand += 1
         # Each request in its own task: one slow round trip must not hold the rest.
         self.spawn(self._answer(route, msg))
+
+    def _log_busy(self) -> None:
+        self._busy_since_log += 1
+        now = time.monotonic()
+        if now - self._busy_logged_at >= BUSY_LOG_EVERY_S:
+            log.warning(
+                "%s full (%d requests in hand, fleet.service_concurrency): answering busy "
+                "(%d busy answers since the last such line)",
+                self.service,
+                self._in_hand,
+                self._busy_since_log,
+            )
+            self._busy_logged_at = now
+            self._busy_since_log = 0
 
     async def _answer(self, route: Route[Any, Any], msg: Msg) -> None:
         try:

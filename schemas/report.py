@@ -80,5 +80,6 @@ class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
     committed_by: str = ""
     """With ``suppressed:duplicate-key``: the job id whose commit holds the key."""
     retry_after_s: float = 0.0
-    """With ``busy`` (the replica has ``fleet.service_concurrency`` reports in hand, this
-    one was not looked at): how long to wait before sending it again."""
+    """With ``busy``: how long to wait before sending the same report again. Busy means
+    not settled: the replica had ``fleet.service_concurrency`` reports in hand and did not
+    look at this one, or JetStream did not answer it in time."""
