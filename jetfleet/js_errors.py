@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from nats.errors import (
     ConnectionClosedError,
+    ConnectionDrainingError,
     ConnectionReconnectingError,
     NoRespondersError,
+    OutboundBufferLimitError,
     StaleConnectionError,
 )
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
@@ -24,20 +26,23 @@ def is_wrong_last_sequence(exc: APIError) -> bool:
     return exc.err_code in WRONG_LAST_SEQUENCE_CODES
 
 
-_UNAVAILABLE: tuple[type[Exception], ...] = (
+UNAVAILABLE: tuple[type[Exception], ...] = (
     TimeoutError,  # nats.errors.TimeoutError too: JetStream did not answer in time
     NoRespondersError,
     NoStreamResponseError,
     ServiceUnavailableError,
     ConnectionClosedError,
     ConnectionReconnectingError,
+    ConnectionDrainingError,
     StaleConnectionError,
+    OutboundBufferLimitError,
     SubmitError,  # publish_durably's retries all timed out
 )
+"""Failures that mean "NATS or JetStream is unreachable or busy right now", not a bug."""
 
 
 def is_unavailable(exc: Exception) -> bool:
     """Whether ``exc`` says JetStream could not be reached or did not answer in time (an
     election, a reconnect, a caller stalled past its own timeouts), as opposed to a
     refusal of what was asked: the same call may be made again as it was."""
-    return isinstance(exc, _UNAVAILABLE)
+    return isinstance(exc, UNAVAILABLE)

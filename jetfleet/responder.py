@@ -24,6 +24,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from jetfleet.js_errors import is_unavailable
 from jetfleet.metrics import CounterFamily
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ Reply = TypeVar("Reply", bound=msgspec.Struct)
 
 BUSY_RETRY_AFTER_S = 0.5
 """What a ``busy`` answer asks the caller to wait; callers grow it with each busy."""
+UNAVAILABLE_RETRY_AFTER_S = 1.0
+"""What a ``busy`` answer asks when JetStream did not answer the handler in time."""
 BUSY_LOG_EVERY_S = 10.0
 """Overload is logged at most this often (with the count), not once per busy answer."""
 
@@ -45,10 +48,12 @@ class Refusals(Generic[Reply]):
 
     malformed: Callable[[str], Reply]
     """The request did not decode; gets the decoder's message (what to fix)."""
-    busy: Callable[[float], Reply]
-    """The replica is full; gets how long to wait before asking again."""
+    busy: Callable[[float, str], Reply]
+    """Not looked at, or not finished because JetStream did not answer in time: nothing
+    is known to be wrong with the request. Gets how long to wait before asking again
+    with the same request, and why."""
     failed: Callable[[Exception], Reply]
-    """The handler raised; the caller may ask again."""
+    """The handler raised otherwise; the caller decides what that costs."""
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ class Responder:
         self.limit = limit
         self.refused = CounterFamily(
             f"jetfleet_{service}_refusals_total",
-            "Requests answered without their handler, by subject and reason (busy, "
-            "malformed, failed)",
+            "Requests answered without their handler's answer, by subject and reason "
+            "(busy, unavailable, malformed, failed)",
         )
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -115,7 +120,8 @@ class Responder:
         if self._in_hand >= self.limit:
             self.refused.inc(subject=route.subject, reason="busy")
             self._log_busy()
-            await self._reply(route, msg, None, route.refusals.busy(BUSY_RETRY_AFTER_S))
+            busy = route.refusals.busy(BUSY_RETRY_AFTER_S, f"the {self.service} is full")
+            await self._reply(route, msg, None, busy)
             return
         self._in_hand += 1
         # Each request in its own task: one slow round trip must not hold the rest.
@@ -147,13 +153,24 @@ class Responder:
             else:
                 try:
                     reply = await route.answer(request)
-                except Exception as exc:  # refuse rather than crash; the caller asks again
-                    self.refused.inc(subject=route.subject, reason="failed")
-                    log.exception("request on %s failed", msg.subject)
-                    reply = route.refusals.failed(exc)
+                except Exception as exc:  # refuse rather than crash
+                    reply = self._failed(route, msg, exc)
             await self._reply(route, msg, request, reply)
         finally:
             self._in_hand -= 1
+
+    def _failed(self, route: Route[Any, Reply], msg: Msg, exc: Exception) -> Reply:
+        if is_unavailable(exc):
+            # An election, a reconnect, or this replica stalled past its own timeouts:
+            # asking again with the same request is right (every handler is idempotent),
+            # and a caller must not count it against the job as it would a failure.
+            self.refused.inc(subject=route.subject, reason="unavailable")
+            log.warning("request on %s not finished: %s", msg.subject, type(exc).__name__)
+            why = f"JetStream did not answer the {self.service} in time ({type(exc).__name__})"
+            return route.refusals.busy(UNAVAILABLE_RETRY_AFTER_S, why)
+        self.refused.inc(subject=route.subject, reason="failed")
+        log.exception("request on %s failed", msg.subject)
+        return route.refusals.failed(exc)
 
     async def _reply(
         self, route: Route[Any, Any], msg: Msg, request: object, reply: msgspec.Struct

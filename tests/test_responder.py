@@ -11,9 +11,16 @@ import msgspec
 import pytest
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from jetfleet.errors import ConfigError
-from jetfleet.responder import BUSY_RETRY_AFTER_S, Refusals, Responder, Route
+from jetfleet.responder import (
+    BUSY_RETRY_AFTER_S,
+    UNAVAILABLE_RETRY_AFTER_S,
+    Refusals,
+    Responder,
+    Route,
+)
 from jetfleet.settings import load_settings
 from tests.conftest import wait_for
 
@@ -33,7 +40,7 @@ class Answer(msgspec.Struct, frozen=True, omit_defaults=True):
 
 REFUSALS = Refusals[Answer](
     malformed=lambda error: Answer(status="malformed", detail=error),
-    busy=lambda wait: Answer(status="busy", retry_after_s=wait),
+    busy=lambda wait, why: Answer(status="busy", retry_after_s=wait, detail=why),
     failed=lambda exc: Answer(status="failed", detail=str(exc)),
 )
 _decode = msgspec.json.Decoder(Answer).decode
@@ -53,7 +60,7 @@ class HeldAnswers:
 
 
 async def _ask(nc: NatsClient, payload: bytes) -> Answer:
-    return _decode((await nc.request(SUBJECT, payload, timeout=5.0)).data)
+    return _decode((await nc.request(SUBJECT, payload, timeout=30.0)).data)
 
 
 async def _serving(nc: NatsClient, limit: int, held: HeldAnswers) -> Responder:
@@ -75,7 +82,9 @@ async def test_a_full_responder_answers_busy_at_once_and_takes_requests_again_wh
 
     await wait_for(both_in_hand, 5, "two requests in hand")
     busy = await _ask(nc, b'{"n": 3}')  # answered although the other two still wait
-    assert busy == Answer(status="busy", retry_after_s=BUSY_RETRY_AFTER_S)
+    assert busy == Answer(
+        status="busy", retry_after_s=BUSY_RETRY_AFTER_S, detail="the test is full"
+    )
     assert held.started == 2, "a busy request must not reach the handler"
     assert responder.refused.get(subject=SUBJECT, reason="busy") == 1
     held.release.set()
@@ -152,3 +161,21 @@ def test_item7_service_concurrency_out_of_range_names_the_key_and_the_range(
     assert "fleet.service_concurrency" in str(info.value)
     assert "1 to 100000" in str(info.value)
     assert load_settings(None, {}).fleet.service_concurrency == 512
+
+
+async def test_a_handler_jetstream_did_not_answer_in_time_is_answered_busy_not_failed(
+    nc: NatsClient,
+) -> None:
+    # A caller counts a failure against the job; a timeout of the service's own JetStream
+    # calls (an election, the service stalled past its timeouts) must not cost that.
+    async def timed_out(ask: Ask) -> Answer:
+        raise NatsTimeoutError  # what nats-py raises when JetStream does not answer
+
+    responder = Responder(nc, "test", "test-queue", 4)
+    await responder.serve(Route(SUBJECT, msgspec.json.Decoder(Ask), timed_out, REFUSALS))
+    await nc.flush()
+    reply = await _ask(nc, b'{"n": 9}')
+    assert reply.status == "busy" and reply.retry_after_s == UNAVAILABLE_RETRY_AFTER_S, reply
+    assert "JetStream did not answer the test in time (TimeoutError)" in reply.detail
+    assert responder.refused.get(subject=SUBJECT, reason="unavailable") == 1
+    await responder.drain(5.0)

@@ -32,7 +32,6 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
-from jetfleet.js_errors import is_unavailable
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
@@ -45,35 +44,19 @@ _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 
-UNAVAILABLE_RETRY_AFTER_S = 1.0
-
-
-def _call_failed(exc: Exception) -> LeaseReply:
-    """The answer when a lease call raised."""
-    if is_unavailable(exc):
-        # JetStream did not answer the leaser in time: the worker asks again for the same
-        # delivery, and a grant that did land is found again rather than left to expire.
-        return LeaseRefusal(
-            reason="busy",
-            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
-            detail=f"JetStream did not answer the leaser: {type(exc).__name__}",
-        )
-    return LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc))
-
-
 LEASE_REFUSALS = Refusals[LeaseReply](
     malformed=lambda error: LeaseRefusal(
         reason="malformed-request", detail=f"not a lease call (schemas/lease.py): {error}"
     ),
-    busy=lambda wait: LeaseRefusal(
-        reason="busy", retry_after_s=wait, detail="the leaser is full; ask again later"
+    busy=lambda wait, why: LeaseRefusal(
+        reason="busy", retry_after_s=wait, detail=f"{why}: ask again later"
     ),
-    failed=_call_failed,
+    failed=lambda exc: LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc)),
 )
 QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     malformed=lambda error: QuarantineReply(ok=False, detail=f"malformed command: {error}"),
-    busy=lambda wait: QuarantineReply(
-        ok=False, detail=f"the leaser is full; send the command again in {wait:g} s"
+    busy=lambda wait, why: QuarantineReply(
+        ok=False, detail=f"{why}: send the command again in {wait:g} s"
     ),
     failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
 )

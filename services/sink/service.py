@@ -14,7 +14,6 @@ from nats.aio.msg import Msg
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
-from jetfleet.js_errors import is_unavailable
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
@@ -28,31 +27,16 @@ log = logging.getLogger(__name__)
 SETTLED = frozenset({"committed", "suppressed:duplicate-key", "dead-lettered"})
 
 _decoder = msgspec.json.Decoder(Report)
-UNAVAILABLE_RETRY_AFTER_S = 1.0
 _encoder = msgspec.json.Encoder()
-
-
-def _report_failed(exc: Exception) -> SinkReply:
-    """The answer when settling a report raised."""
-    if is_unavailable(exc):
-        # JetStream did not answer the sink in time (an election, or the sink itself was
-        # stalled past its timeouts): nothing says the report is wrong, so the worker
-        # sends the same one again (commit and dead letter are idempotent) rather than
-        # spend the job's attempt as after an error.
-        return SinkReply(
-            status="busy",
-            retry_after_s=UNAVAILABLE_RETRY_AFTER_S,
-            detail=f"not settled, JetStream did not answer the sink: {type(exc).__name__}",
-        )
-    return SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}")
 
 
 REPORT_REFUSALS = Refusals[SinkReply](
     malformed=lambda error: SinkReply(status="error", detail=f"malformed report: {error}"),
-    busy=lambda wait: SinkReply(
-        status="busy", retry_after_s=wait, detail="the sink is full; send the report again"
+    busy=lambda wait, why: SinkReply(
+        status="busy", retry_after_s=wait, detail=f"not settled, {why}: send the report again"
     ),
-    failed=_report_failed,
+    # Spends the attempt: the error may be the report's own (an output the stream refuses).
+    failed=lambda exc: SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}"),
 )
 
 
