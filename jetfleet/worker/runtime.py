@@ -610,9 +610,9 @@ class Worker:
     ) -> None:
         if reply is None or reply.status == "error":
             # Give the job back now rather than leave it to the ack wait. No answer: the
-            # lease was lost while the sink was asked (the release below then finds it
-            # gone and nothing is nakked), or the worker is draining; not the job's
-            # fault, so the attempt is refunded. An error may be this job's own (say, an
+            # lease was lost while the sink was asked again and again (the release below
+            # then finds it gone and nothing is nakked); not the job's fault, so the
+            # attempt is refunded. An error may be this job's own (say, an
             # output the stream refuses), so it spends the attempt and the job ends
             # dead-lettered if it keeps failing. Either way the delay grows with each
             # delivery, and a commit that did happen is found by the next grant
