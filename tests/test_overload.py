@@ -148,8 +148,11 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
         leaser.resume()
         await flowing(await _committed(js))
         sink.pause()
+        # The fault's length; the count is taken a second in, once a commit the sink sent
+        # just before it froze has surely landed.
+        await asyncio.sleep(1.0)
         frozen_at = await _committed(js)
-        await asyncio.sleep(SINK_STALL_S)  # the fault's length
+        await asyncio.sleep(SINK_STALL_S - 1.0)
         assert await _committed(js) == frozen_at, "the sink committed while stopped"
         sink.resume()
         stalls_end_s = time.monotonic() - began
