@@ -86,6 +86,10 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     beyond this count share ``target_partitions`` hashed partitions (docs/topology.md)."""
     target_partitions: int = 16
     """How many partitions the targets beyond ``dedicated_targets`` are hashed into."""
+    service_concurrency: int = 512
+    """Requests each leaser or sink replica handles at once; one more is answered ``busy``
+    with a retry-after (workers back off), so an overloaded or just-resumed replica sheds
+    load instead of queueing it."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -268,6 +272,11 @@ def validate(settings: Settings) -> None:
         "a whole number from 1 to 1024",
     )
     _validate_consumer_count(settings)
+    _require(
+        1 <= settings.fleet.service_concurrency <= 100_000,
+        "fleet.service_concurrency",
+        "a whole number from 1 to 100000 (requests a leaser or sink replica handles at once)",
+    )
     shares = settings.worker.tier_shares
     _require(
         set(shares) <= {"high", "normal", "bulk"}

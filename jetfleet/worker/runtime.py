@@ -31,8 +31,9 @@ from nats.js.errors import FetchTimeoutError
 
 import jetfleet
 from jetfleet import subjects
+from jetfleet.backoff import Backoff
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
-from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
@@ -47,7 +48,7 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
+from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
@@ -68,7 +69,6 @@ FETCH_BATCH = 10
 SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
 OUTCOME_TIMEOUT_S = 2.0
-SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
     {
@@ -436,15 +436,9 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
-        asked_at = time.monotonic()
-        reply = await self.leases.grant(request)
+        reply, asked_at = await self._ask_for_lease(msg, request)
         if reply is None:
-            # The leaser may have granted and its answer been lost: asking again for this
-            # same delivery gets that grant back (see the leaser's _grant_again).
-            asked_at = time.monotonic()
-            reply = await self.leases.grant(request)
-        if reply is None:
-            await msg.nak(delay=1.0)  # leaser unreachable; our delivery is still the live one
+            await msg.nak()  # draining: another worker may ask for it now
             return None
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
@@ -476,6 +470,31 @@ class Worker:
             await self._hand_back(msg, target, reply.reason, delay)
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
+
+    async def _ask_for_lease(
+        self, msg: Msg, request: LeaseRequest
+    ) -> tuple[LeaseReply | None, float]:
+        """The leaser's answer for this delivery and when it was asked (monotonic); None
+        only when the worker is draining.
+
+        Busy, silent or absent, the leaser is asked again for this same delivery after a
+        growing, jittered wait, while +WPI keeps the delivery ours. So a grant whose
+        answer came too late is found again (the leaser's ``_grant_again``: same worker,
+        same reply subject) and not counted twice; given back instead, it would hold the
+        job's next delivery off as ``held`` and then count as an attempt that never ran.
+        """
+        backoff = Backoff()
+        while True:
+            asked_at = time.monotonic()
+            reply = await self.leases.grant(request)
+            if reply is not None and not is_busy(reply):
+                return reply, asked_at
+            self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
+            if self._stopping.is_set():
+                return None, asked_at
+            with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
+                await msg.in_progress()
+            await self._pause(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         if attempt > order.max_attempts:
@@ -590,14 +609,16 @@ class Worker:
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
     ) -> None:
         if reply is None or reply.status == "error":
-            # Give the job back now rather than leave it to the ack wait. Unreachable:
-            # an outage, not the job's fault, so the attempt is refunded. An error may
-            # be this job's own (say, an output the stream refuses), so it spends the
-            # attempt and the job ends dead-lettered if it keeps failing. Either way the
-            # delay grows with each delivery, and a commit that did happen is found by
-            # the next grant (already-done).
+            # Give the job back now rather than leave it to the ack wait. No answer: the
+            # lease was lost while the sink was asked again and again (the release below
+            # then finds it gone and nothing is nakked); not the job's fault, so the
+            # attempt is refunded. An error may be this job's own (say, an
+            # output the stream refuses), so it spends the attempt and the job ends
+            # dead-lettered if it keeps failing. Either way the delay grows with each
+            # delivery, and a commit that did happen is found by the next grant
+            # (already-done).
             if reply is None:
-                self.stats["sink-unreachable"] += 1
+                self.stats["sink-unanswered"] += 1
             else:
                 self.stats["sink-error"] += 1
                 log.warning("sink failed on job %s: %s", order.job.id, reply.detail)
@@ -661,22 +682,39 @@ class Worker:
                 identity=self.identity,
                 fence=held.fence,
             )
-        return await self._send_report(order, _encoder.encode(report))
+        return await self._send_report(order, _encoder.encode(report), held)
 
-    async def _send_report(self, order: WorkOrder, payload: bytes) -> SinkReply | None:
-        for try_no in range(SINK_TRIES):
+    async def _send_report(self, order: WorkOrder, payload: bytes, held: Held) -> SinkReply | None:
+        """The sink's answer; None only if the lease was lost while it was asked.
+
+        Busy, silent or absent, the sink gets the same report again after a growing,
+        jittered wait for as long as the lease is ours (the keeper renews it all along).
+        The job is never given back to run again over a sink outage, so the target is
+        asked once; and a report the sink commits after we stopped waiting for it makes
+        the next one ``suppressed`` under this job's own key, which settles the job.
+        """
+        backoff = Backoff()
+        while not held.lost.is_set():
             try:
                 answer = await self.nc.request(
                     subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
                 )
-                return _reply_decoder.decode(answer.data)
+                reply = _reply_decoder.decode(answer.data)
+                if reply.status != "busy":
+                    return reply
+                self.stats["sink-busy"] += 1
+                floor_s = reply.retry_after_s
             except (NoRespondersError, NatsTimeoutError) as exc:
-                log.warning(
-                    "sink did not answer for job %s (%s); retrying",
-                    order.job.id,
-                    type(exc).__name__,
-                )
-                await asyncio.sleep(0.5 * 2**try_no)
+                self.stats["sink-unreachable"] += 1
+                if backoff.asks == 0:  # one line per report, not one per ask
+                    log.warning(
+                        "sink did not answer for job %s (%s); asking again until it does",
+                        order.job.id,
+                        type(exc).__name__,
+                    )
+                floor_s = 0.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.lost.wait(), backoff.next_s(floor_s))
         return None
 
     async def _record_duplicate(

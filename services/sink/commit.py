@@ -27,12 +27,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from jetfleet import subjects
+from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.lease_store import LeaseStore
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 
 _encoder = msgspec.json.Encoder()
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ async def commit(
             headers={"Nats-Expected-Last-Subject-Sequence": "0"},
         )
     except APIError as exc:
-        if exc.err_code in _WRONG_LAST_SEQUENCE:
+        if is_wrong_last_sequence(exc):
             return await _suppressed(js, order.target, order.key)
         raise
     if ack.duplicate:
