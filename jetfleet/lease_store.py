@@ -105,6 +105,21 @@ class LeaseStore:
         old = _history_decoder.decode(entry.value) if entry.value else None
         return HistoryEntry(old, entry.revision or 0)
 
+    async def claim(self, job_id: str, submit_seq: int) -> int:
+        """Claim ``job_id`` for the submission at ``submit_seq`` (put-if-absent of the
+        job's history); the submission that owns the id: ``submit_seq`` when the id is
+        new or already this submission's (a scheduler re-admitting it after a restart),
+        another one (0: one from before claims) while an earlier job's history lives."""
+        claim = JobLeaseHistory(fence=0, grants=0, submit_seq=submit_seq)
+        for _ in range(_CAS_TRIES):
+            if await self._write_history(job_id, claim, last=0):
+                return submit_seq
+            read = await self.read_history(job_id)
+            if read.history is not None:
+                return read.history.submit_seq
+            # Gone between the two (its age ran out): claim again.
+        raise RuntimeError(f"could not claim job id {job_id}: too much contention")
+
     async def record_grant(
         self, job_id: str, fence: int, read: HistoryEntry | None = None
     ) -> JobLeaseHistory:
