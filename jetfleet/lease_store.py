@@ -18,6 +18,7 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.leader_reads import leader_bucket
 from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord, Sealed
 
 _WRONG_LAST_SEQUENCE = (10071, 10164)
@@ -60,11 +61,12 @@ class LeaseStore:
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> LeaseStore:
-        """Bind to the buckets (declared by the topology)."""
+        """Bind to the buckets (declared by the topology). Every read is a leader read:
+        the fence and lease checks rest on them."""
         return cls(
             js,
-            await js.key_value(subjects.BUCKET_LEASES),
-            await js.key_value(subjects.BUCKET_FENCES),
+            await leader_bucket(js, subjects.BUCKET_LEASES),
+            await leader_bucket(js, subjects.BUCKET_FENCES),
         )
 
     async def live(self, job_id: str) -> LiveLease | None:

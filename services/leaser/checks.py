@@ -25,10 +25,10 @@ from jetfleet.schemas.lease import (
 )
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.results import committed_job
@@ -96,9 +96,7 @@ async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
     """The job was dead-lettered already (its terminate was lost): it must not run again,
     or it would end both dead and committed. The worker terminates this delivery."""
     subject = subjects.dead_letter(ctx.request.target, ctx.request.job_id)
-    try:
-        await ctx.js.get_msg(subjects.STREAM_DLQ, subject=subject, direct=True)
-    except NotFoundError:
+    if await last_message(ctx.js, subjects.STREAM_DLQ, subject) is None:
         return None
     return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
 
