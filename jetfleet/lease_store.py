@@ -2,8 +2,10 @@
 
 Shared by the leaser (which grants, renews, releases and revokes) and the sink (which
 checks a commit's fence). A lease is the key ``<job id>`` in ``jf-leases`` with a per-key
-TTL; its fence is the revision of the grant. ``jf-fences`` keeps, per job, the highest
-fence ever granted and the number of grants.
+TTL; its fence is the revision of the grant. ``jf-fences`` keeps, per job, the
+submission that claimed its id, the highest fence ever granted, the number of grants and
+the seal (the job's one terminal decision, docs/commit.md#the-settle-rule). Every read
+is answered by the stream leader (docs/commit.md#which-reads-may-be-stale).
 """
 
 from __future__ import annotations
