@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
+from jetfleet.leader_reads import last_message
 from jetfleet.schemas import CommittedResult
 from jetfleet.stream_reader import read_stream
 
@@ -26,11 +26,8 @@ async def iter_results(
 
 async def committed_job(js: JetStreamContext, target: str, key: str) -> str | None:
     """The job id whose result holds ``key``, or None if the key is not committed (the
-    result record is the key)."""
-    try:
-        msg = await js.get_msg(
-            subjects.STREAM_RESULTS, subject=subjects.result_key(target, key), direct=True
-        )
-    except NotFoundError:
+    result record is the key). A leader read: grants and dead letters decide on it."""
+    msg = await last_message(js, subjects.STREAM_RESULTS, subjects.result_key(target, key))
+    if msg is None:
         return None
     return _decoder.decode(msg.data).job_id if msg.data else ""

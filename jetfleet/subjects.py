@@ -21,7 +21,7 @@ STREAM_DUPLICATES = "JF_DUPLICATES"
 
 # KV buckets.
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
-BUCKET_FENCES = "jf-fences"  # job id -> highest fence granted, and the grant count
+BUCKET_FENCES = "jf-fences"  # job id -> id claim, highest fence, grant count, seal
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
 
 # Consumers.

@@ -116,13 +116,16 @@ def _work_consumer(settings: Settings, lane: WorkLane, tier: str) -> js_api.Cons
 def bucket_ttls(settings: Settings) -> dict[str, float]:
     """Each KV bucket and the age after which its entries (and delete markers) go.
 
-    Leases carry their own per-key TTL; the bucket's only clears release markers. Fence
-    history must outlive any retry of its job. Control records last until removed.
+    Leases carry their own per-key TTL; the bucket's only clears release markers. A
+    job's history (its id claim, fences and seal) must outlive any retry of its job and
+    everything else kept under its id (its dead letter and outcome events, kept for
+    ``retention_s``), since admission refuses the id only while it lives. Control
+    records last until removed.
     """
     fleet = settings.fleet
     return {
         subjects.BUCKET_LEASES: max(3600.0, 10 * fleet.ack_wait_s),
-        subjects.BUCKET_FENCES: fleet.dedupe_ttl_s,
+        subjects.BUCKET_FENCES: max(fleet.dedupe_ttl_s, fleet.retention_s),
         subjects.BUCKET_CONTROL: 0.0,
     }
 
