@@ -42,6 +42,9 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     max_attempts: int = 3
     timeout_s: float = 30.0
     max_body_bytes: int = 5_000_000
+    max_retry_after_s: float = 300.0
+    """The longest wait a Retry-After may impose on a job and on this worker's use of the
+    target. A longer ask is cut to this and shown as a target hold on ``/metrics``."""
     user_agent: str = ""
     obey_robots: bool = True
 
@@ -142,6 +145,7 @@ _HINTS = {
     "max_in_flight": "a whole number >= 1",
     "max_attempts": "a whole number >= 1",
     "timeout_s": "a positive number of seconds",
+    "max_retry_after_s": "a number of seconds from 1 to 86400 (a day)",
     "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0",
     "port": "a TCP port number",
 }
@@ -302,6 +306,13 @@ def _validate_target(name: str, target: TargetSettings) -> None:
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
     _require(target.timeout_s > 0, f"{key}.timeout_s", _HINTS["timeout_s"])
     _require(target.max_body_bytes >= 1, f"{key}.max_body_bytes", "a positive byte count")
+    # At least a second, or a target's "wait" would be no wait at all; at most a day,
+    # past which a job waiting on a header is a job lost (an operator decides instead).
+    _require(
+        1 <= target.max_retry_after_s <= 86400,
+        f"{key}.max_retry_after_s",
+        _HINTS["max_retry_after_s"],
+    )
 
 
 # nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
@@ -83,6 +85,29 @@ def parse_retry_after(raw: str | None) -> int:
     if seconds < 0:
         raise ValueError(f"retry_after must be >= 0, got {raw!r}")
     return seconds
+
+
+def parse_seconds(raw: str | None, name: str) -> float:
+    """Parses a finite number of seconds (may be negative) from query parameter ``name``.
+
+    Raises:
+        ValueError: If it is not a finite number.
+    """
+    seconds = float(raw or 0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {raw!r}")
+    return seconds
+
+
+def _rate_limit_headers(query: Any) -> dict[str, str]:
+    """``Retry-After`` in delta-seconds (``retry_after``) or, with ``retry_at``, as an
+    HTTP-date that many seconds after this answer's ``Date``; ``date_skew`` shifts both
+    dates, as a target whose clock is off would send them."""
+    if "retry_at" not in query:
+        return {"Retry-After": str(parse_retry_after(query.get("retry_after")))}
+    now = time.time() + parse_seconds(query.get("date_skew"), "date_skew")
+    at = now + parse_seconds(query.get("retry_at"), "retry_at")
+    return {"Date": formatdate(now, usegmt=True), "Retry-After": formatdate(at, usegmt=True)}
 
 
 def _html(text: str, status: int = 200) -> web.Response:
@@ -198,11 +223,11 @@ class TargetRoutes:
 
     async def _ratelimited(self, request: web.Request) -> web.Response:
         try:
-            retry_after = parse_retry_after(request.query.get("retry_after"))
+            headers = _rate_limit_headers(request.query)
         except ValueError as exc:
             return _bad_request(str(exc))
         response = _html(error_html(429), status=429)
-        response.headers["Retry-After"] = str(retry_after)
+        response.headers.update(headers)
         return response
 
     async def _blocked(self, request: web.Request) -> web.Response:

@@ -9,6 +9,7 @@ import aiohttp
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
+from jetfleet.worker.retry_after import retry_after_s
 
 # Headers worth keeping in a result; the rest is noise for the record.
 _KEPT_HEADERS = (
@@ -68,7 +69,7 @@ def _classify(
     ctx: HandlerContext, response: aiohttp.ClientResponse, body: bytes, truncated: bool
 ) -> HandlerOutput:
     status = response.status
-    retry_after = _retry_after(response.headers.get("Retry-After"))
+    retry_after = retry_after_s(response.headers.get("Retry-After"), response.headers.get("Date"))
     if status in (404, 410):
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
@@ -100,12 +101,3 @@ def _block_kind(status: int, body: bytes) -> str:
     if b'id="challenge"' in body or b"challenge" in body[:4096].lower():
         return "challenged"
     return "blocked" if status == 403 else "rate-limited"
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP-date; the policy's backoff applies instead

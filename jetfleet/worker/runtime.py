@@ -33,7 +33,7 @@ import jetfleet
 from jetfleet import subjects
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
 from jetfleet.lease_client import LeaseClient
-from jetfleet.metrics import CounterFamily
+from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
@@ -53,7 +53,9 @@ from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
+from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict, target_answered
 
@@ -127,7 +129,13 @@ class Worker:
             "Jobs handed back unrun by worker, target and reason (held, a lease refusal, "
             "no slot, retry elsewhere)",
         )
-        self.metrics = [self.attempts, self.hand_backs]
+        self.holds = TargetHolds(worker_id)
+        self.metrics: list[MetricFamily] = [
+            self.attempts,
+            self.hand_backs,
+            self.holds.asked,
+            self.holds.count,
+        ]
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
@@ -367,6 +375,8 @@ class Worker:
         finally:
             blocked = verdict is not None and verdict.kind == "blocked"
             self.gate.done(target, answered=target_answered(verdict), blocked=blocked)
+            if verdict is not None and verdict.kind == "ok":
+                self.holds.answered(target)
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
@@ -523,14 +533,30 @@ class Worker:
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
+            delay, note = self._bound_wait(order.target, exc.delay_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("retryable", reason=exc.reason, detail=detail, delay_s=delay)
         except Blocked as exc:
-            return Verdict("blocked", reason=exc.kind, detail=exc.detail, delay_s=exc.retry_after_s)
+            delay, note = self._bound_wait(order.target, exc.retry_after_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("blocked", reason=exc.kind, detail=detail, delay_s=delay)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
             return Verdict(
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
+
+    def _bound_wait(self, target: str, asked_s: float | None) -> tuple[float | None, str]:
+        """A target's Retry-After, cut to its ``max_retry_after_s``, and a note when cut.
+
+        Cut, the job still comes back in bounded time and this worker probes the target
+        once per cap (one request, not a flood); the longer ask shows as a target hold.
+        """
+        if asked_s is None:
+            return None, ""
+        wait = BoundedWait(asked_s=asked_s, cap_s=self.settings.targets[target].max_retry_after_s)
+        self.holds.record(target, wait)
+        return wait.delay_s, wait.describe(target) if wait.over_cap else ""
 
     async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
         """Renew at ttl/3 and send +WPI in the same beat; if the lease is lost, mark it
@@ -581,6 +607,7 @@ class Worker:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
         delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        delay = min(delay, self.settings.targets[order.target].max_retry_after_s)
         self.gate.blocked(order.target, delay)
         self.stats[f"blocked:{verdict.reason}"] += 1
         if await self._give_back(order, held, refund=True):
