@@ -51,6 +51,7 @@ from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.retry_after import BoundedWait
@@ -148,6 +149,7 @@ class Worker:
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
         self._failed_here = FailedHere()
+        self._deadline = AttemptDeadline()
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -528,8 +530,12 @@ class Worker:
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
         )
+        # The budget of every attempt (the order carries the target's when the job set
+        # none): a handler that never returns must not hold its lease for ever.
+        budget_s = order.timeout_s or target.timeout_s
+        what = f"handler {order.job.handler} on job {order.job.id}"
         try:
-            return Verdict("ok", output=await fn(ctx))
+            return Verdict("ok", output=await self._deadline.run(fn(ctx), budget_s, what))
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
