@@ -47,6 +47,9 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     target. A longer ask is cut to this and shown as a target hold on ``/metrics``."""
     user_agent: str = ""
     obey_robots: bool = True
+    redirect_hosts: tuple[str, ...] = ()
+    """Hosts (``host`` or ``host:port``) beyond ``base_url`` that ``http.get`` may follow
+    a redirect to; a redirect anywhere else fails the job as ``redirect-off-target``."""
 
 
 class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -313,6 +316,20 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         f"{key}.max_retry_after_s",
         _HINTS["max_retry_after_s"],
     )
+    _validate_redirect_hosts(key, target.redirect_hosts)
+
+
+_REDIRECT_HOST_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?$")
+
+
+def _validate_redirect_hosts(key: str, hosts: tuple[str, ...]) -> None:
+    for host in hosts:
+        _require(
+            bool(_REDIRECT_HOST_RE.match(host)),
+            f"{key}.redirect_hosts",
+            f"lowercase host names or host:port pairs such as cdn.example.org:8443, not "
+            f"{host!r} (no scheme, path or upper case)",
+        )
 
 
 # nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets

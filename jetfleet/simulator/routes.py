@@ -176,6 +176,7 @@ class TargetRoutes:
         app.router.add_get("/challenge/{n:\\d+}", self._challenge, name="challenge")
         app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
         app.router.add_get("/error/{n:\\d+}", self._error, name="error")
+        app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -241,6 +242,11 @@ class TargetRoutes:
 
     async def _error(self, request: web.Request) -> web.Response:
         return _html(error_html(500), status=500)
+
+    async def _redirect(self, request: web.Request) -> web.Response:
+        # Location exactly as given (relative or absolute, on this site or another).
+        location = request.query.get("to", f"/page/{_page_number(request)}")
+        return web.Response(status=302, headers={"Location": location})
 
     async def _robots(self, request: web.Request) -> web.Response:
         return web.Response(text=ROBOTS_TXT, content_type="text/plain")

@@ -10,6 +10,7 @@ from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
 from jetfleet.worker.retry_after import retry_after_s
+from jetfleet.worker.target_scope import redirect_to
 
 # Headers worth keeping in a result; the rest is noise for the record.
 _KEPT_HEADERS = (
@@ -22,6 +23,9 @@ _KEPT_HEADERS = (
     "location",
 )
 _RETRYABLE_STATUS = {500, 502, 504, 408}
+_REDIRECT_STATUS = {301, 302, 303, 307, 308}
+# As many hops as aiohttp would follow by itself.
+MAX_REDIRECTS = 10
 _BLOCK_STATUS = {403, 429, 503}
 
 
@@ -39,15 +43,26 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
     asked (``store_body``). With ``args.expect`` set, a page without that text is a
     permanent ``selector-removed`` failure. 404/410 are permanent; 5xx and timeouts are
     worth a retry; 429/403/503 are back-off signals, never obstacles to get around.
+    Redirects are followed only under the target's ``base_url`` or to its
+    ``redirect_hosts``; one leading elsewhere is a permanent ``redirect-off-target``.
     """
     timeout = aiohttp.ClientTimeout(total=ctx.order.timeout_s)
     headers = {"User-Agent": ctx.user_agent, "X-Jetfleet-Worker": ctx.worker_id}
+    url = ctx.order.job.url
     try:
-        async with ctx.session.get(
-            ctx.order.job.url, headers=headers, timeout=timeout, allow_redirects=True
-        ) as response:
-            body, truncated = await _read_capped(response, ctx.target.max_body_bytes)
-            return _classify(ctx, response, body, truncated)
+        for _ in range(MAX_REDIRECTS + 1):
+            # Hop by hop, so each Location is checked before anything is sent there.
+            async with ctx.session.get(
+                url, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                location = response.headers.get("Location")
+                if response.status not in _REDIRECT_STATUS or location is None:
+                    body, truncated = await _read_capped(response, ctx.target.max_body_bytes)
+                    return _classify(ctx, response, body, truncated)
+            url = redirect_to(url, location, ctx.target)
+        raise PermanentFailure(
+            "too-many-redirects", detail=f"more than {MAX_REDIRECTS} from {ctx.order.job.url}"
+        )
     except TimeoutError:
         raise RetryLater("timeout", detail=f"no answer within {ctx.order.timeout_s:g} s") from None
     except aiohttp.ClientError as exc:

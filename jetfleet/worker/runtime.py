@@ -57,6 +57,7 @@ from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
+from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict, target_answered
 
@@ -498,6 +499,13 @@ class Worker:
                 detail=f"attempt {attempt} of {order.max_attempts}",
                 called=False,
             )
+        outside = job_outside_target(
+            order.job.url, order.target, self.settings.targets[order.target]
+        )
+        if outside is not None:
+            # Admitted elsewhere, published straight to the work subject, or from before
+            # a change of base_url: no request leaves for a site this target is not.
+            return Verdict("permanent", reason=OUTSIDE_TARGET, detail=outside, called=False)
         try:
             fn, _ = get_handler(order.job.handler)
         except KeyError:
