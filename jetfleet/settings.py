@@ -72,6 +72,10 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Queue and commit policy shared by every service."""
 
     max_job_bytes: int = 64 * 1024
+    max_inline_bytes: int = 256 * 1024
+    """Largest body (as JSON text) a result carries inside its message; a larger one is
+    kept in the ``jf-result-objects`` object store and referenced. Checked at worker start
+    against the server's max_payload."""
     ack_wait_s: float = 60.0
     """Visibility timeout: JetStream redelivers an unacked job after this long."""
     lease_ttl_s: float = 30.0
@@ -255,6 +259,11 @@ def validate(settings: Settings) -> None:
     for name, target in settings.targets.items():
         _validate_target(name, target)
     _require(settings.fleet.max_job_bytes >= 1024, "fleet.max_job_bytes", "at least 1024")
+    _require(
+        settings.fleet.max_inline_bytes >= 0,
+        "fleet.max_inline_bytes",
+        "a byte count >= 0 (0 keeps every stored body in the object store)",
+    )
     _require(settings.fleet.ack_wait_s > 0, "fleet.ack_wait_s", "a positive number of seconds")
     _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
     # The server's per-key TTL is whole seconds: a 2.5 s lease lives 3 s.

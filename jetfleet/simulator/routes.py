@@ -16,6 +16,7 @@ from jetfleet.simulator.config import SimulatorConfig
 from jetfleet.simulator.counters import RequestCounters
 from jetfleet.simulator.pages import (
     ROBOTS_TXT,
+    big_html,
     blocked_html,
     challenge_html,
     error_html,
@@ -33,6 +34,8 @@ MAX_SLOW_DELAY_S = 60.0
 # A hung request must still end eventually so a forgotten client cannot pin a task forever.
 HANG_CAP_S = 300.0
 DEFAULT_RETRY_AFTER_S = 2
+DEFAULT_BIG_BYTES = 3 * 1024 * 1024
+MAX_BIG_BYTES = 64 * 1024 * 1024
 
 _CONFIG_KEYS = frozenset({"latency_s"})
 
@@ -177,6 +180,7 @@ class TargetRoutes:
         app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
         app.router.add_get("/error/{n:\\d+}", self._error, name="error")
         app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
+        app.router.add_get("/big/{n:\\d+}", self._big, name="big")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -247,6 +251,16 @@ class TargetRoutes:
         # Location exactly as given (relative or absolute, on this site or another).
         location = request.query.get("to", f"/page/{_page_number(request)}")
         return web.Response(status=302, headers={"Location": location})
+
+    async def _big(self, request: web.Request) -> web.Response:
+        try:
+            size = int(request.query.get("bytes", DEFAULT_BIG_BYTES))
+        except ValueError:
+            return _bad_request("bytes must be a whole number")
+        if not 0 <= size <= MAX_BIG_BYTES:
+            return _bad_request(f"bytes must be from 0 to {MAX_BIG_BYTES}")
+        body = big_html(_page_number(request), size)
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
 
     async def _robots(self, request: web.Request) -> web.Response:
         return web.Response(text=ROBOTS_TXT, content_type="text/plain")

@@ -54,6 +54,7 @@ from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.result_objects import ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
@@ -152,9 +153,16 @@ class Worker:
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self._session: aiohttp.ClientSession | None = None
+        self._objects: ResultObjects | None = None
 
     async def start(self) -> None:
-        """Bind to each lane's durable consumers and start pulling."""
+        """Check the result caps against the server, bind to each lane's durable
+        consumers and start pulling.
+
+        Raises:
+            ConfigError: a result with an inline body could exceed the server's max_payload.
+        """
+        self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
         concurrency = self.settings.worker.concurrency
         self._session = aiohttp.ClientSession(
             # Room for every lane's slots, so a lane that hangs cannot take the others'
@@ -537,6 +545,7 @@ class Worker:
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
+            objects=self._objects,
         )
         # The budget of every attempt (the order carries the target's when the job set
         # none): a handler that never returns must not hold its lease for ever.
