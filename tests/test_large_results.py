@@ -14,16 +14,21 @@ process.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import pytest
 from jetfleet.schemas import CommittedResult, DeadLetter, HttpFetch
 from nats.js import JetStreamContext
 
+import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
+from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
 from jetfleet.results import iter_results, stored_bytes, with_stored_body
 from jetfleet.settings import Settings
@@ -97,6 +102,33 @@ async def test_item6_a_3_mib_page_commits_once_from_one_request_and_comes_back_i
     small = results[small_job.id].output
     assert isinstance(small, HttpFetch) and small.body_object is None, small
     assert small.body is not None and small.body.encode() == big_html(2, SMALL)
+
+
+async def test_item6_results_export_with_bodies_puts_a_stored_body_back_inline(
+    env: Env, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (job,) = await submit_paths(
+        env.js, env.settings, "pages", [f"/big/4?bytes={BIG}"], "cli", store_body=True
+    )
+
+    async def one_committed() -> bool:
+        return await committed(env.js, "pages") == 1
+
+    await wait_for(one_committed, 30, "the page to commit")
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(env.settings))
+    argv = ["--config", str(config), "--stack", str(tmp_path / "no-stack"), "results", "export"]
+    capsys.readouterr()
+    plain = await asyncio.to_thread(cli_main.main, [*argv, "--target", "pages"])
+    (line,) = capsys.readouterr().out.splitlines()
+    assert plain == 0 and "body_object" in json.loads(line)["output"], line[:500]
+    code = await asyncio.to_thread(cli_main.main, [*argv, "--target", "pages", "--bodies"])
+    out, err = capsys.readouterr()
+    (line,) = out.splitlines()
+    assert code == 0, err
+    record = json.loads(line)
+    assert record["job_id"] == job.id
+    assert record["output"]["body"] == big_html(4, BIG).decode()
 
 
 async def test_item6_a_body_over_the_targets_cap_fails_as_result_too_large_after_one_request(

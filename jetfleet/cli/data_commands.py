@@ -205,15 +205,21 @@ async def _results_export(settings: Settings, target: str | None, bodies: bool) 
     js = nc.jetstream()
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
+    missing = 0
     try:
         async for record in iter_results(js, target):
             if bodies:
-                record = await with_stored_body(js, record)
+                try:
+                    record = await with_stored_body(js, record)
+                except JetfleetError as exc:
+                    # Written without its body (its reference stays), never left out.
+                    missing += 1
+                    print(f"jetfleet: result of job {record.job_id}: {exc}", file=sys.stderr)
             out.write(encoder.encode(record) + b"\n")
     finally:
         await nc.close()
         out.flush()
-    return 0
+    return 1 if missing else 0
 
 
 def _run_schemas_export(args: argparse.Namespace) -> int:

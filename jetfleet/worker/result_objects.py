@@ -17,6 +17,7 @@ import hashlib
 import uuid
 
 from nats.js import JetStreamContext
+from nats.js import api as js_api
 from nats.js.object_store import ObjectStore
 
 from jetfleet import subjects
@@ -27,6 +28,10 @@ from jetfleet.settings import Settings
 # Room in a report for everything but the inline body and the job: the order's other
 # fields, kept headers (aiohttp allows 8 KiB a line), versions, JSON punctuation.
 REPORT_ROOM_BYTES = 64 * 1024
+# nats-py's default chunk; each chunk is one message, so it must also fit max_payload
+# (nats-py does not check: a chunk too large fails the put).
+CHUNK_BYTES = 128 * 1024
+CHUNK_ROOM_BYTES = 4096
 
 
 def check_payload_room(settings: Settings, max_payload: int) -> None:
@@ -59,9 +64,10 @@ def check_payload_room(settings: Settings, max_payload: int) -> None:
 class ResultObjects:
     """Puts one job's large bytes into the bucket and says where they are."""
 
-    def __init__(self, store: ObjectStore, max_inline_bytes: int) -> None:
+    def __init__(self, store: ObjectStore, max_inline_bytes: int, max_payload: int) -> None:
         self._store = store
         self.max_inline_bytes = max_inline_bytes
+        self._chunk_bytes = min(CHUNK_BYTES, max_payload - CHUNK_ROOM_BYTES)
 
     @classmethod
     async def open(
@@ -75,7 +81,7 @@ class ResultObjects:
         """
         check_payload_room(settings, max_payload)
         store = await js.object_store(subjects.OBJECTS_RESULTS)
-        return cls(store, settings.fleet.max_inline_bytes)
+        return cls(store, settings.fleet.max_inline_bytes, max_payload)
 
     def fits_inline(self, encoded_size: int) -> bool:
         """Whether ``encoded_size`` bytes (as the result's JSON carries them) stay inline."""
@@ -84,7 +90,8 @@ class ResultObjects:
     async def put(self, order: WorkOrder, label: str, data: bytes) -> StoredObject:
         """Store ``data`` for ``order``'s result under a name no other put uses."""
         name = f"{order.target}/{order.key}/{uuid.uuid4().hex}/{label}"
-        await self._store.put(name, data)
+        options = js_api.ObjectMetaOptions(max_chunk_size=self._chunk_bytes)
+        await self._store.put(name, data, meta=js_api.ObjectMeta(name=name, options=options))
         return StoredObject(
             bucket=subjects.OBJECTS_RESULTS,
             name=name,
