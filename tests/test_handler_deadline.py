@@ -31,8 +31,13 @@ NEVER = "tests.never-returns"
 STUBBORN = "tests.refuses-to-stop"
 BUDGET_S = 1.0
 ATTEMPTS = 2
-# Set when the test ends, so a handler the worker had to leave behind can finish.
-RELEASE = asyncio.Event()
+
+
+class Release:
+    """Set when the test ends, so a handler the worker had to leave behind can finish (an
+    Event per test: an asyncio.Event belongs to the loop that first waits on it)."""
+
+    event = asyncio.Event()
 
 
 @handler(NEVER)
@@ -45,9 +50,10 @@ async def never_returns(ctx: HandlerContext) -> HandlerOutput:
 @handler(STUBBORN)
 async def refuses_to_stop(ctx: HandlerContext) -> HandlerOutput:
     """Swallows its cancellation and keeps waiting: the worst a handler can do in asyncio."""
-    while not RELEASE.is_set():
+    release = Release.event
+    while not release.is_set():
         try:
-            await RELEASE.wait()
+            await release.wait()
         except asyncio.CancelledError:
             continue
     return NoopOutput()
@@ -64,11 +70,11 @@ async def running(
     )
     stack = InProcessStack(settings)
     await stack.start(workers=1)
-    RELEASE.clear()
+    Release.event = asyncio.Event()
     try:
         yield stack, stack.connections[0].jetstream()
     finally:
-        RELEASE.set()
+        Release.event.set()
         await stack.stop()
 
 
