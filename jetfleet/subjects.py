@@ -24,6 +24,9 @@ BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by 
 BUCKET_FENCES = "jf-fences"  # job id -> id claim, highest fence, grant count, seal
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
 
+# Object store buckets.
+OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
+
 # Consumers.
 CONSUMER_SCHEDULER = "scheduler"
 

@@ -38,6 +38,12 @@ class Drift:
         return f"{self.what}: {self.field} is {self.live!r}, declared {self.declared!r}"
 
 
+def results_max_age(settings: Settings) -> float:
+    """How long results are kept: at least the dedupe TTL, as the result is the key
+    (docs/commit.md); objects a result refers to are kept exactly as long."""
+    return max(settings.fleet.retention_s, settings.fleet.dedupe_ttl_s)
+
+
 def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
     """Every stream jetfleet uses, configured from ``settings``."""
     fleet = settings.fleet
@@ -65,7 +71,7 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_WORK, "jf.work.>", work_queue, 0),
         # One subject per idempotency key: the result record is the key (docs/commit.md),
         # so it is kept at least as long as the dedupe TTL.
-        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, max(keep, fleet.dedupe_ttl_s)),
+        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, results_max_age(settings)),
         stream(subjects.STREAM_DUPLICATES, "jf.duplicates.>", limits, keep),
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
@@ -157,6 +163,7 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         drifts += await _ensure_stream(js, stream_config, update)
     for bucket, ttl in bucket_ttls(settings).items():
         await _ensure_bucket(js, bucket, ttl, settings)
+    await _ensure_object_store(js, settings)
     await _remove_pre_tier_consumers(js, settings)
     configs = consumer_configs(settings)
     work = [c for s, c in configs if s == subjects.STREAM_WORK]
@@ -309,6 +316,20 @@ async def _ensure_bucket(
             storage=js_api.StorageType.FILE,
             replicas=settings.nats.replicas,
             direct=True,
+        )
+
+
+async def _ensure_object_store(js: JetStreamContext, settings: Settings) -> None:
+    try:
+        await js.object_store(subjects.OBJECTS_RESULTS)
+    except BucketNotFoundError:
+        await js.create_object_store(
+            subjects.OBJECTS_RESULTS,
+            config=js_api.ObjectStoreConfig(
+                ttl=results_max_age(settings),
+                storage=js_api.StorageType.FILE,
+                replicas=settings.nats.replicas,
+            ),
         )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
@@ -14,6 +16,7 @@ from jetfleet.simulator.config import SimulatorConfig
 from jetfleet.simulator.counters import RequestCounters
 from jetfleet.simulator.pages import (
     ROBOTS_TXT,
+    big_html,
     blocked_html,
     challenge_html,
     error_html,
@@ -31,6 +34,8 @@ MAX_SLOW_DELAY_S = 60.0
 # A hung request must still end eventually so a forgotten client cannot pin a task forever.
 HANG_CAP_S = 300.0
 DEFAULT_RETRY_AFTER_S = 2
+DEFAULT_BIG_BYTES = 3 * 1024 * 1024
+MAX_BIG_BYTES = 64 * 1024 * 1024
 
 _CONFIG_KEYS = frozenset({"latency_s"})
 
@@ -83,6 +88,29 @@ def parse_retry_after(raw: str | None) -> int:
     if seconds < 0:
         raise ValueError(f"retry_after must be >= 0, got {raw!r}")
     return seconds
+
+
+def parse_seconds(raw: str | None, name: str) -> float:
+    """Parses a finite number of seconds (may be negative) from query parameter ``name``.
+
+    Raises:
+        ValueError: If it is not a finite number.
+    """
+    seconds = float(raw or 0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {raw!r}")
+    return seconds
+
+
+def _rate_limit_headers(query: Any) -> dict[str, str]:
+    """``Retry-After`` in delta-seconds (``retry_after``) or, with ``retry_at``, as an
+    HTTP-date that many seconds after this answer's ``Date``; ``date_skew`` shifts both
+    dates, as a target whose clock is off would send them."""
+    if "retry_at" not in query:
+        return {"Retry-After": str(parse_retry_after(query.get("retry_after")))}
+    now = time.time() + parse_seconds(query.get("date_skew"), "date_skew")
+    at = now + parse_seconds(query.get("retry_at"), "retry_at")
+    return {"Date": formatdate(now, usegmt=True), "Retry-After": formatdate(at, usegmt=True)}
 
 
 def _html(text: str, status: int = 200) -> web.Response:
@@ -151,6 +179,8 @@ class TargetRoutes:
         app.router.add_get("/challenge/{n:\\d+}", self._challenge, name="challenge")
         app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
         app.router.add_get("/error/{n:\\d+}", self._error, name="error")
+        app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
+        app.router.add_get("/big/{n:\\d+}", self._big, name="big")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -198,11 +228,11 @@ class TargetRoutes:
 
     async def _ratelimited(self, request: web.Request) -> web.Response:
         try:
-            retry_after = parse_retry_after(request.query.get("retry_after"))
+            headers = _rate_limit_headers(request.query)
         except ValueError as exc:
             return _bad_request(str(exc))
         response = _html(error_html(429), status=429)
-        response.headers["Retry-After"] = str(retry_after)
+        response.headers.update(headers)
         return response
 
     async def _blocked(self, request: web.Request) -> web.Response:
@@ -216,6 +246,21 @@ class TargetRoutes:
 
     async def _error(self, request: web.Request) -> web.Response:
         return _html(error_html(500), status=500)
+
+    async def _redirect(self, request: web.Request) -> web.Response:
+        # Location exactly as given (relative or absolute, on this site or another).
+        location = request.query.get("to", f"/page/{_page_number(request)}")
+        return web.Response(status=302, headers={"Location": location})
+
+    async def _big(self, request: web.Request) -> web.Response:
+        try:
+            size = int(request.query.get("bytes", DEFAULT_BIG_BYTES))
+        except ValueError:
+            return _bad_request("bytes must be a whole number")
+        if not 0 <= size <= MAX_BIG_BYTES:
+            return _bad_request(f"bytes must be from 0 to {MAX_BIG_BYTES}")
+        body = big_html(_page_number(request), size)
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
 
     async def _robots(self, request: web.Request) -> web.Response:
         return web.Response(text=ROBOTS_TXT, content_type="text/plain")

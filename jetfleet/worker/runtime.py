@@ -34,7 +34,7 @@ from jetfleet import subjects
 from jetfleet.backoff import Backoff
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
 from jetfleet.lease_client import LeaseClient, is_busy
-from jetfleet.metrics import CounterFamily
+from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
@@ -52,9 +52,14 @@ from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, L
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.result_objects import ResultObjects
+from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
+from jetfleet.worker.target_holds import TargetHolds
+from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict, target_answered
 
@@ -127,7 +132,13 @@ class Worker:
             "Jobs handed back unrun by worker, target and reason (held, a lease refusal, "
             "no slot, retry elsewhere)",
         )
-        self.metrics = [self.attempts, self.hand_backs]
+        self.holds = TargetHolds(worker_id)
+        self.metrics: list[MetricFamily] = [
+            self.attempts,
+            self.hand_backs,
+            self.holds.asked,
+            self.holds.count,
+        ]
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
@@ -140,10 +151,18 @@ class Worker:
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
         self._failed_here = FailedHere()
+        self._deadline = AttemptDeadline()
         self._session: aiohttp.ClientSession | None = None
+        self._objects: ResultObjects | None = None
 
     async def start(self) -> None:
-        """Bind to each lane's durable consumers and start pulling."""
+        """Check the result caps against the server, bind to each lane's durable
+        consumers and start pulling.
+
+        Raises:
+            ConfigError: a result with an inline body could exceed the server's max_payload.
+        """
+        self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
         concurrency = self.settings.worker.concurrency
         self._session = aiohttp.ClientSession(
             # Room for every lane's slots, so a lane that hangs cannot take the others'
@@ -367,6 +386,8 @@ class Worker:
         finally:
             blocked = verdict is not None and verdict.kind == "blocked"
             self.gate.done(target, answered=target_answered(verdict), blocked=blocked)
+            if verdict is not None and verdict.kind == "ok":
+                self.holds.answered(target)
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
@@ -505,6 +526,13 @@ class Worker:
                 detail=f"attempt {attempt} of {order.max_attempts}",
                 called=False,
             )
+        outside = job_outside_target(
+            order.job.url, order.target, self.settings.targets[order.target]
+        )
+        if outside is not None:
+            # Admitted elsewhere, published straight to the work subject, or from before
+            # a change of base_url: no request leaves for a site this target is not.
+            return Verdict("permanent", reason=OUTSIDE_TARGET, detail=outside, called=False)
         try:
             fn, _ = get_handler(order.job.handler)
         except KeyError:
@@ -536,20 +564,41 @@ class Worker:
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
+            objects=self._objects,
         )
+        # The budget of every attempt (the order carries the target's when the job set
+        # none): a handler that never returns must not hold its lease for ever.
+        budget_s = order.timeout_s or target.timeout_s
+        what = f"handler {order.job.handler} on job {order.job.id}"
         try:
-            return Verdict("ok", output=await fn(ctx))
+            return Verdict("ok", output=await self._deadline.run(fn(ctx), budget_s, what))
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
+            delay, note = self._bound_wait(order.target, exc.delay_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("retryable", reason=exc.reason, detail=detail, delay_s=delay)
         except Blocked as exc:
-            return Verdict("blocked", reason=exc.kind, detail=exc.detail, delay_s=exc.retry_after_s)
+            delay, note = self._bound_wait(order.target, exc.retry_after_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("blocked", reason=exc.kind, detail=detail, delay_s=delay)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
             return Verdict(
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
+
+    def _bound_wait(self, target: str, asked_s: float | None) -> tuple[float | None, str]:
+        """A target's Retry-After, cut to its ``max_retry_after_s``, and a note when cut.
+
+        Cut, the job still comes back in bounded time and this worker probes the target
+        once per cap (one request, not a flood); the longer ask shows as a target hold.
+        """
+        if asked_s is None:
+            return None, ""
+        wait = BoundedWait(asked_s=asked_s, cap_s=self.settings.targets[target].max_retry_after_s)
+        self.holds.record(target, wait)
+        return wait.delay_s, wait.describe(target) if wait.over_cap else ""
 
     async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
         """Renew at ttl/3 and send +WPI in the same beat; if the lease is lost, mark it
@@ -600,6 +649,7 @@ class Worker:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
         delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        delay = min(delay, self.settings.targets[order.target].max_retry_after_s)
         self.gate.blocked(order.target, delay)
         self.stats[f"blocked:{verdict.reason}"] += 1
         if await self._give_back(order, held, refund=True):

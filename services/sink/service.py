@@ -3,7 +3,6 @@ dead-letter failures (with reason and history) and answer the worker."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgspec
