@@ -50,6 +50,10 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     redirect_hosts: tuple[str, ...] = ()
     """Hosts (``host`` or ``host:port``) beyond ``base_url`` that ``http.get`` may follow
     a redirect to; a redirect anywhere else fails the job as ``redirect-off-target``."""
+    max_age_s: float = 0.0
+    """How old (by the NATS server's clock, from when its work order was stored) a job of
+    this target may grow before it is dead-lettered ``expired`` instead of run; 0 takes
+    ``fleet.max_job_age_s``."""
 
 
 class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -100,6 +104,13 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Requests each leaser or sink replica handles at once; one more is answered ``busy``
     with a retry-after (workers back off), so an overloaded or just-resumed replica sheds
     load instead of queueing it."""
+    max_deliver: int = 1000
+    """The work consumers' ``max_deliver``: the server's backstop. A job delivered this
+    many times without ending (pinned to an identity no worker has, handed back for
+    ever) is no longer delivered, and the sink dead-letters it (docs/commit.md)."""
+    max_job_age_s: float = 7 * 24 * 3600.0
+    """How old a job may grow (server clock, from when its work order was stored) before
+    it is dead-lettered ``expired`` instead of run; a target's ``max_age_s`` overrides."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -147,6 +158,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
             raise ConfigError(
                 f"unknown target {name!r}: declare it as [targets.{name}] in jetfleet.toml"
             ) from None
+
+    def max_age_s(self, target: str) -> float:
+        """How old a job of ``target`` may grow before it is dead-lettered ``expired``."""
+        return self.target(target).max_age_s or self.fleet.max_job_age_s
 
 
 _HINTS = {
@@ -306,6 +321,7 @@ def validate(settings: Settings) -> None:
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
     _validate_dedupe_ttl(settings)
+    _validate_job_ends(settings)
 
 
 def _validate_target(name: str, target: TargetSettings) -> None:
@@ -348,6 +364,11 @@ def _validate_redirect_hosts(key: str, hosts: tuple[str, ...]) -> None:
             f"lowercase host names or host:port pairs such as cdn.example.org:8443, not "
             f"{host!r} (no scheme, path or upper case)",
         )
+    _require(
+        target.max_age_s >= 0,
+        f"{key}.max_age_s",
+        "a number of seconds >= 0 (0 takes fleet.max_job_age_s)",
+    )
 
 
 # nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets
@@ -394,6 +415,37 @@ def _validate_dedupe_ttl(settings: Settings) -> None:
             f"{settings.fleet.ack_wait_s:g} s ack_wait = {needed:g} s; a late retry could then "
             f"repeat a committed side effect. Set fleet.dedupe_ttl_s to at least {needed:g}."
         )
+
+
+# Deliveries a job may use beyond its attempts: each attempt may also see a
+# retry-elsewhere and a no-slot hand-back, and holds, lease refusals and restarts add more.
+DELIVERIES_PER_ATTEMPT = 4
+SPARE_DELIVERIES = 20
+
+
+def min_max_deliver(settings: Settings) -> int:
+    """The smallest ``fleet.max_deliver`` the targets' attempt budgets allow."""
+    attempts = max([t.max_attempts for t in settings.targets.values()] or [3])
+    return DELIVERIES_PER_ATTEMPT * attempts + SPARE_DELIVERIES
+
+
+def _validate_job_ends(settings: Settings) -> None:
+    """The backstop must sit well above a runnable job's deliveries, and a job must end
+    before its submission ages out of JF_SUBMIT (or status loses track of it)."""
+    fleet = settings.fleet
+    needed = min_max_deliver(settings)
+    _require(
+        fleet.max_deliver >= needed,
+        "fleet.max_deliver",
+        f"at least {needed} ({DELIVERIES_PER_ATTEMPT} deliveries per attempt of the largest "
+        f"targets.*.max_attempts, plus {SPARE_DELIVERIES} for holds and refusals), so the "
+        "backstop never ends a job that could still run",
+    )
+    keep = f"at most fleet.retention_s ({fleet.retention_s:g} s), so a job ends before its "
+    keep += "submission ages out of JF_SUBMIT"
+    _require(0 < fleet.max_job_age_s <= fleet.retention_s, "fleet.max_job_age_s", "> 0 and " + keep)
+    for name, target in settings.targets.items():
+        _require(target.max_age_s <= fleet.retention_s, f"targets.{name}.max_age_s", keep)
 
 
 def _require(ok: bool, key: str, what: str) -> None:

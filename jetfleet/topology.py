@@ -76,6 +76,13 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
         stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),
+        # WorkQueue: an advisory is gone once the sink has ended its job.
+        stream(
+            subjects.STREAM_ADVISORIES,
+            subjects.max_deliveries_advisories(subjects.STREAM_WORK),
+            work_queue,
+            0,
+        ),
     ]
 
 
@@ -91,7 +98,17 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
                 max_ack_pending=2000,
                 deliver_policy=js_api.DeliverPolicy.ALL,
             ),
-        )
+        ),
+        (
+            subjects.STREAM_ADVISORIES,
+            js_api.ConsumerConfig(
+                durable_name=subjects.CONSUMER_MAX_DELIVERIES,
+                ack_policy=js_api.AckPolicy.EXPLICIT,
+                ack_wait=30.0,
+                max_ack_pending=100,
+                deliver_policy=js_api.DeliverPolicy.ALL,
+            ),
+        ),
     ]
     for lane in LaneMap(settings).lanes:
         for tier in subjects.TIERS:
@@ -109,9 +126,11 @@ def _work_consumer(settings: Settings, lane: WorkLane, tier: str) -> js_api.Cons
         filter_subjects=filters if lane.shared else None,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.fleet.ack_wait_s,
-        # No server-side cap and no BackOff (see docs/topology.md): attempts are counted
-        # and dead letters decided in code, so nothing is left stranded by max_deliver.
-        max_deliver=-1,
+        # Attempts are counted in code; max_deliver is only the backstop for jobs that
+        # never end (pinned to nobody, handed back for ever): the sink dead-letters them
+        # from the server's advisory (services/sink/exhausted.py). No BackOff (see
+        # docs/topology.md).
+        max_deliver=settings.fleet.max_deliver,
         # Per tier: a target's three tiers together may hold up to 3x this. A partition
         # may hold the sum of its members' caps; the leaser caps each member.
         max_ack_pending=lane.max_in_flight,

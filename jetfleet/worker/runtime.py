@@ -49,6 +49,7 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
@@ -93,6 +94,12 @@ UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
 # The longest a partitioned target's job is handed back for (see _hand_back_delay).
 HAND_BACK_MAX_S = 2.0
+# Deliveries a job pinned to another identity is handed back with a growing delay (about
+# 10 s in all), time for a worker owning the identity to take it, even one restarting.
+# After that it goes back at once, without asking the leaser, so it uses up the
+# consumer's max_deliver (the backstop) in moments and leaves the pending window to
+# runnable jobs; a worker owning the identity still gets its share of those deliveries.
+PINNED_PATIENCE = 8
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
 RETRY_ELSEWHERE_S = 0.5
@@ -152,6 +159,7 @@ class Worker:
         self.gate = TargetGate()
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
+        self.clock = ServerClock(nc)
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
 
@@ -446,6 +454,12 @@ class Worker:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
+        pin = order.job.pin_identity
+        if pin and pin != self.identity and (msg.metadata.num_delivered or 0) > PINNED_PATIENCE:
+            # The leaser would refuse it (wrong-identity); past the patience no worker that
+            # owns the identity has taken it, so it goes straight back towards the backstop.
+            await self._hand_back(msg, target, "wrong-identity", 0.0)
+            return None
         request = LeaseRequest(
             job_id=order.job.id,
             target=target,
@@ -518,6 +532,9 @@ class Worker:
             await self._pause(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
+        expired = await self._expired(msg, order)
+        if expired is not None:
+            return expired
         if attempt > order.max_attempts:
             # Granted again after a crash with no verdict recorded: do not run it again.
             return Verdict(
@@ -552,6 +569,20 @@ class Worker:
             raise
         finally:
             held.running = None
+
+    async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
+        """A permanent ``expired`` verdict (not run) for a job past its target's max age,
+        judged on the server's clock from when the server stored its work order."""
+        max_age = self.settings.max_age_s(order.target)
+        age = await self.clock.age_s(msg.metadata.timestamp)
+        if age is None or age <= max_age:
+            return None
+        return Verdict(
+            "permanent",
+            reason="expired",
+            detail=f"queued {age:.0f} s, more than the {max_age:g} s max age",
+            called=False,
+        )
 
     async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
         assert self._session is not None

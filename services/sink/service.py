@@ -9,6 +9,7 @@ import msgspec
 from jetfleet.schemas import Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, commit
 from jetfleet.services.sink.dead_letter import dead_letter
+from jetfleet.services.sink.exhausted import ExhaustedJobs
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -56,6 +57,7 @@ class Sink:
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
         self.metrics = [self.answers, self.responder.refused]
+        self.exhausted: ExhaustedJobs | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -70,6 +72,10 @@ class Sink:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
         self.places = PartitionPlaces(self.settings)
+        # The backstop's dead letters: jobs whose max_deliver ran out.
+        self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
+        self.metrics.append(self.exhausted.ended)
+        await self.exhausted.start()
         await self.responder.serve(
             Route(f"{subjects.SINK_REPORT}.*", _decoder, self._handle, REPORT_REFUSALS, self._after)
         )
@@ -79,6 +85,8 @@ class Sink:
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
         await self.responder.drain(timeout_s)
+        if self.exhausted is not None:
+            await self.exhausted.drain(timeout_s)
         await self.places.close()
 
     async def _after(self, msg: Msg, report: Success | Failure | None, reply: SinkReply) -> None:
