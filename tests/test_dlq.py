@@ -655,3 +655,22 @@ async def test_purge_without_a_target_empties_every_targets_letters(
     assert await purge(js) == 6
     assert await dead_letter_total(js) == 0
     assert await purged_counts(js, TARGETS) == {"demo": 3, "other": 3}
+
+
+@pytest.mark.parametrize(
+    "stray_subject", ["jf.dlq.demo", "jf.dlq.Not_A_Target.job-1"], ids=["no-job-id", "bad-target"]
+)
+async def test_item10_purge_ends_on_a_letter_whose_subject_names_no_job(
+    settings: Settings, nc: NatsClient, simulator: TargetSimulator, stray_subject: str
+) -> None:
+    # Anyone may publish on jf.dlq.>: a message whose subject has no job id part (or no
+    # usable target) is no job's dead letter, yet it is the oldest one purge finds.
+    js = nc.jetstream()
+    await js.publish(stray_subject, b'{"not": "a dead letter"}')
+    await put_letter(js, simulator, "demo", "real-1", "http-404")
+    removed = await asyncio.wait_for(purge(js), 20)
+    assert removed == 2
+    assert await dead_letter_total(js) == 0
+    # Only the job's letter was counted as dead, so only it is recorded as purged: the
+    # stray was never in the status's dead count, and recording it would unbalance it.
+    assert await purged_counts(js, TARGETS) == {"demo": 1, "other": 0}
