@@ -116,12 +116,6 @@ def not_an_object(settings: Settings, tag: str) -> Bad:
     )
 
 
-def missing_id(settings: Settings, tag: str) -> Bad:
-    body = _job(settings, tag)
-    del body["id"]
-    return Bad("demo", _encode(body), "invalid-job", ("Job schema", "missing required field `id`"))
-
-
 def missing_url(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag)
     del body["url"]
@@ -376,7 +370,8 @@ async def test_wrong_types_are_rejected_naming_the_field_and_nothing_valid_is_lo
 async def test_missing_and_unknown_fields_are_rejected_naming_the_field(
     settings: Settings, nc: NatsClient, stack: InProcessStack
 ) -> None:
-    await run_bad_inputs(settings, nc, stack, [missing_id, missing_url, unknown_field])
+    # A missing id is no error: admission gives one (tests/test_entry_contract.py).
+    await run_bad_inputs(settings, nc, stack, [missing_url, unknown_field])
 
 
 async def test_an_unknown_target_is_rejected_and_kept_under_that_target(
@@ -422,7 +417,6 @@ ALL_KINDS: list[MakeBad] = [
     wrong_type_id,
     unsafe_id,
     not_an_object,
-    missing_id,
     missing_url,
     unknown_field,
     bad_tier,

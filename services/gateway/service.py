@@ -238,7 +238,7 @@ class Gateway:
                 reason=_reason(kept),
             )
         try:
-            batch = parse_batch(body, target, self.settings)
+            batch = parse_batch(body)
         except TooManyJobs as exc:
             raise _Refused(413, str(exc)) from None
         except InvalidBody as exc:

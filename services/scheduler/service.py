@@ -73,7 +73,9 @@ class Scheduler:
 
     async def _admit_one(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        verdict = admit(msg.subject, msg.data, self.settings, submit_seq=seq)
+        verdict = admit(
+            msg.subject, msg.data, self.settings, submit_seq=seq, stored_at=msg.metadata.timestamp
+        )
         if isinstance(verdict, Rejection):
             target = subjects.target_of(msg.subject)
             log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)
