@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.admission import job_key
+from jetfleet.attempt_history import MAX_HISTORY
 from jetfleet.canonical import idempotency_key
 from jetfleet.cli import dlq_commands
 from jetfleet.client import submit_jobs
@@ -299,6 +300,65 @@ async def test_an_undecodable_outcome_event_does_not_keep_a_job_from_its_dead_le
         "permanent",
         "w-0",
     )
+
+
+def forged_outcome(job_id: str, fence: int, **fields: Any) -> bytes:
+    """An outcome event as any NATS client could publish it for ``job_id`` of demo."""
+    event: dict[str, Any] = {
+        "job_id": job_id,
+        "target": "demo",
+        "worker": "w-forged",
+        "attempt": 1,
+        "kind": "retryable",
+        "duration_s": 0.1,
+        "versions": {"jetfleet": "0", "handler": "http.get@0"},
+        "fence": fence,
+    }
+    event.update(fields)
+    return json.dumps(event).encode()
+
+
+async def test_item10_oversized_outcome_events_are_skipped_and_the_letter_lands(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    # Four well-formed events of 300 KB: copied into the history, they would make a
+    # dead letter over the server's 1 MiB payload, which could then never be written.
+    js = nc.jetstream()
+    for fence in range(1, 5):
+        event = forged_outcome("perm-big", 10_000 + fence, reason="x" * 300_000)
+        await js.publish(subjects.outcome("demo", "perm-big"), event)
+    await submit(js, settings, "demo", Job(id="perm-big", url=page(simulator, "/missing/4")))
+    entry = await letter_of(js, "perm-big")
+    assert [(a.worker, a.reason) for a in entry.letter.history] == [("w-0", "http-404")]
+
+
+async def test_item10_an_outcome_event_naming_another_job_stays_out_of_the_history(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    js = nc.jetstream()
+    subject = subjects.outcome("demo", "perm-mine")
+    await js.publish(subject, forged_outcome("someone-else", 10_001))
+    await js.publish(subject, forged_outcome("perm-mine", 10_002, duration_s=-5.0))
+    await submit(js, settings, "demo", Job(id="perm-mine", url=page(simulator, "/missing/5")))
+    entry = await letter_of(js, "perm-mine")
+    assert [a.worker for a in entry.letter.history] == ["w-0"]
+
+
+async def test_item10_a_flood_of_outcome_events_leaves_a_bounded_history(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    js = nc.jetstream()
+    subject = subjects.outcome("demo", "perm-flood")
+    for fence in range(1, MAX_HISTORY + 51):
+        await js.publish(subject, forged_outcome("perm-flood", fence))
+    await submit(js, settings, "demo", Job(id="perm-flood", url=page(simulator, "/missing/6")))
+    entry = await letter_of(js, "perm-flood")
+    history = entry.letter.history
+    assert len(history) == MAX_HISTORY
+    # The attempt that ended the job (the worker's own record) is kept, whatever its fence.
+    assert [(a.worker, a.reason) for a in history if a.worker != "w-forged"] == [
+        ("w-0", "http-404")
+    ]
 
 
 # --- 2. retryable failure ----------------------------------------------------------------
