@@ -99,8 +99,13 @@ def admit(
             f"payload is {len(data)} bytes; the limit is fleet.max_job_bytes = "
             f"{settings.fleet.max_job_bytes}: keep large inputs out of the job",
         )
-    if target == subjects.UNPARSABLE_TARGET:
-        return reject("invalid-subject", f"publish jobs to jf.submit.<target>, not {subject!r}")
+    # One token of target: "jf.submit.demo.x" names no target, though "demo" is one.
+    if target == subjects.UNPARSABLE_TARGET or subject.count(".") != 2:
+        return reject(
+            "invalid-subject",
+            f"publish jobs to jf.submit.<target> (a target name: lowercase letters, digits, "
+            f"'-' or '_', at most 64), not {subject!r}",
+        )
     if target not in settings.targets:
         known = ", ".join(sorted(settings.targets)) or "none declared"
         return reject(

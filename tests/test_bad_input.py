@@ -221,6 +221,17 @@ def invalid_subject_leading_dash(settings: Settings, tag: str) -> Bad:
     )
 
 
+def subject_with_extra_tokens(settings: Settings, tag: str) -> Bad:
+    # jf.submit.<target> is one token of target: "demo.extra" is no target's subject.
+    return Bad(
+        "demo.extra",
+        _encode(_job(settings, tag)),
+        "invalid-subject",
+        ("publish jobs to jf.submit.<target>", "'jf.submit.demo.extra'"),
+        filed_under="demo",
+    )
+
+
 async def rejections(js: JetStreamContext) -> list[tuple[str, Rejection]]:
     """Every rejection kept on JF_REJECTED, with the subject it is filed under."""
     return [
@@ -410,6 +421,14 @@ async def test_a_subject_token_that_is_not_a_target_name_is_rejected_as_invalid_
     assert status.targets[subjects.UNPARSABLE_TARGET].rejected == 4
 
 
+async def test_item10_a_submit_subject_with_tokens_after_the_target_is_rejected(
+    settings: Settings, nc: NatsClient, stack: InProcessStack
+) -> None:
+    await run_bad_inputs(settings, nc, stack, [subject_with_extra_tokens])
+    status = await stack.status()
+    assert status.conserved and status.targets["demo"].rejected == 2
+
+
 ALL_KINDS: list[MakeBad] = [
     invalid_json,
     invalid_utf8,
@@ -426,6 +445,7 @@ ALL_KINDS: list[MakeBad] = [
     oversized,
     unknown_handler,
     invalid_subject,
+    subject_with_extra_tokens,
 ]
 
 
