@@ -16,18 +16,20 @@ log = logging.getLogger(__name__)
 
 
 MAX_SERIES = 1000
-"""Label sets a family keeps by default; later new ones are counted under ``other``."""
+"""Label sets a family keeps by default; later new ones are counted under ``OTHER``."""
 MAX_LABEL_CHARS = 128
-"""A longer label value is counted as ``other``."""
-OTHER = "other"
+"""A longer label value is counted as ``OTHER``."""
+OTHER = "_other"
+"""Where folded counts go: no target can be named so (a name starts with a letter or
+digit), so a target called ``other`` keeps its own series."""
 
 
 class CounterFamily:
     """One counter with labels, e.g. ``jetfleet_sink_answers_total{status,target}``.
 
     Label values such as target and worker names can come from any NATS client, so a
-    family is bounded: a value over ``MAX_LABEL_CHARS`` counts as ``other``, and once
-    ``max_series`` label sets exist, a new one is counted with every value ``other``
+    family is bounded: a value over ``MAX_LABEL_CHARS`` counts as ``OTHER``, and once
+    ``max_series`` label sets exist, a new one is counted with every value ``OTHER``
     (logged once). Series kept before the cap go on counting; no count is dropped.
     """
 
@@ -39,7 +41,7 @@ class CounterFamily:
         self._warned = False
 
     def inc(self, n: int = 1, **labels: str) -> None:
-        """Add ``n`` to the series with these labels (or to its ``other`` series)."""
+        """Add ``n`` to the series with these labels (or to its ``OTHER`` series)."""
         self.values[self._series(labels)] += n
 
     def _series(self, labels: dict[str, str]) -> Labels:

@@ -215,7 +215,8 @@ class Gateway:
         return web.Response(body=msgspec.json.encode(status), content_type="application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = render_metrics(await fleet_status(self.js, self.settings))
+        status = await fleet_status(self.js, self.settings)
+        text = render_metrics(status, self.settings.targets)
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _submit(self, request: web.Request) -> web.Response:
