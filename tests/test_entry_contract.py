@@ -92,6 +92,12 @@ CASES = {
     "known-handler": Case(
         {"url": "/item/10", "handler": "noop"}, url="/catalog/item/10", expected={"handler": "noop"}
     ),
+    "tier-high": Case({"url": "/item/14", "tier": "high"}, url="/catalog/item/14"),
+    "attempts-over-the-targets": Case(
+        {"url": "/item/15", "max_attempts": 50},
+        url="/catalog/item/15",
+        entry_points=("gateway", "nats"),
+    ),
     "missing-url": Case(
         {"handler": "noop"}, reason="invalid-job", entry_points=("gateway", "nats")
     ),
@@ -154,8 +160,9 @@ class Entries:
         url = str(case.job["url"]).replace("{base}", self.base)
         argv = ["--config", str(self.config), "--stack", str(self.config.parent / "none")]
         argv += ["submit", case.target, url, "--json"]
-        if "handler" in case.job:
-            argv += ["--handler", case.job["handler"]]
+        for flag in ("handler", "tier"):
+            if flag in case.job:
+                argv += [f"--{flag}", case.job[flag]]
         self.capsys.readouterr()
         code = await asyncio.to_thread(cli_main.main, argv)
         out = self.capsys.readouterr().out
@@ -248,7 +255,8 @@ async def test_item11_every_entry_point_gives_the_same_outcome_for_the_same_inpu
         assert outcome.order is not None, (entry, outcome.reason, outcome.message)
         order = outcome.order
         assert order.job.url == simulator.base_url + case.url, entry
-        assert (order.target, order.job.tier) == (TARGET, "normal"), entry
+        assert isinstance(case.job, dict)
+        assert (order.target, order.job.tier) == (TARGET, case.job.get("tier", "normal")), entry
         assert (order.max_attempts, order.timeout_s) == (MAX_ATTEMPTS, TIMEOUT_S), entry
         assert order.job.id, entry
         for key, value in case.expected.items():
