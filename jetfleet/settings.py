@@ -351,6 +351,11 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         _HINTS["max_retry_after_s"],
     )
     _validate_redirect_hosts(key, target.redirect_hosts)
+    _require(
+        target.max_age_s >= 0,
+        f"{key}.max_age_s",
+        "a number of seconds >= 0 (0 takes fleet.max_job_age_s)",
+    )
 
 
 _REDIRECT_HOST_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?$")
@@ -364,11 +369,6 @@ def _validate_redirect_hosts(key: str, hosts: tuple[str, ...]) -> None:
             f"lowercase host names or host:port pairs such as cdn.example.org:8443, not "
             f"{host!r} (no scheme, path or upper case)",
         )
-    _require(
-        target.max_age_s >= 0,
-        f"{key}.max_age_s",
-        "a number of seconds >= 0 (0 takes fleet.max_job_age_s)",
-    )
 
 
 # nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets

@@ -111,7 +111,11 @@ def _read_urls(args: argparse.Namespace) -> list[str]:
 
 def _run_submit(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    settings.target(args.target)
+    if not subjects.TARGET_NAME_RE.match(args.target):
+        raise JetfleetError(
+            f"target name {args.target!r} is not valid (invalid-subject): use lowercase "
+            "letters, digits, '-' or '_' (at most 64)"
+        )
     urls = _read_urls(args)
     jobs = jobs_for(
         args.target,
