@@ -16,7 +16,7 @@ import pytest_asyncio
 from multidict import CIMultiDictProxy
 
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.simulator.counters import MAX_WINDOWS, RequestCounters
+from jetfleet.simulator.counters import MAX_PATHS, MAX_WINDOWS, RequestCounters
 from jetfleet.simulator.routes import WORKER_HEADER, parse_delay, parse_retry_after
 
 CONTENT_DIV = '<div id="content">'
@@ -257,6 +257,9 @@ async def test_counts_per_client_and_kind_excluding_sim_routes(sim: TargetSimula
     assert counts["by_client"]["127.0.0.1"] == 1
     assert sum(counts["by_client"].values()) == 6
     assert counts["by_path_kind"] == {"page": 3, "error": 1, "robots": 1, "other": 1}
+    assert sim.requests_by_path() == {
+        "/page/1": 1, "/page/2": 1, "/page/3": 1, "/error/1": 1, "/robots.txt": 1, "/nowhere": 1
+    }  # fmt: skip
     # aiohttp's own User-Agent for every request but two; none at all from "anonymous".
     agents = counts["by_user_agent"]
     assert (agents["agent/1.0"], agents[""], sum(agents.values())) == (1, 1, 6)
@@ -308,6 +311,21 @@ def test_max_in_any_window_uses_half_open_sliding_windows() -> None:
     snapshot = counters.snapshot()
     assert snapshot["windows"] == {"1000": 5, "1001": 1, "1005": 1}
     assert snapshot["max_per_second"] == 5
+
+
+def test_requests_by_path_counts_paths_until_too_many_are_distinct() -> None:
+    counters = RequestCounters()
+    for path in ("/page/1", "/page/1", "/error/2"):
+        counters.record("w", "page", path=path)
+    assert counters.requests_by_path() == {"/page/1": 2, "/error/2": 1}
+    for n in range(MAX_PATHS - 2):
+        counters.record("w", "page", path=f"/p/{n}")
+    assert len(counters.requests_by_path()) == MAX_PATHS  # exactly full: still whole
+    counters.record("w", "page", path="/one-too-many")
+    with pytest.raises(OverflowError):
+        counters.requests_by_path()
+    counters.reset()
+    assert counters.requests_by_path() == {}
 
 
 def test_windows_keep_only_the_latest() -> None:

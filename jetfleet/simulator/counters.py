@@ -12,6 +12,8 @@ from typing import Any
 MAX_WINDOWS = 600
 # Bounds memory under a long benchmark while still covering any test's burst.
 MAX_TIMESTAMPS = 100_000
+# Distinct paths counted one by one (``requests_by_path``); later new paths are not.
+MAX_PATHS = 100_000
 # The key of ``max_in_flight`` that counts every route kind together.
 ALL_KINDS = "*"
 
@@ -39,23 +41,30 @@ class RequestCounters:
         self._by_client: Counter[str] = Counter()
         self._by_kind: Counter[str] = Counter()
         self._by_agent: Counter[str] = Counter()
+        self._by_path: Counter[str] = Counter()
+        self._paths_dropped = False
         self._in_flight: Counter[str] = Counter()
         self._most_in_flight: Counter[str] = Counter()
         self._windows: dict[int, int] = {}
         self._timestamps: deque[float] = deque(maxlen=MAX_TIMESTAMPS)
 
-    def record(self, client_id: str, kind: str, user_agent: str = "") -> None:
+    def record(self, client_id: str, kind: str, user_agent: str = "", path: str = "") -> None:
         """Counts one request.
 
         Args:
             client_id: Who sent it (worker header, user agent or remote address).
             kind: Which kind of route it hit, e.g. ``"page"`` or ``"hang"``.
             user_agent: Its ``User-Agent`` header, as sent ("" when absent).
+            path: The path asked for, without the query.
         """
         self._total += 1
         self._by_client[client_id] += 1
         self._by_kind[kind] += 1
         self._by_agent[user_agent] += 1
+        if path in self._by_path or len(self._by_path) < MAX_PATHS:
+            self._by_path[path] += 1
+        else:
+            self._paths_dropped = True
         second = int(self._wall_clock())
         self._windows[second] = self._windows.get(second, 0) + 1
         while len(self._windows) > MAX_WINDOWS:
@@ -80,9 +89,22 @@ class RequestCounters:
         self._by_client.clear()
         self._by_kind.clear()
         self._by_agent.clear()
+        self._by_path.clear()
+        self._paths_dropped = False
         self._most_in_flight = Counter({k: n for k, n in self._in_flight.items() if n})
         self._windows.clear()
         self._timestamps.clear()
+
+    def requests_by_path(self) -> dict[str, int]:
+        """Requests per path (query left out), for the first 100,000 distinct paths since
+        the last reset; not in ``snapshot``, which stays small.
+
+        Raises:
+            OverflowError: If more distinct paths were asked for than are counted.
+        """
+        if self._paths_dropped:
+            raise OverflowError(f"more than {MAX_PATHS} distinct paths; reset more often")
+        return dict(self._by_path)
 
     def max_in_any_window(self, seconds: float) -> int:
         """Returns the most requests seen in any sliding window of the given length.

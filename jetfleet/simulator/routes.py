@@ -175,7 +175,8 @@ class TargetRoutes:
             return await handler(request)
         # Count on arrival, before any delay, so hung and slow requests show up at once.
         kind = request.match_info.route.name or OTHER_KIND
-        self._counters.record(client_id(request), kind, request.headers.get("User-Agent", ""))
+        agent = request.headers.get("User-Agent", "")
+        self._counters.record(client_id(request), kind, agent, request.path)
         self._counters.began(kind)
         task = asyncio.current_task()
         if task is not None:
