@@ -121,6 +121,18 @@ def _bad_request(message: str) -> web.Response:
     return web.json_response({"error": message}, status=400)
 
 
+def _with_optional_retry_after(request: web.Request, response: web.Response) -> web.Response:
+    """Adds ``Retry-After`` only when the query asks for one (block pages often send none)."""
+    raw = request.query.get("retry_after")
+    if raw is None:
+        return response
+    try:
+        response.headers["Retry-After"] = str(parse_retry_after(raw))
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    return response
+
+
 def _page_number(request: web.Request) -> int:
     return int(request.match_info["n"])
 
@@ -193,7 +205,9 @@ class TargetRoutes:
             return await handler(request)
         # Count on arrival, before any delay, so hung and slow requests show up at once.
         kind = request.match_info.route.name or OTHER_KIND
-        self._counters.record(client_id(request), kind)
+        agent = request.headers.get("User-Agent", "")
+        self._counters.record(client_id(request), kind, agent, request.path)
+        self._counters.began(kind)
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -202,6 +216,7 @@ class TargetRoutes:
                 await asyncio.sleep(self._config.latency_s)
             return await handler(request)
         finally:
+            self._counters.ended(kind)
             if task is not None:
                 self._inflight.discard(task)
 
@@ -236,10 +251,10 @@ class TargetRoutes:
         return response
 
     async def _blocked(self, request: web.Request) -> web.Response:
-        return _html(blocked_html(), status=403)
+        return _with_optional_retry_after(request, _html(blocked_html(), status=403))
 
     async def _challenge(self, request: web.Request) -> web.Response:
-        return _html(challenge_html(), status=503)
+        return _with_optional_retry_after(request, _html(challenge_html(), status=503))
 
     async def _noselector(self, request: web.Request) -> web.Response:
         return _html(page_html(_page_number(request), self._config.pages, with_content=False))
