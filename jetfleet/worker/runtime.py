@@ -41,6 +41,7 @@ from jetfleet.schemas import (
     AttemptRecord,
     Duplicate,
     Failure,
+    HandlerOutput,
     Outcome,
     Rejection,
     SinkReply,
@@ -56,7 +57,7 @@ from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
-from jetfleet.worker.result_objects import ResultObjects
+from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
@@ -602,7 +603,7 @@ class Worker:
         budget_s = order.timeout_s or target.timeout_s
         what = f"handler {order.job.handler} on job {order.job.id}"
         try:
-            return Verdict("ok", output=await self._deadline.run(fn(ctx), budget_s, what))
+            output = await self._deadline.run(fn(ctx), budget_s, what)
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
@@ -618,6 +619,21 @@ class Worker:
             return Verdict(
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
+        return self._ok_if_it_fits(order, output)
+
+    def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:
+        """``ok``, unless the output cannot travel in one message: sent, it would fail
+        inside the report and the job would be run again for nothing."""
+        size = len(_encoder.encode(output))
+        if self._objects is None or self._objects.fits_message(size):
+            return Verdict("ok", output=output)
+        return Verdict(
+            "permanent",
+            reason=RESULT_TOO_LARGE,
+            detail=f"the {order.job.handler} output is {size} bytes as JSON, more than a "
+            f"result message carries ({self._objects.max_output_bytes}); a handler keeps "
+            "large bytes with ctx.objects.put and returns the reference",
+        )
 
     def _bound_wait(self, target: str, asked_s: float | None) -> tuple[float | None, str]:
         """A target's Retry-After, cut to its ``max_retry_after_s``, and a note when cut.
