@@ -152,7 +152,7 @@ async def test_a_refusal_about_the_job_backs_off_to_one_ask_per_two_seconds(
     assert min(delay(40) for _ in range(100)) >= HAND_BACK_MAX_S / 2
 
 
-async def test_a_job_pinned_to_an_identity_nobody_has_is_asked_for_ever_more_slowly(
+async def test_a_job_pinned_to_an_identity_nobody_has_is_asked_more_slowly_at_first(
     settings: Settings, nc: NatsClient, stack: InProcessStack
 ) -> None:
     assert stack.leaser is not None

@@ -202,7 +202,8 @@ class Gateway:
         return web.Response(body=msgspec.json.encode(status), content_type="application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = render_metrics(await fleet_status(self.js, self.settings))
+        status = await fleet_status(self.js, self.settings)
+        text = render_metrics(status, self.settings.targets)
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _submit(self, request: web.Request) -> web.Response:
@@ -225,7 +226,7 @@ class Gateway:
                 reason=_reason(kept),
             )
         try:
-            batch = parse_batch(body, target, self.settings)
+            batch = parse_batch(body)
         except TooManyJobs as exc:
             raise _Refused(413, str(exc)) from None
         except InvalidBody as exc:

@@ -27,7 +27,7 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
-from jetfleet.services.leaser.checks import GrantContext, first_objection
+from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
@@ -139,9 +139,10 @@ class Leaser:
 
     async def grant(self, request: LeaseRequest) -> LeaseReply:
         """Run the grant checks in order; grant if none objects and no lease is live."""
-        ctx = GrantContext(request, self.settings, self.js, self.quarantine, self.places)
-        # The grant count is read while the checks run: one round trip less per grant.
+        # The history (grant count and seal) is read while the checks run: one round
+        # trip less per grant.
         history = asyncio.create_task(self.store.read_history(request.job_id))
+        ctx = GrantContext(request, self.settings, self.js, self.quarantine, self.places, history)
         try:
             verdict = await first_objection(ctx)
             if verdict is not None:
@@ -167,13 +168,18 @@ class Leaser:
                 read: HistoryEntry | None = await history
             except Exception:  # the early read failed: record_grant reads it again
                 read = None
-            attempt = await self.store.record_grant(request.job_id, fence, read)
+            recorded = await self.store.record_grant(request.job_id, fence, read)
+            if recorded.settled is not None:
+                # Sealed since the checks read it: the lease just made is nobody's.
+                await self.store.release(request.job_id, fence)
+                await self.places.free(request.target, request.job_id)
+                return await answer_settled(self.js, request, recorded.settled)
         finally:
             if not history.done():
                 history.cancel()
             # Not needed after a refusal; a failed read is retried by record_grant.
             history.add_done_callback(_ignore_outcome)
-        return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=attempt)
+        return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=recorded.grants)
 
     async def _grant_again(
         self, request: LeaseRequest, live: LiveLease | None

@@ -3,23 +3,21 @@ dead-letter failures (with reason and history) and answer the worker."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgspec
-from jetfleet.schemas import DeadLetter, Failure, Report, SinkReply, Success
-from jetfleet.services.sink.commit import CommitPolicy, check_fence, commit
+from jetfleet.schemas import Failure, Report, SinkReply, Success
+from jetfleet.services.sink.commit import CommitPolicy, commit
+from jetfleet.services.sink.dead_letter import dead_letter
+from jetfleet.services.sink.exhausted import ExhaustedJobs
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from jetfleet import subjects
-from jetfleet.attempt_history import attempt_history
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
-from jetfleet.publish import publish_durably
 from jetfleet.responder import Refusals, Responder, Route
-from jetfleet.results import committed_job
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -59,6 +57,7 @@ class Sink:
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
         self.metrics = [self.answers, self.responder.refused]
+        self.exhausted: ExhaustedJobs | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -73,6 +72,10 @@ class Sink:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
         self.places = PartitionPlaces(self.settings)
+        # The backstop's dead letters: jobs whose max_deliver ran out.
+        self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
+        self.metrics.append(self.exhausted.ended)
+        await self.exhausted.start()
         await self.responder.serve(
             Route(f"{subjects.SINK_REPORT}.*", _decoder, self._handle, REPORT_REFUSALS, self._after)
         )
@@ -82,6 +85,8 @@ class Sink:
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
         await self.responder.drain(timeout_s)
+        if self.exhausted is not None:
+            await self.exhausted.drain(timeout_s)
         await self.places.close()
 
     async def _after(self, msg: Msg, report: Success | Failure | None, reply: SinkReply) -> None:
@@ -96,47 +101,4 @@ class Sink:
     async def _handle(self, report: Success | Failure) -> SinkReply:
         if isinstance(report, Success):
             return await commit(self.js, self.store, report, self.policy)
-        return await self._dead_letter(report)
-
-    async def _dead_letter(self, failure: Failure) -> SinkReply:
-        order = failure.order
-        # Every read at once, so the letter is written one round trip after the fence
-        # was confirmed: the shorter that gap, the less room for a revoke and a rerun
-        # that commits to slip in before the letter lands.
-        fence_check = (
-            check_fence(self.store, order.job.id, failure.fence)
-            if self.policy.leases
-            else _no_refusal()
-        )
-        refusal, holder, history = await asyncio.gather(
-            fence_check,
-            committed_job(self.js, order.target, order.key),
-            attempt_history(self.nc, order.target, order.job.id, failure.history),
-        )
-        if refusal is not None:
-            # Only the live lease's holder may dead-letter (and so terminate) a job.
-            return refusal
-        if holder is not None:
-            # The work is already done (a lost ack or term, then a failing rerun): the job
-            # is settled as a duplicate, never both committed and dead.
-            return SinkReply(
-                status="suppressed:duplicate-key", detail=order.key, committed_by=holder
-            )
-        letter = DeadLetter(
-            order=order, reason=failure.reason, history=history, detail=failure.detail
-        )
-        # Written (and acked by the stream) BEFORE the worker terminates the message.
-        await publish_durably(
-            self.js,
-            subjects.dead_letter(order.target, order.job.id),
-            _encoder.encode(letter),
-            msg_id=f"dlq-{order.job.id}",
-            headers={"Jf-Reason": failure.reason, "Jf-Job": order.job.id},
-        )
-        log.info("dead-lettered %s: %s", order.job.id, failure.reason)
-        return SinkReply(status="dead-lettered", detail=failure.reason)
-
-
-async def _no_refusal() -> SinkReply | None:
-    """The fence check when leases are off: nothing to refuse."""
-    return None
+        return await dead_letter(self.nc, self.store, report, self.policy)
