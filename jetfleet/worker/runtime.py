@@ -472,10 +472,14 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
-        reply, asked_at = await self._ask_for_lease(msg, request)
-        if reply is None:
-            await msg.nak()  # draining: another worker may ask for it now
-            return None
+        try:
+            reply, asked_at = await self._ask_for_lease(msg, request)
+        except asyncio.CancelledError:
+            # A drain ran out of time while the leaser did not answer: another worker
+            # may ask for the job now.
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
             await self._record_duplicate(order, reply.committed_by, "already-done")
@@ -507,17 +511,15 @@ class Worker:
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
 
-    async def _ask_for_lease(
-        self, msg: Msg, request: LeaseRequest
-    ) -> tuple[LeaseReply | None, float]:
-        """The leaser's answer for this delivery and when it was asked (monotonic); None
-        only when the worker is draining.
+    async def _ask_for_lease(self, msg: Msg, request: LeaseRequest) -> tuple[LeaseReply, float]:
+        """The leaser's answer for this delivery and when it was asked (monotonic).
 
         Busy, silent or absent, the leaser is asked again for this same delivery after a
         growing, jittered wait, while +WPI keeps the delivery ours. So a grant whose
         answer came too late is found again (the leaser's ``_grant_again``: same worker,
         same reply subject) and not counted twice; given back instead, it would hold the
         job's next delivery off as ``held`` and then count as an attempt that never ran.
+        A drain waits for this like for a running job, and cancels it at its timeout.
         """
         backoff = Backoff()
         while True:
@@ -526,11 +528,9 @@ class Worker:
             if reply is not None and not is_busy(reply):
                 return reply, asked_at
             self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
-            if self._stopping.is_set():
-                return None, asked_at
             with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
                 await msg.in_progress()
-            await self._pause(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
+            await asyncio.sleep(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         expired = await self._expired(msg, order)
