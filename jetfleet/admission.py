@@ -77,21 +77,8 @@ def admit(
     """
     target = subjects.target_of(subject)
 
-    limit = settings.fleet.max_job_bytes
-
     def reject(reason: str, message: str, job_id: str = "") -> Rejection:
-        # An oversized payload is kept whole in JF_SUBMIT (submit_seq); copying all of it
-        # here could exceed the server's max payload and wedge admission.
-        return Rejection(
-            reason=reason,
-            message=message,
-            subject=subject,
-            raw=data[:limit],
-            job_id=job_id,
-            submit_seq=submit_seq,
-            raw_size=len(data),
-            raw_truncated=len(data) > limit,
-        )
+        return rejection(reason, message, subject, data, settings, submit_seq, job_id)
 
     if len(data) > settings.fleet.max_job_bytes:
         return reject(
@@ -126,6 +113,32 @@ def admit(
             job.id,
         )
     return _check_job(job, target, settings, known_handlers(settings), reject)
+
+
+def rejection(
+    reason: str,
+    message: str,
+    subject: str,
+    data: bytes,
+    settings: Settings,
+    submit_seq: int = 0,
+    job_id: str = "",
+) -> Rejection:
+    """The rejection of the submission ``data`` on ``subject``, to keep on
+    ``jf.rejected.<target>`` with ``reason`` and ``message`` (what to fix)."""
+    limit = settings.fleet.max_job_bytes
+    # An oversized payload is kept whole in JF_SUBMIT (submit_seq); copying all of it
+    # here could exceed the server's max payload and wedge admission.
+    return Rejection(
+        reason=reason,
+        message=message,
+        subject=subject,
+        raw=data[:limit],
+        job_id=job_id,
+        submit_seq=submit_seq,
+        raw_size=len(data),
+        raw_truncated=len(data) > limit,
+    )
 
 
 def _decode_job(data: bytes, default_id: str) -> tuple[Job, list[str]]:

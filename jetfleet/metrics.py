@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
 
 from aiohttp import web
 
@@ -22,6 +24,13 @@ MAX_LABEL_CHARS = 128
 OTHER = "_other"
 """Where folded counts go: no target can be named so (a name starts with a letter or
 digit), so a target called ``other`` keeps its own series."""
+
+
+class MetricFamily(Protocol):
+    """Anything that renders itself in the Prometheus text format."""
+
+    def render(self) -> str:
+        """The family's HELP, TYPE and series lines, ending in a newline."""
 
 
 class CounterFamily:
@@ -73,6 +82,35 @@ class CounterFamily:
         return "\n".join(lines) + "\n"
 
 
+class GaugeFamily:
+    """One gauge with labels: a value that is set, replaced and removed, not summed."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name = name
+        self.help_text = help_text
+        self.values: dict[Labels, float] = {}
+
+    def set(self, value: float, **labels: str) -> None:
+        """Set the series with these labels to ``value``."""
+        self.values[tuple(sorted(labels.items()))] = value
+
+    def remove(self, **labels: str) -> None:
+        """Drop the series with these labels (a no-op if it is not there)."""
+        self.values.pop(tuple(sorted(labels.items())), None)
+
+    def get(self, **labels: str) -> float | None:
+        """The current value of one series, or None if it is not set."""
+        return self.values.get(tuple(sorted(labels.items())))
+
+    def render(self) -> str:
+        """The family in Prometheus text format."""
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} gauge"]
+        for labels, value in sorted(self.values.items()):
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{self.name}{{{body}}} {value:g}")
+        return "\n".join(lines) + "\n"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -81,7 +119,7 @@ class MetricsServer:
     """Serves ``/metrics`` for a set of counter families on a loopback-by-default port."""
 
     def __init__(
-        self, families: list[CounterFamily], host: str = "127.0.0.1", port: int = 0
+        self, families: Sequence[MetricFamily], host: str = "127.0.0.1", port: int = 0
     ) -> None:
         self.families = families
         self.host = host

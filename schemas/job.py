@@ -29,8 +29,8 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
 
     id: JobId
     """Client-chosen job id (letters, digits, ``_ = . -``, at most 128, starting with a
-    letter or digit, not ending in or doubling a dot); submissions with the same id are
-    one job."""
+    letter or digit, not ending in or doubling a dot). One id is one job: a later
+    submission of an id whose job still has state is refused (``duplicate-job-id``)."""
     url: Url
     """The page: an absolute http(s) URL under the target's base_url, or a path that
     admission resolves against it (``/item/7`` and ``item/7`` alike go under base_url)."""

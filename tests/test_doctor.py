@@ -166,6 +166,10 @@ def test_only_attempts_that_ran_count_and_exhausted_timeouts_are_timeouts() -> N
     assert attempt_of(event("blocked", "rate-limited")) is None
     assert attempt_of(event("ok")) == Attempt("demo", 1.0)
     assert attempt_of(event("retryable", "timeout")) == Attempt("demo", 1.0, timed_out=True)
+    stopped = event("retryable", "handler-timeout")
+    assert attempt_of(stopped) == Attempt("demo", 1.0, timed_out=True)
+    exhausted_stop = event("permanent", "attempts-exhausted", "last: handler-timeout no verdict")
+    assert attempt_of(exhausted_stop) == Attempt("demo", 1.0, timed_out=True)
     exhausted = event("permanent", "attempts-exhausted", "last: timeout no answer within 5 s")
     assert attempt_of(exhausted) == Attempt("demo", 1.0, timed_out=True)
     assert attempt_of(event("permanent", "http-404")) == Attempt("demo", 1.0)

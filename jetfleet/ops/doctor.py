@@ -59,6 +59,8 @@ TIMEOUT_NEAR_SHARE = 0.8
 TIMEOUT_REASON_SHARE = 0.05
 """Warn when at least this share of a target's attempts ended with reason timeout."""
 COUNTED_KINDS = frozenset({"ok", "retryable", "permanent"})
+# A handler's own timeout, and the worker's stop of a handler past its budget.
+TIMEOUT_REASONS = ("timeout", "handler-timeout")
 NO_ATTEMPTS = "no attempts observed yet; run some jobs first"
 
 _BATCH = 500
@@ -82,7 +84,8 @@ class Attempt(msgspec.Struct, frozen=True):
     target: str
     duration_s: float
     timed_out: bool = False
-    """The attempt ended with reason ``timeout`` (also when that exhausted the attempts)."""
+    """The attempt ended with reason ``timeout`` or ``handler-timeout`` (also when that
+    exhausted the attempts)."""
 
 
 class DurationStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -462,8 +465,9 @@ def attempt_of(event: Outcome) -> Attempt | None:
     """
     if event.kind not in COUNTED_KINDS:
         return None
-    timed_out = event.reason == "timeout" or (
-        event.reason == "attempts-exhausted" and event.detail.startswith("last: timeout")
+    timed_out = event.reason in TIMEOUT_REASONS or (
+        event.reason == "attempts-exhausted"
+        and any(event.detail.startswith(f"last: {r}") for r in TIMEOUT_REASONS)
     )
     return Attempt(target=event.target, duration_s=event.duration_s, timed_out=timed_out)
 

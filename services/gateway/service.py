@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 import msgspec
-import nats.errors
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from jetfleet.services.gateway.access import check_write
@@ -27,11 +26,10 @@ from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from jetfleet.services.gateway.metrics import render_metrics
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from jetfleet import subjects
 from jetfleet.client import SubmitResult, submit_raw
-from jetfleet.errors import SubmitError
+from jetfleet.js_errors import UNAVAILABLE
 from jetfleet.metrics import CounterFamily
 from jetfleet.ops.status import confirmed_status, fleet_status
 from jetfleet.settings import Settings
@@ -43,18 +41,7 @@ _CLOSE_GRACE_S = 1.0
 
 # Failures that mean "NATS is unreachable or busy right now", not a bug: answered 503 so
 # a client or load balancer retries instead of reporting a gateway fault.
-_NATS_UNAVAILABLE = (
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.NoRespondersError,
-    nats.errors.TimeoutError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
-    SubmitError,
-)
+_NATS_UNAVAILABLE = UNAVAILABLE
 
 
 class _Refused(Exception):
