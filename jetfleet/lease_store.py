@@ -2,8 +2,10 @@
 
 Shared by the leaser (which grants, renews, releases and revokes) and the sink (which
 checks a commit's fence). A lease is the key ``<job id>`` in ``jf-leases`` with a per-key
-TTL; its fence is the revision of the grant. ``jf-fences`` keeps, per job, the highest
-fence ever granted and the number of grants.
+TTL; its fence is the revision of the grant. ``jf-fences`` keeps, per job, the
+submission that claimed its id, the highest fence ever granted, the number of grants and
+the seal (the job's one terminal decision, docs/commit.md#the-settle-rule). Every read
+is answered by the stream leader (docs/commit.md#which-reads-may-be-stale).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
-from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord
+from jetfleet.js_errors import is_wrong_last_sequence
+from jetfleet.leader_reads import leader_bucket
+from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord, Sealed
 
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 # Compare-and-set attempts before a write gives up under contention.
 _CAS_TRIES = 10
 _encoder = msgspec.json.Encoder()
@@ -60,11 +63,12 @@ class LeaseStore:
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> LeaseStore:
-        """Bind to the buckets (declared by the topology)."""
+        """Bind to the buckets (declared by the topology). Every read is a leader read:
+        the fence and lease checks rest on them."""
         return cls(
             js,
-            await js.key_value(subjects.BUCKET_LEASES),
-            await js.key_value(subjects.BUCKET_FENCES),
+            await leader_bucket(js, subjects.BUCKET_LEASES),
+            await leader_bucket(js, subjects.BUCKET_FENCES),
         )
 
     async def live(self, job_id: str) -> LiveLease | None:
@@ -105,8 +109,30 @@ class LeaseStore:
         old = _history_decoder.decode(entry.value) if entry.value else None
         return HistoryEntry(old, entry.revision or 0)
 
-    async def record_grant(self, job_id: str, fence: int, read: HistoryEntry | None = None) -> int:
-        """Note ``fence`` as the job's highest and count the grant; returns the count.
+    async def claim(self, job_id: str, submit_seq: int) -> int:
+        """Claim ``job_id`` for the submission at ``submit_seq`` (put-if-absent of the
+        job's history); the submission that owns the id: ``submit_seq`` when the id is
+        new or already this submission's (a scheduler re-admitting it after a restart),
+        another one (0: one from before claims) while an earlier job's history lives."""
+        claim = JobLeaseHistory(fence=0, grants=0, submit_seq=submit_seq)
+        for _ in range(_CAS_TRIES):
+            if await self._write_history(job_id, claim, last=0):
+                return submit_seq
+            read = await self.read_history(job_id)
+            if read.history is not None:
+                return read.history.submit_seq
+            # Gone between the two (its age ran out): claim again.
+        raise RuntimeError(f"could not claim job id {job_id}: too much contention")
+
+    async def record_grant(
+        self, job_id: str, fence: int, read: HistoryEntry | None = None
+    ) -> JobLeaseHistory:
+        """Note ``fence`` as the job's highest and count the grant; the new history.
+
+        A settled job gets no grant: its history comes back unchanged, with ``settled``
+        set, and the caller must refuse. The compare-and-set is what makes this safe: a
+        seal written after ``read`` moves the revision, so the write fails and the
+        history is read again.
 
         ``read`` is the history as read before the grant (saves a round trip); on a
         conflict the history is read again.
@@ -116,35 +142,46 @@ class LeaseStore:
                 read = await self.read_history(job_id)
             old, last = read.history, read.revision
             read = None
-            new = JobLeaseHistory(
-                fence=max(fence, old.fence if old else 0), grants=(old.grants if old else 0) + 1
+            if old is not None and old.settled is not None:
+                return old
+            new = (
+                msgspec.structs.replace(old, fence=max(fence, old.fence), grants=old.grants + 1)
+                if old
+                else JobLeaseHistory(fence=fence, grants=1)
             )
-            try:
-                if last:
-                    await self.history.update(job_id, _encoder.encode(new), last=last)
-                else:
-                    await self.history.create(job_id, _encoder.encode(new))
-                return new.grants
-            except KeyWrongLastSequenceError:
-                continue  # another grant of the same job raced us: read again
+            if await self._write_history(job_id, new, last):
+                return new
         raise RuntimeError(f"could not record the grant of {job_id}: too much contention")
+
+    async def seal(self, job_id: str, sealed: Sealed, read: HistoryEntry) -> bool:
+        """Write ``sealed`` as the job's terminal decision if its history is still as
+        ``read`` (no grant, refund or other seal since); False if it moved."""
+        old = read.history or JobLeaseHistory(fence=0, grants=0)
+        return await self._write_history(
+            job_id, msgspec.structs.replace(old, settled=sealed), read.revision
+        )
+
+    async def _write_history(self, job_id: str, new: JobLeaseHistory, last: int) -> bool:
+        """Compare-and-set the history on revision ``last`` (0: create); False if it
+        moved."""
+        try:
+            if last:
+                await self.history.update(job_id, _encoder.encode(new), last=last)
+            else:
+                await self.history.create(job_id, _encoder.encode(new))
+        except KeyWrongLastSequenceError:
+            return False
+        return True
 
     async def refund_grant(self, job_id: str) -> None:
         """Take back one grant from the job's count (an attempt the target refused)."""
         for _ in range(_CAS_TRIES):
-            try:
-                entry = await self.history.get(job_id)
-            except KeyNotFoundError:
+            read = await self.read_history(job_id)
+            if read.history is None:
                 return
-            if not entry.value or entry.revision is None:
+            new = msgspec.structs.replace(read.history, grants=max(0, read.history.grants - 1))
+            if await self._write_history(job_id, new, read.revision):
                 return
-            old = _history_decoder.decode(entry.value)
-            new = JobLeaseHistory(fence=old.fence, grants=max(0, old.grants - 1))
-            try:
-                await self.history.update(job_id, _encoder.encode(new), last=entry.revision)
-                return
-            except KeyWrongLastSequenceError:
-                continue
 
     async def renew(self, job_id: str, fence: int, ttl_s: float) -> LeaseRecord | None:
         """Extend the lease if ``fence`` is still the live one (compare-and-set); its
@@ -190,7 +227,7 @@ class LeaseStore:
             try:
                 return await write(live)
             except APIError as exc:
-                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                if not is_wrong_last_sequence(exc):
                     raise
         return None
 

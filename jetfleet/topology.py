@@ -38,6 +38,12 @@ class Drift:
         return f"{self.what}: {self.field} is {self.live!r}, declared {self.declared!r}"
 
 
+def results_max_age(settings: Settings) -> float:
+    """How long results are kept: at least the dedupe TTL, as the result is the key
+    (docs/commit.md); objects a result refers to are kept exactly as long."""
+    return max(settings.fleet.retention_s, settings.fleet.dedupe_ttl_s)
+
+
 def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
     """Every stream jetfleet uses, configured from ``settings``."""
     fleet = settings.fleet
@@ -65,7 +71,7 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_WORK, "jf.work.>", work_queue, 0),
         # One subject per idempotency key: the result record is the key (docs/commit.md),
         # so it is kept at least as long as the dedupe TTL.
-        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, max(keep, fleet.dedupe_ttl_s)),
+        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, results_max_age(settings)),
         stream(subjects.STREAM_DUPLICATES, "jf.duplicates.>", limits, keep),
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
@@ -135,14 +141,17 @@ def _work_consumer(settings: Settings, lane: WorkLane, tier: str) -> js_api.Cons
 def bucket_ttls(settings: Settings) -> dict[str, float]:
     """Each KV bucket and the age after which its entries (and delete markers) go.
 
-    Leases carry their own per-key TTL; the bucket's only clears release markers. Fence
-    history must outlive any retry of its job. Control records last until removed.
-    Identity announcements expire by their own TTL.
+    Leases carry their own per-key TTL; the bucket's only clears release markers. A
+    job's history (its id claim, fences and seal) must outlive any retry of its job and
+    everything else kept under its id (its dead letter and outcome events, kept for
+    ``retention_s``), since admission refuses the id only while it lives. Control
+    records last until removed. Identity announcements and hand-back notes expire by
+    their own TTL.
     """
     fleet = settings.fleet
     return {
         subjects.BUCKET_LEASES: max(3600.0, 10 * fleet.ack_wait_s),
-        subjects.BUCKET_FENCES: fleet.dedupe_ttl_s,
+        subjects.BUCKET_FENCES: max(fleet.dedupe_ttl_s, fleet.retention_s),
         subjects.BUCKET_CONTROL: 0.0,
         # Keys carry their own short TTL (jetfleet/identity_presence.py).
         subjects.BUCKET_WORKERS: 3600.0,
@@ -176,6 +185,7 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         drifts += await _ensure_stream(js, stream_config, update)
     for bucket, ttl in bucket_ttls(settings).items():
         await _ensure_bucket(js, bucket, ttl, settings)
+    await _ensure_object_store(js, settings)
     await _remove_pre_tier_consumers(js, settings)
     configs = consumer_configs(settings)
     work = [c for s, c in configs if s == subjects.STREAM_WORK]
@@ -328,6 +338,20 @@ async def _ensure_bucket(
             storage=js_api.StorageType.FILE,
             replicas=settings.nats.replicas,
             direct=True,
+        )
+
+
+async def _ensure_object_store(js: JetStreamContext, settings: Settings) -> None:
+    try:
+        await js.object_store(subjects.OBJECTS_RESULTS)
+    except BucketNotFoundError:
+        await js.create_object_store(
+            subjects.OBJECTS_RESULTS,
+            config=js_api.ObjectStoreConfig(
+                ttl=results_max_age(settings),
+                storage=js_api.StorageType.FILE,
+                replicas=settings.nats.replicas,
+            ),
         )
 
 

@@ -247,7 +247,10 @@ CHANNELS: tuple[Channel, ...] = (
         address=f"$KV.{subjects.BUCKET_FENCES}.{{job_id}}",
         kind="kv",
         payload=JobLeaseHistory,
-        description="Per job: the highest fence ever granted and the number of grants.",
+        description=(
+            "Per job: the submission that claimed its id, the highest fence ever granted, "
+            "the number of grants and, once settled, its one terminal decision (the seal)."
+        ),
     ),
     Channel(
         name="quarantine-records",

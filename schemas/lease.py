@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Literal
 
 import msgspec
+from jetfleet.schemas.events import CommittedResult, DeadLetter
 from jetfleet.schemas.report import Versions
 
 
@@ -92,11 +93,39 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
 
 
-class JobLeaseHistory(msgspec.Struct, frozen=True):
-    """Per job, in ``jf-fences``: the highest fence ever granted and how many grants."""
+class SealedCommit(msgspec.Struct, frozen=True, tag="committed"):
+    """The job's one terminal decision is this commit, sealed before the result is
+    written, carrying the result so that anyone may write it if the sealer dies."""
+
+    fence: int
+    """The fence of the holder that decided."""
+    result: CommittedResult
+
+
+class SealedDeath(msgspec.Struct, frozen=True, tag="dead"):
+    """The job's one terminal decision is this dead letter, sealed before the letter is
+    written, carrying the letter so that anyone may write it if the sealer dies."""
+
+    fence: int
+    """The fence of the holder that decided."""
+    letter: DeadLetter
+
+
+Sealed = SealedCommit | SealedDeath
+
+
+class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Per job, in ``jf-fences``: the job's ledger entry. Which submission owns the id,
+    the highest fence ever granted, how many grants, and once settled the one terminal
+    decision (docs/commit.md#the-settle-rule)."""
 
     fence: int
     grants: int
+    submit_seq: int = 0
+    """The ``JF_SUBMIT`` sequence of the submission that claimed the job id at
+    admission (0: claimed before claims existed, or by a grant)."""
+    settled: Sealed | None = None
+    """The job's terminal decision; once set no grant is recorded again."""
 
 
 QuarantineScope = Literal["worker", "identity"]

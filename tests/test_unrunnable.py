@@ -429,7 +429,10 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
     """An owner whose slots are all busy does not pull, so only workers without the
     identity see its jobs for a while: long enough to pass the patience, yet the jobs can
     run, so they must wait for it rather than be driven to the backstop."""
-    settings = unrunnable_settings(nats_url, redis_url, simulator, max_in_flight=8)
+    # Attempts run under the target's timeout: room for the slow ones.
+    settings = unrunnable_settings(
+        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S
+    )
     fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
     worker = msgspec.structs.replace(settings.worker, concurrency=2)
     settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker)
@@ -533,7 +536,9 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
 ) -> None:
     """A partitioned target at its cap hands its other jobs back (``target-busy``) until
     the backstop ends them; the letter names that, not a missing worker."""
-    settings = unrunnable_settings(nats_url, redis_url, simulator, max_in_flight=1)
+    settings = unrunnable_settings(
+        nats_url, redis_url, simulator, max_in_flight=1, timeout_s=4 * HOLD_S
+    )
     fleet = msgspec.structs.replace(
         settings.fleet, handlers=("test.slow",), dedicated_targets=0, target_partitions=1
     )
@@ -542,7 +547,9 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
         nc = stack.connections[0]
         js = nc.jetstream()
         # Holds the target's one place for longer than the other job's deliveries last.
-        [holder] = jobs_for("demo", settings, pages(1), handler="test.slow", args={"sleep_s": "90"})
+        [holder] = jobs_for(
+            "demo", settings, pages(1), handler="test.slow", args={"sleep_s": str(HOLD_S)}
+        )
         await submit_jobs(js, settings, "demo", [holder])
 
         async def holding() -> bool:
@@ -557,3 +564,6 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
         [entry] = await list_dead_letters(js)
         assert entry.letter.detail.endswith("never leased; last handed back: target-busy")
         assert simulator.counts()["total"] == 1  # only the holder's request
+
+
+HOLD_S = 90.0  # far longer than 24 deliveries handed back at most 2 s apart

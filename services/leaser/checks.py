@@ -1,7 +1,8 @@
 """The ordered grant checks. Each answers a refusal (or already-done) or None.
 
-Three kinds. ``ASKING_CHECKS`` only read, from the server, so the leaser runs them at
-once (a grant waits for one round trip, not one each). ``LOCAL_CHECKS`` only read, from
+Three kinds. ``ASKING_CHECKS`` read from the server, so the leaser runs them at once (a
+grant waits for one round trip, not one each); ``settled`` writes only for a job that is
+settled already, to land its record. ``LOCAL_CHECKS`` only read, from
 memory. ``TAKING_CHECKS`` take something (a place under a cap, a rate permit), so they
 run one after another, and only once nothing else objects. The first objection in
 ``GRANT_CHECKS`` order wins. Later capabilities (pause, approved
@@ -15,16 +16,24 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
+from jetfleet.schemas.lease import (
+    LeaseAlreadyDone,
+    LeaseRefusal,
+    LeaseRequest,
+    Sealed,
+    SealedDeath,
+)
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.leader_reads import last_message
+from jetfleet.lease_store import HistoryEntry
 from jetfleet.partition_places import PartitionPlaces
 from jetfleet.results import committed_job
 from jetfleet.settings import Settings
+from jetfleet.settlement import land
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
 # worker never holds off longer than this, whatever the quarantine's duration.
@@ -43,9 +52,36 @@ class GrantContext:
     js: JetStreamContext
     quarantine: QuarantineBook
     places: PartitionPlaces
+    history: asyncio.Future[HistoryEntry]
+    """The job's history, read once for every check and for the grant's record."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
+
+
+async def settled(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
+    """The job has its one terminal decision already (its ack or term was lost, or the
+    sink that decided died before writing the record): land that decision's record, then
+    answer it, so the worker acks or terminates without running the job again."""
+    try:
+        read = await ctx.history
+    except Exception:  # unknown here; the grant's compare-and-set still meets a seal
+        return None
+    if read.history is None or read.history.settled is None:
+        return None
+    return await answer_settled(ctx.js, ctx.request, read.history.settled)
+
+
+async def answer_settled(
+    js: JetStreamContext, request: LeaseRequest, sealed: Sealed
+) -> LeaseRefusal | LeaseAlreadyDone:
+    """Land ``sealed`` (a no-op when it landed before) and answer the grant from it."""
+    reply = await land(js, sealed)
+    if isinstance(sealed, SealedDeath):
+        return LeaseRefusal(
+            reason="dead-lettered", detail=f"the job was dead-lettered ({reply.detail})"
+        )
+    return LeaseAlreadyDone(key=request.key, committed_by=reply.committed_by or request.job_id)
 
 
 async def already_done(ctx: GrantContext) -> LeaseAlreadyDone | None:
@@ -60,9 +96,7 @@ async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
     """The job was dead-lettered already (its terminate was lost): it must not run again,
     or it would end both dead and committed. The worker terminates this delivery."""
     subject = subjects.dead_letter(ctx.request.target, ctx.request.job_id)
-    try:
-        await ctx.js.get_msg(subjects.STREAM_DLQ, subject=subject, direct=True)
-    except NotFoundError:
+    if await last_message(ctx.js, subjects.STREAM_DLQ, subject) is None:
         return None
     return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
 
@@ -119,9 +153,10 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
-# dead_lettered first: a job dead-lettered (its term lost) whose key another job has
-# since committed must end dead only, not also be recorded as that commit's duplicate.
-ASKING_CHECKS: tuple[GrantCheck, ...] = (dead_lettered, already_done)
+# settled first: the job's own decision is the most final answer. dead_lettered before
+# already_done: a job dead-lettered (its term lost) whose key another job has since
+# committed must end dead only, not also be recorded as that commit's duplicate.
+ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
 """Read-only checks answered from memory (the quarantine watch): run in line, since a

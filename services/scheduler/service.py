@@ -9,6 +9,7 @@ import logging
 
 import msgspec
 from jetfleet.schemas import Rejection
+from jetfleet.services.scheduler.job_ids import claim_job_id
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -16,6 +17,7 @@ from nats.js.errors import FetchTimeoutError
 
 from jetfleet import subjects
 from jetfleet.admission import admit
+from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.settings import Settings
@@ -37,6 +39,7 @@ class Scheduler:
         self.js = nc.jetstream()
         self._stopping = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        self._store: LeaseStore | None = None
         self.admissions = CounterFamily(
             "jetfleet_admissions_total", "Submissions admitted or rejected, by target and reason"
         )
@@ -56,6 +59,8 @@ class Scheduler:
         sub = None
         while not self._stopping.is_set():
             try:
+                if self._store is None:
+                    self._store = await LeaseStore.open(self.js)
                 if sub is None:
                     sub = await self.js.pull_subscribe_bind(
                         subjects.CONSUMER_SCHEDULER, stream=subjects.STREAM_SUBMIT
@@ -64,16 +69,20 @@ class Scheduler:
                     msgs = await sub.fetch(BATCH, timeout=1.0)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     continue
-                await asyncio.gather(*(self._admit_one(m) for m in msgs))
+                await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))
             except Exception:  # keep admitting through reconnects and leader changes
                 log.exception("admission loop failed; rebinding")
                 sub = None
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
 
-    async def _admit_one(self, msg: Msg) -> None:
+    async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        verdict = admit(msg.subject, msg.data, self.settings, submit_seq=seq)
+        verdict = admit(
+            msg.subject, msg.data, self.settings, submit_seq=seq, stored_at=msg.metadata.timestamp
+        )
+        if not isinstance(verdict, Rejection):
+            verdict = await claim_job_id(store, verdict, msg.subject, msg.data, self.settings, seq)
         if isinstance(verdict, Rejection):
             target = subjects.target_of(msg.subject)
             log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)
@@ -87,7 +96,8 @@ class Scheduler:
             self.admissions.inc(target=target, verdict="rejected", reason=verdict.reason)
         else:
             subject = subjects.work(verdict.target, verdict.job.tier)
-            # The job id as message id: a redelivered submission cannot be routed twice.
+            # The job id as message id: a redelivered submission (re-admitted, its claim
+            # already its own) cannot be routed twice.
             await publish_durably(
                 self.js,
                 subject,

@@ -6,14 +6,13 @@ Checks, in order (docs/commit.md explains each crash point):
    otherwise ``rejected:fenced-out``;
 2. lease: the job's lease must be live (server-clock TTL) under exactly this fence;
    missing -> ``rejected:lease-expired``, another fence -> ``rejected:fenced-out``;
-3. key: the result is published to ``jf.results.<target>.<key>`` with
+3. seal: the commit is written into the job's ``jf-fences`` entry as its one terminal
+   decision, compare-and-set on the revision read in check 1, so no grant (and no dead
+   letter) can come after it; a job sealed already answers that decision;
+4. key: the result is published to ``jf.results.<target>.<key>`` with
    ``Nats-Expected-Last-Subject-Sequence: 0``, an atomic put-if-absent. The result record
    IS the idempotency key, so "key written but result lost" (or the reverse) cannot
-   happen: one write, durable once the stream acks it. A second commit of the same key
-   answers ``suppressed:duplicate-key``.
-
-Between check 2 and the write the lease may expire and be granted again; the new holder's
-commit then meets the key and is suppressed, so there is still one side effect.
+   happen. A second commit of the same key answers ``suppressed:duplicate-key``.
 """
 
 from __future__ import annotations
@@ -21,18 +20,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-import msgspec
 from jetfleet.schemas import CommittedResult, SinkReply, Success
+from jetfleet.schemas.lease import Sealed, SealedCommit
 from nats.js import JetStreamContext
-from nats.js.errors import APIError
 
-from jetfleet import subjects
-from jetfleet.lease_store import LeaseStore
-from jetfleet.publish import publish_durably
-from jetfleet.results import committed_job
+from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
+from jetfleet.settlement import land
 
-_encoder = msgspec.json.Encoder()
-_WRONG_LAST_SEQUENCE = (10071, 10164)
+# Seal attempts before giving up under contention (each conflict is a grant, a refund
+# or another seal landing between our read and our write).
+_SEAL_TRIES = 10
 
 
 @dataclass(frozen=True)
@@ -40,45 +37,95 @@ class CommitPolicy:
     """How strict the commit is. Both true in production."""
 
     leases: bool = True
-    """Check fence and lease (false: the foundation's direct path, a benchmark baseline)."""
+    """Check fence and lease, and seal (false: the foundation's direct path, a benchmark
+    baseline)."""
     dedupe: bool = True
     """Refuse a second commit of the same key (false only to demonstrate why it exists)."""
 
 
-async def check_fence(store: LeaseStore, job_id: str, fence: int) -> SinkReply | None:
-    """None when ``fence`` holds the job's live lease; else the rejection to answer.
+@dataclass(frozen=True)
+class FenceRead:
+    """What a settle decides on: the job's history (with its revision, to seal against)
+    and its live lease."""
 
-    Both reads go at once: whichever a grant racing them lands between, one of the two
-    rejections below catches it (a newer grant raises the highest fence and replaces the
-    live lease), so their order adds no safety, only a round trip.
+    history: HistoryEntry
+    live: LiveLease | None
+
+
+async def read_fence(store: LeaseStore, job_id: str) -> FenceRead:
+    """The job's history and live lease, read at once.
+
+    Whichever a grant racing them lands between, the seal's compare-and-set on the
+    history catches it (a grant moves the revision), so their order adds no safety.
     """
-    highest, live = await asyncio.gather(store.highest_fence(job_id), store.live(job_id))
-    if fence < highest.fence:
+    history, live = await asyncio.gather(store.read_history(job_id), store.live(job_id))
+    return FenceRead(history, live)
+
+
+def judge(read: FenceRead, fence: int) -> Sealed | SinkReply | None:
+    """The job's seal, if ``fence``'s holder (or a report of it sent again) sealed it
+    already; the rejection if ``fence`` does not hold the live lease; else None."""
+    history = read.history.history
+    highest = history.fence if history else 0
+    if history is not None and history.settled is not None and fence == history.settled.fence:
+        return history.settled
+    if fence < highest:
         return SinkReply(
-            status="rejected:fenced-out", detail=f"fence {fence} < highest granted {highest.fence}"
+            status="rejected:fenced-out", detail=f"fence {fence} < highest granted {highest}"
         )
-    if live is None:
+    if history is not None and history.settled is not None:
+        return SinkReply(
+            status="rejected:fenced-out",
+            detail=f"the job was settled under fence {history.settled.fence}, not {fence}",
+        )
+    if read.live is None:
         return SinkReply(
             status="rejected:lease-expired",
             detail=f"no live lease for fence {fence} (server clock)",
         )
-    if live.fence != fence:
+    if read.live.fence != fence:
         return SinkReply(
-            status="rejected:fenced-out", detail=f"live lease has fence {live.fence}, not {fence}"
+            status="rejected:fenced-out",
+            detail=f"live lease has fence {read.live.fence}, not {fence}",
         )
     return None
+
+
+async def seal(
+    store: LeaseStore, job_id: str, decision: Sealed, read: FenceRead
+) -> Sealed | SinkReply:
+    """Seal ``decision`` as the job's one terminal decision, if its fence holds the live
+    lease; the decision that holds (``decision``, or one sealed before under the same
+    fence) or the rejection. A conflict (the history moved since ``read``) reads the
+    history again and judges again."""
+    for _ in range(_SEAL_TRIES):
+        verdict = judge(read, decision.fence)
+        if verdict is not None:
+            return verdict
+        if await store.seal(job_id, decision, read.history):
+            return decision
+        read = FenceRead(await store.read_history(job_id), read.live)
+    raise RuntimeError(f"could not seal the settle of {job_id}: too much contention")
 
 
 async def commit(
     js: JetStreamContext, store: LeaseStore, success: Success, policy: CommitPolicy = CommitPolicy()
 ) -> SinkReply:
-    """Commit ``success`` once per idempotency key, only from the live lease's holder."""
-    order = success.order
+    """Commit ``success`` once per idempotency key, only from the live lease's holder,
+    and only if the job has not been settled another way."""
+    decision: Sealed = SealedCommit(fence=success.fence, result=_record(success))
     if policy.leases:
-        refusal = await check_fence(store, order.job.id, success.fence)
-        if refusal is not None:
-            return refusal
-    record = CommittedResult(
+        read = await read_fence(store, success.order.job.id)
+        verdict = await seal(store, success.order.job.id, decision, read)
+        if isinstance(verdict, SinkReply):
+            return verdict
+        decision = verdict
+    return await land(js, decision, dedupe=policy.dedupe)
+
+
+def _record(success: Success) -> CommittedResult:
+    order = success.order
+    return CommittedResult(
         job_id=order.job.id,
         target=order.target,
         url=order.job.url,
@@ -92,30 +139,3 @@ async def commit(
         identity=success.identity,
         fence=success.fence,
     )
-    payload = _encoder.encode(record)
-    subject = subjects.result_key(order.target, order.key)
-    if not policy.dedupe:
-        ack = await publish_durably(js, subject, payload, msg_id=None)
-        return SinkReply(status="committed", detail=str(ack.seq))
-    try:
-        # Put-if-absent on the key's subject; the msg id also turns a re-sent commit
-        # (a lost ack, a retried publish) into a duplicate inside the stream's window.
-        ack = await publish_durably(
-            js,
-            subject,
-            payload,
-            msg_id=f"res-{order.key}",
-            headers={"Nats-Expected-Last-Subject-Sequence": "0"},
-        )
-    except APIError as exc:
-        if exc.err_code in _WRONG_LAST_SEQUENCE:
-            return await _suppressed(js, order.target, order.key)
-        raise
-    if ack.duplicate:
-        return await _suppressed(js, order.target, order.key)
-    return SinkReply(status="committed", detail=str(ack.seq))
-
-
-async def _suppressed(js: JetStreamContext, target: str, key: str) -> SinkReply:
-    holder = await committed_job(js, target, key)
-    return SinkReply(status="suppressed:duplicate-key", detail=key, committed_by=holder or "")
