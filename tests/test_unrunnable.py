@@ -16,7 +16,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import Duplicate, WorkOrder
+from jetfleet.schemas import CommittedResult, Duplicate, NoopOutput, WorkOrder
+from jetfleet.schemas.lease import SealedCommit
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
@@ -26,6 +27,7 @@ from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
 from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus, confirmed_status
 from jetfleet.results import iter_results
@@ -36,7 +38,7 @@ from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
 from tests import i2_worker  # noqa: F401  (registers the test.slow handler)
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.leasing import grant_fence
+from tests.leasing import VERSIONS, grant_fence
 from tests.stack import InProcessStack
 from tests.test_invariant_i2 import SkewedWorker
 
@@ -567,3 +569,43 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
 
 
 HOLD_S = 90.0  # far longer than 24 deliveries handed back at most 2 s apart
+
+
+async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_letter(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """One terminal decision per job: a commit sealed by a holder whose sink died before
+    writing the result is what the backstop lands when the deliveries run out."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+        await wait_queued(nc, 1, "the work order")
+        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
+        result = CommittedResult(
+            job_id=order.job.id,
+            target=order.target,
+            url=order.job.url,
+            key=order.key,
+            handler=order.job.handler,
+            worker="w-gone",
+            attempt=1,
+            duration_s=0.01,
+            output=NoopOutput(),
+            versions=VERSIONS,
+            fence=7,
+        )
+        store = await LeaseStore.open(js)
+        sealed = SealedCommit(fence=7, result=result)
+        assert await store.seal(order.job.id, sealed, await store.read_history(order.job.id))
+        await publish_advisory(nc, seq)
+
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
+        assert await dead_reasons(nc) == {}
+        assert [r.job_id async for r in iter_results(js, "demo")] == [order.job.id]
+        status = await conserved_status(stack)
+        assert (status.totals.committed, status.totals.dead) == (1, 0)

@@ -17,6 +17,7 @@ import logging
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
+from jetfleet.schemas.lease import JobLeaseHistory, SealedDeath
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -33,6 +34,7 @@ from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.server_clock import parse_server_time
 from jetfleet.settings import Settings
+from jetfleet.settlement import land
 
 log = logging.getLogger(__name__)
 
@@ -153,39 +155,40 @@ class ExhaustedJobs:
             if await self.store.live(order.job.id) is not None:
                 # Someone holds the job: only the live lease's holder may end it.
                 return False
-            await self._settle(order, advisory, stored)
+            if not await self._settle(order, advisory, stored):
+                return False
         await self._delete(advisory)
         return True
 
     async def _settle(
         self, order: WorkOrder, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg
-    ) -> None:
-        """Store the job's end: nothing if it is dead already, a duplicate if its key was
-        committed (never both committed and dead), else its dead letter."""
-        letter_subject = subjects.dead_letter(order.target, order.job.id)
-        try:
-            await self.js.get_msg(subjects.STREAM_DLQ, subject=letter_subject, direct=False)
-            return  # its letter is written (a sink died before the delete)
-        except NotFoundError:
-            pass
-        holder = await committed_job(self.js, order.target, order.key)
+    ) -> bool:
+        """Store the job's end under the settle rule (docs/commit.md#the-settle-rule): a
+        decision sealed already is landed (again), a committed key makes the job a
+        duplicate (never both committed and dead), else its dead letter is sealed, then
+        written. False if the job's ledger moved meanwhile (look again later)."""
+        read, holder = await asyncio.gather(
+            self.store.read_history(order.job.id),
+            committed_job(self.js, order.target, order.key),
+        )
+        ledger = read.history
+        if ledger is not None and ledger.settled is not None:
+            await land(self.js, ledger.settled)  # a sink died before the record, or a delete
+            return True
         if holder is not None:
             await self._record_duplicate(order, holder)
-            return
+            return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
-        reason, detail = await self._why(order, advisory, stored, history)
+        reason, detail = await self._why(order, advisory, stored, history, ledger)
         letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
-        await publish_durably(
-            self.js,
-            letter_subject,
-            _encoder.encode(letter),
-            msg_id=f"dlq-{order.job.id}",
-            headers={"Jf-Reason": reason, "Jf-Job": order.job.id},
-        )
+        # Fence 0: no holder decided this; the server stopped delivering the job.
+        death = SealedDeath(fence=0, letter=letter)
+        if not await self.store.seal(order.job.id, death, read):
+            return False
+        await land(self.js, death)
         self.ended.inc(target=order.target, how=reason)
-        log.info(
-            "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
-        )
+        log.info("backstop: %s ended after %d deliveries", order.job.id, advisory.deliveries)
+        return True
 
     async def _why(
         self,
@@ -193,6 +196,7 @@ class ExhaustedJobs:
         advisory: MaxDeliveriesAdvisory,
         stored: RawStreamMsg,
         history: list[AttemptRecord],
+        ledger: JobLeaseHistory | None,
     ) -> tuple[str, str]:
         """The dead letter's reason and detail, from what the job went through: its age,
         its attempts, whether it was ever leased, and why its last delivery was handed
@@ -201,16 +205,14 @@ class ExhaustedJobs:
         max_age = self._max_age_s(order.target)
         if age is not None and age > max_age:
             return "expired", f"queued {age:.0f} s, more than the {max_age:g} s max age"
-        fences, handed_back = await asyncio.gather(
-            self.store.highest_fence(order.job.id), last_hand_back(self.js, order.job.id)
-        )
+        handed_back = await last_hand_back(self.js, order.job.id)
         told = f"; last handed back: {handed_back}" if handed_back else ""
         deliveries = f"{advisory.deliveries} deliveries"
         if history:
             last = history[-1]
             attempts = f"{len(history)} attempt(s); last: {last.outcome} {last.reason}"
             return "deliveries-exhausted", f"{deliveries} and {attempts}{told}"
-        if fences.fence:
+        if ledger is not None and ledger.fence:
             return "deliveries-exhausted", f"{deliveries}; leased, but no verdict{told}"
         if handed_back in NOBODY_MAY_RUN:
             pin = order.job.pin_identity
