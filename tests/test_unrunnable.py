@@ -46,6 +46,8 @@ pytestmark = pytest.mark.timeout(180)
 
 WINDOW = 4  # the target's max_in_flight: each tier consumer's max_ack_pending
 NOBODY = "identity-nobody-has"
+# Named like jetfleet's streams, so a run against a user's NATS_URL removes it too.
+FACT_STREAM = "JF_TEST_HANDED_BACK"
 _PAGES = itertools.count(1)
 
 
@@ -252,25 +254,27 @@ async def test_item3_a_job_handed_back_with_a_delay_still_holds_its_place_in_the
     try:
         await js.add_stream(
             js_api.StreamConfig(
-                name="FACT", subjects=["fact.>"], retention=js_api.RetentionPolicy.WORK_QUEUE
+                name=FACT_STREAM,
+                subjects=["jf-test-fact.>"],
+                retention=js_api.RetentionPolicy.WORK_QUEUE,
             )
         )
         await js.add_consumer(
-            "FACT",
+            FACT_STREAM,
             js_api.ConsumerConfig(
                 durable_name="c", ack_policy=js_api.AckPolicy.EXPLICIT, max_ack_pending=2
             ),
         )
         for n in range(3):
-            await js.publish("fact.x", str(n).encode())
-        sub = await js.pull_subscribe_bind("c", stream="FACT")
+            await js.publish("jf-test-fact.x", str(n).encode())
+        sub = await js.pull_subscribe_bind("c", stream=FACT_STREAM)
         held = await sub.fetch(2, timeout=2)
         for msg in held:
             await msg.nak(delay=30)
         await nc.flush()
 
         async def counted() -> bool:
-            return bool((await js.consumer_info("FACT", "c")).num_ack_pending == 2)
+            return bool((await js.consumer_info(FACT_STREAM, "c")).num_ack_pending == 2)
 
         await wait_for(counted, 10, "both nakked messages to count as ack-pending")
         with pytest.raises(TimeoutError):
