@@ -1,7 +1,7 @@
 # One entry point for checks. `make check` = lint + types + generated schemas current.
 PY ?= python
 
-.PHONY: all check lint format mypy schemas test bench
+.PHONY: all check lint format mypy schemas test bench bench-smoke
 
 all: check test
 
@@ -35,3 +35,7 @@ test:
 
 bench:
 	$(PY) bench/run.py
+
+# The speed guard: the full path's jobs/s beside the raw nats-py floor, measured in one run.
+bench-smoke:
+	$(PY) bench/smoke_bench.py

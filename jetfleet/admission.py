@@ -1,24 +1,33 @@
 """Admission: turn submitted bytes into a work order, or a rejection that says why.
 
-Pure logic shared by the scheduler (the authority) and by the CLI and gateway, which use
-it to answer a bad submission at once.
+The one contract of every entry point: ``jetfleet submit``, the gateway and any NATS
+client publishing to ``jf.submit.<target>`` get the same verdict for the same bytes,
+because the scheduler applies everything here: the checks, the refusal reasons and the
+defaults (a missing job id, a URL given as a path under the target, the target's attempt
+budget and timeout). The CLI and gateway run the same function only to answer at once.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
+from datetime import datetime
 
 import msgspec
 
 from jetfleet import subjects
-from jetfleet.canonical import canonical_url, idempotency_key, is_under
+from jetfleet.canonical import canonical_url, idempotency_key, is_under, resolve_url
 from jetfleet.schemas import Job, Rejection, WorkOrder
+from jetfleet.schemas.job import MAX_URL_CHARS
 from jetfleet.settings import Settings
 
 BUILTIN_HANDLERS = ("http.get", "noop")
 
 _decoder = msgspec.json.Decoder(Job)
 _fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encoder = msgspec.json.Encoder()
+UNASSIGNED_ID = "unassigned"
+"""The id a local check (no stored submission yet) gives a job that came without one."""
 _JOB_FIELDS = frozenset(Job.__struct_fields__)
 _Reject = Callable[..., Rejection]
 
@@ -35,10 +44,33 @@ def known_handlers(settings: Settings) -> tuple[str, ...]:
     return BUILTIN_HANDLERS + tuple(settings.fleet.handlers)
 
 
+def submission_job_id(submit_seq: int, stored_at: datetime | None) -> str:
+    """The id admission gives a job submitted without one: derived from where and when
+    the stream stored it, so a redelivered submission keeps it (and is routed once),
+    and a stream made again, restarting its sequences, does not repeat an old one."""
+    if submit_seq < 1:
+        return UNASSIGNED_ID
+    stamp = stored_at.isoformat() if stored_at is not None else ""
+    digest = hashlib.sha256(f"{submit_seq}@{stamp}".encode()).hexdigest()[:12]
+    return f"sub{submit_seq}-{digest}"
+
+
 def admit(
-    subject: str, data: bytes, settings: Settings, submit_seq: int = 0
+    subject: str,
+    data: bytes,
+    settings: Settings,
+    submit_seq: int = 0,
+    stored_at: datetime | None = None,
 ) -> WorkOrder | Rejection:
     """Validate a submission published on ``subject``.
+
+    Args:
+        subject: ``jf.submit.<target>``.
+        data: the submitted bytes, a JSON ``Job``.
+        settings: the fleet's settings (targets, handlers, limits).
+        submit_seq: the submission's sequence in ``JF_SUBMIT`` (0 for a local check).
+        stored_at: when the stream stored it; with ``submit_seq``, the id of a job
+            submitted without one (``submission_job_id``).
 
     Returns:
         The work order to route, or the rejection to keep on ``jf.rejected.<target>``.
@@ -54,8 +86,13 @@ def admit(
             f"payload is {len(data)} bytes; the limit is fleet.max_job_bytes = "
             f"{settings.fleet.max_job_bytes}: keep large inputs out of the job",
         )
-    if target == subjects.UNPARSABLE_TARGET:
-        return reject("invalid-subject", f"publish jobs to jf.submit.<target>, not {subject!r}")
+    # One token of target: "jf.submit.demo.x" names no target, though "demo" is one.
+    if target == subjects.UNPARSABLE_TARGET or subject.count(".") != 2:
+        return reject(
+            "invalid-subject",
+            f"publish jobs to jf.submit.<target> (a target name: lowercase letters, digits, "
+            f"'-' or '_', at most 64), not {subject!r}",
+        )
     if target not in settings.targets:
         known = ", ".join(sorted(settings.targets)) or "none declared"
         return reject(
@@ -63,8 +100,7 @@ def admit(
             f"target {target!r} is not declared (known: {known}); add [targets.{target}]",
         )
     try:
-        job = _decoder.decode(data)
-        unknown = sorted(set(_fields_decoder.decode(data)) - _JOB_FIELDS)
+        job, unknown = _decode_job(data, submission_job_id(submit_seq, stored_at))
     except msgspec.ValidationError as exc:
         return reject("invalid-job", f"job does not match the Job schema: {exc}")
     except msgspec.DecodeError as exc:
@@ -105,20 +141,46 @@ def rejection(
     )
 
 
+def _decode_job(data: bytes, default_id: str) -> tuple[Job, list[str]]:
+    """The job in ``data`` (with ``default_id`` when it has no ``id``), and the names of
+    any fields it has that the schema does not.
+
+    Raises:
+        msgspec.DecodeError: not JSON.
+        msgspec.ValidationError: JSON, but not a Job.
+    """
+    fields = _fields_decoder.decode(data)
+    if "id" not in fields:
+        fields["id"] = msgspec.Raw(_encoder.encode(default_id))
+        data = _encoder.encode(fields)
+    return _decoder.decode(data), sorted(set(fields) - _JOB_FIELDS)
+
+
 def _check_job(
     job: Job, target: str, settings: Settings, handlers: tuple[str, ...], reject: _Reject
 ) -> WorkOrder | Rejection:
     config = settings.targets[target]
+    given = job.url
+    job = msgspec.structs.replace(job, url=resolve_url(config.base_url, given))
+    shown = repr(given) if job.url == given else f"{given!r} (resolved to {job.url!r})"
     if not job.url.lower().startswith(("http://", "https://")):
-        return reject("invalid-url", f"url {job.url!r} must be an absolute http(s) URL", job.id)
+        return reject(
+            "invalid-url",
+            f"url {shown} must be an absolute http(s) URL or a path under the target",
+            job.id,
+        )
+    if len(job.url) > MAX_URL_CHARS:
+        return reject(
+            "invalid-url", f"url {shown} is longer than {MAX_URL_CHARS} characters", job.id
+        )
     try:
         canonical_url(job.url)
     except ValueError as exc:
-        return reject("invalid-url", f"url {job.url!r} cannot be parsed: {exc}", job.id)
+        return reject("invalid-url", f"url {shown} cannot be parsed: {exc}", job.id)
     if not is_under(job.url, config.base_url):
         return reject(
             "url-outside-target",
-            f"url {job.url!r} is not under target {target!r} ({config.base_url}); "
+            f"url {shown} is not under target {target!r} ({config.base_url}); "
             "submit it to the target that owns it",
             job.id,
         )

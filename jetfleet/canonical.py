@@ -12,10 +12,11 @@ import json
 import re
 import string
 from collections.abc import Mapping
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # RFC 3986 section 3.1
 
 
 def canonical_url(url: str) -> str:
@@ -103,3 +104,20 @@ def is_under(url: str, base_url: str) -> bool:
         return False
     prefix = base.path if base.path.endswith("/") else base.path + "/"
     return got.path == base.path or got.path.startswith(prefix)
+
+
+def resolve_url(base_url: str, url_or_path: str) -> str:
+    """``url_or_path`` as given when it is an http(s) URL, else a path under ``base_url``.
+
+    A leading ``/`` does not climb to the host's root: with base ``https://h/catalog/``,
+    ``/item/7`` and ``item/7`` are both ``https://h/catalog/item/7``, and ``/a:b`` is a
+    path. Without a leading ``/``, a scheme (``ftp:``, ``mailto:``, ``a:b``) makes it a
+    URL, left as it is for admission to refuse.
+    """
+    if url_or_path.lower().startswith(("http://", "https://")):
+        return url_or_path
+    if not url_or_path.startswith("/") and _SCHEME.match(url_or_path):
+        return url_or_path
+    base = base_url if base_url.endswith("/") else base_url + "/"
+    # "./" keeps a first segment holding ":" a path, not a scheme.
+    return urljoin(base, "./" + url_or_path.lstrip("/"))

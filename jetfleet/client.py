@@ -1,4 +1,8 @@
-"""The thin client: build jobs and publish them to ``jf.submit.<target>``."""
+"""The thin client: build jobs and publish them to ``jf.submit.<target>``.
+
+It adds nothing a raw NATS publish would not get: paths, defaults and refusals are all
+admission's (``jetfleet.admission``), applied by the scheduler to every submission.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,13 @@ import asyncio
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from urllib.parse import urljoin
 
 import msgspec
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.admission import admit
+from jetfleet.canonical import resolve_url as resolve_under
 from jetfleet.publish import publish_durably
 from jetfleet.schemas import Job, Rejection
 from jetfleet.settings import Settings
@@ -27,11 +31,13 @@ def new_job_id() -> str:
 
 
 def resolve_url(settings: Settings, target: str, url_or_path: str) -> str:
-    """A full URL as given, or a path resolved against the target's base_url."""
-    if url_or_path.lower().startswith(("http://", "https://")):
-        return url_or_path
-    base = settings.target(target).base_url
-    return urljoin(base if base.endswith("/") else base + "/", url_or_path.lstrip("/"))
+    """The URL admission will give ``url_or_path`` on ``target`` (a full URL as given, a
+    path resolved against the target's base_url), for callers that want it up front.
+
+    Raises:
+        ConfigError: if ``target`` is not declared.
+    """
+    return resolve_under(settings.target(target).base_url, url_or_path)
 
 
 @dataclass(frozen=True)
@@ -99,10 +105,11 @@ async def submit_raw(
 
 
 def jobs_for(target: str, settings: Settings, urls: Iterable[str], **fields: object) -> list[Job]:
-    """Jobs for ``urls`` (full URLs or paths under the target) with shared ``fields``."""
-    return [
-        msgspec.convert(
-            {"id": new_job_id(), "url": resolve_url(settings, target, u), **fields}, Job
-        )
-        for u in urls
-    ]
+    """Jobs for ``urls`` (full URLs, or paths admission resolves under the target) with
+    shared ``fields``, each with a fresh id.
+
+    The URLs are kept as given, as a raw NATS client would send them: the scheduler's
+    settings decide what a path means, not the submitter's. ``target`` and ``settings``
+    change nothing in the jobs; they stay in the signature for existing callers.
+    """
+    return [msgspec.convert({"id": new_job_id(), "url": u, **fields}, Job) for u in urls]

@@ -32,20 +32,24 @@ class StoredMessage:
     data: bytes
 
 
-async def read_subject(nc: NatsClient, stream: str, subject: str) -> list[StoredMessage]:
-    """Every message of ``stream`` on ``subject`` (no wildcards needed), oldest first.
+async def read_subject(
+    nc: NatsClient, stream: str, subject: str, limit: int | None = None
+) -> list[StoredMessage]:
+    """Every message of ``stream`` on ``subject`` (no wildcards needed), oldest first;
+    with ``limit``, only the oldest ``limit`` of them.
 
     The stream needs ``allow_direct``. Raises DirectGetError on an error status and
     TimeoutError when the server does not finish answering in time.
     """
     found: list[StoredMessage] = []
     start = 0
-    while True:
+    while limit is None or len(found) < limit:
         batch, more = await _one_batch(nc, stream, subject, start)
         found += batch
         if not more or not batch:
-            return found
+            break
         start = batch[-1].seq + 1
+    return found if limit is None else found[:limit]
 
 
 async def _one_batch(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from typing import TypeGuard
 
 import msgspec
 from nats.aio.client import Client as NatsClient
@@ -10,6 +12,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from jetfleet import subjects
+from jetfleet.backoff import Backoff
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     LeaseGrant,
@@ -22,9 +25,15 @@ from jetfleet.schemas.lease import (
 
 log = logging.getLogger(__name__)
 
+BUSY = "busy"
+"""The leaser's refusal when it has ``fleet.service_concurrency`` calls in hand: this one
+was not looked at, so nothing was decided; ask again after its retry-after."""
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(LeaseReply)
 TIMEOUT_S = 3.0
+RELEASE_TRIES = 3
+"""Asks of a release the leaser answered busy: a lost refund would spend an attempt."""
 
 
 class LeaseClient:
@@ -53,8 +62,17 @@ class LeaseClient:
     async def release(self, job_id: str, fence: int, refund: bool = False) -> bool | None:
         """True if it was still ours and is now released (``refund``: the attempt does
         not count against the job's budget), False if it was not ours any more, None if
-        unknown (it then expires by its TTL)."""
-        return _settled(await self._call(LeaseRelease(job_id=job_id, fence=fence, refund=refund)))
+        unknown (it then expires by its TTL). Asked again, briefly, while the leaser is
+        busy."""
+        call = LeaseRelease(job_id=job_id, fence=fence, refund=refund)
+        backoff = Backoff()
+        reply = await self._call(call)
+        for _ in range(RELEASE_TRIES - 1):
+            if not is_busy(reply):
+                break
+            await asyncio.sleep(backoff.next_s(reply.retry_after_s))
+            reply = await self._call(call)
+        return _settled(reply)
 
 
 def _settled(reply: LeaseReply | None) -> bool | None:
@@ -63,9 +81,14 @@ def _settled(reply: LeaseReply | None) -> bool | None:
         return True
     if isinstance(reply, LeaseRefusal) and reply.reason == LEASE_LOST:
         return False
-    if reply is not None:
+    if reply is not None and not is_busy(reply):
         log.warning("leaser could not settle a lease call: %s", reply)
     return None
+
+
+def is_busy(reply: LeaseReply | None) -> TypeGuard[LeaseRefusal]:
+    """Whether the leaser was too full to look at the call (ask again later)."""
+    return isinstance(reply, LeaseRefusal) and reply.reason == BUSY
 
 
 def is_refusal(reply: LeaseReply | None) -> bool:

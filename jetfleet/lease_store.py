@@ -20,10 +20,10 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.leader_reads import leader_bucket
 from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord, Sealed
 
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 # Compare-and-set attempts before a write gives up under contention.
 _CAS_TRIES = 10
 _encoder = msgspec.json.Encoder()
@@ -227,7 +227,7 @@ class LeaseStore:
             try:
                 return await write(live)
             except APIError as exc:
-                if exc.err_code not in _WRONG_LAST_SEQUENCE:
+                if not is_wrong_last_sequence(exc):
                     raise
         return None
 

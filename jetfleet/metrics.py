@@ -6,24 +6,68 @@ identity, target or version a count belongs to, so a failing one stands out.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+from collections.abc import Sequence
+from typing import Protocol
 
 from aiohttp import web
 
 Labels = tuple[tuple[str, str], ...]
+log = logging.getLogger(__name__)
+
+
+MAX_SERIES = 1000
+"""Label sets a family keeps by default; later new ones are counted under ``OTHER``."""
+MAX_LABEL_CHARS = 128
+"""A longer label value is counted as ``OTHER``."""
+OTHER = "_other"
+"""Where folded counts go: no target can be named so (a name starts with a letter or
+digit), so a target called ``other`` keeps its own series."""
+
+
+class MetricFamily(Protocol):
+    """Anything that renders itself in the Prometheus text format."""
+
+    def render(self) -> str:
+        """The family's HELP, TYPE and series lines, ending in a newline."""
 
 
 class CounterFamily:
-    """One counter with labels, e.g. ``jetfleet_sink_answers_total{status,target}``."""
+    """One counter with labels, e.g. ``jetfleet_sink_answers_total{status,target}``.
 
-    def __init__(self, name: str, help_text: str) -> None:
+    Label values such as target and worker names can come from any NATS client, so a
+    family is bounded: a value over ``MAX_LABEL_CHARS`` counts as ``OTHER``, and once
+    ``max_series`` label sets exist, a new one is counted with every value ``OTHER``
+    (logged once). Series kept before the cap go on counting; no count is dropped.
+    """
+
+    def __init__(self, name: str, help_text: str, max_series: int = MAX_SERIES) -> None:
         self.name = name
         self.help_text = help_text
+        self.max_series = max_series
         self.values: Counter[Labels] = Counter()
+        self._warned = False
 
     def inc(self, n: int = 1, **labels: str) -> None:
-        """Add ``n`` to the series with these labels."""
-        self.values[tuple(sorted(labels.items()))] += n
+        """Add ``n`` to the series with these labels (or to its ``OTHER`` series)."""
+        self.values[self._series(labels)] += n
+
+    def _series(self, labels: dict[str, str]) -> Labels:
+        series = tuple(
+            sorted((k, v if len(v) <= MAX_LABEL_CHARS else OTHER) for k, v in labels.items())
+        )
+        if series in self.values or len(self.values) < self.max_series:
+            return series
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "%s: %d label sets reached; new ones are counted with every label %r",
+                self.name,
+                self.max_series,
+                OTHER,
+            )
+        return tuple((k, OTHER) for k, _ in series)
 
     def get(self, **labels: str) -> int:
         """The current value of one series (0 if never incremented)."""
@@ -38,6 +82,35 @@ class CounterFamily:
         return "\n".join(lines) + "\n"
 
 
+class GaugeFamily:
+    """One gauge with labels: a value that is set, replaced and removed, not summed."""
+
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name = name
+        self.help_text = help_text
+        self.values: dict[Labels, float] = {}
+
+    def set(self, value: float, **labels: str) -> None:
+        """Set the series with these labels to ``value``."""
+        self.values[tuple(sorted(labels.items()))] = value
+
+    def remove(self, **labels: str) -> None:
+        """Drop the series with these labels (a no-op if it is not there)."""
+        self.values.pop(tuple(sorted(labels.items())), None)
+
+    def get(self, **labels: str) -> float | None:
+        """The current value of one series, or None if it is not set."""
+        return self.values.get(tuple(sorted(labels.items())))
+
+    def render(self) -> str:
+        """The family in Prometheus text format."""
+        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} gauge"]
+        for labels, value in sorted(self.values.items()):
+            body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+            lines.append(f"{self.name}{{{body}}} {value:g}")
+        return "\n".join(lines) + "\n"
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -46,7 +119,7 @@ class MetricsServer:
     """Serves ``/metrics`` for a set of counter families on a loopback-by-default port."""
 
     def __init__(
-        self, families: list[CounterFamily], host: str = "127.0.0.1", port: int = 0
+        self, families: Sequence[MetricFamily], host: str = "127.0.0.1", port: int = 0
     ) -> None:
         self.families = families
         self.host = host

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Sequence
 from typing import Protocol
 
-from jetfleet.metrics import CounterFamily, MetricsServer
+from jetfleet.metrics import MetricFamily, MetricsServer
 
 log = logging.getLogger(__name__)
 
@@ -16,7 +17,10 @@ class Service(Protocol):
     """What every jetfleet service (and the worker) provides."""
 
     name: str
-    metrics: list[CounterFamily]
+
+    @property
+    def metrics(self) -> Sequence[MetricFamily]:
+        """What ``/metrics`` shows for it."""
 
     async def start(self) -> None:
         """Connect, declare what it needs, and start serving."""

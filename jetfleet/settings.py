@@ -42,8 +42,18 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     max_attempts: int = 3
     timeout_s: float = 30.0
     max_body_bytes: int = 5_000_000
+    max_retry_after_s: float = 300.0
+    """The longest wait a Retry-After may impose on a job and on this worker's use of the
+    target. A longer ask is cut to this and shown as a target hold on ``/metrics``."""
     user_agent: str = ""
     obey_robots: bool = True
+    redirect_hosts: tuple[str, ...] = ()
+    """Hosts (``host`` or ``host:port``) beyond ``base_url`` that ``http.get`` may follow
+    a redirect to; a redirect anywhere else fails the job as ``redirect-off-target``."""
+    max_age_s: float = 0.0
+    """How old (by the NATS server's clock, from when its work order was stored) a job of
+    this target may grow before it is dead-lettered ``expired`` instead of run; 0 takes
+    ``fleet.max_job_age_s``."""
 
 
 class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -66,6 +76,10 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Queue and commit policy shared by every service."""
 
     max_job_bytes: int = 64 * 1024
+    max_inline_bytes: int = 256 * 1024
+    """Largest body (as JSON text) a result carries inside its message; a larger one is
+    kept in the ``jf-result-objects`` object store and referenced. Checked at worker start
+    against the server's max_payload."""
     ack_wait_s: float = 60.0
     """Visibility timeout: JetStream redelivers an unacked job after this long."""
     lease_ttl_s: float = 30.0
@@ -86,6 +100,17 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     beyond this count share ``target_partitions`` hashed partitions (docs/topology.md)."""
     target_partitions: int = 16
     """How many partitions the targets beyond ``dedicated_targets`` are hashed into."""
+    service_concurrency: int = 512
+    """Requests each leaser or sink replica handles at once; one more is answered ``busy``
+    with a retry-after (workers back off), so an overloaded or just-resumed replica sheds
+    load instead of queueing it."""
+    max_deliver: int = 1000
+    """The work consumers' ``max_deliver``: the server's backstop. A job delivered this
+    many times without ending (pinned to an identity no worker has, handed back for
+    ever) is no longer delivered, and the sink dead-letters it (docs/commit.md)."""
+    max_job_age_s: float = 7 * 24 * 3600.0
+    """How old a job may grow (server clock, from when its work order was stored) before
+    it is dead-lettered ``expired`` instead of run; a target's ``max_age_s`` overrides."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -134,6 +159,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
                 f"unknown target {name!r}: declare it as [targets.{name}] in jetfleet.toml"
             ) from None
 
+    def max_age_s(self, target: str) -> float:
+        """How old a job of ``target`` may grow before it is dead-lettered ``expired``."""
+        return self.target(target).max_age_s or self.fleet.max_job_age_s
+
 
 _HINTS = {
     "base_url": "an absolute http(s) URL such as https://example.org/",
@@ -142,6 +171,7 @@ _HINTS = {
     "max_in_flight": "a whole number >= 1",
     "max_attempts": "a whole number >= 1",
     "timeout_s": "a positive number of seconds",
+    "max_retry_after_s": "a number of seconds from 1 to 86400 (a day)",
     "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0",
     "port": "a TCP port number",
 }
@@ -248,6 +278,11 @@ def validate(settings: Settings) -> None:
     for name, target in settings.targets.items():
         _validate_target(name, target)
     _require(settings.fleet.max_job_bytes >= 1024, "fleet.max_job_bytes", "at least 1024")
+    _require(
+        settings.fleet.max_inline_bytes >= 0,
+        "fleet.max_inline_bytes",
+        "a byte count >= 0 (0 keeps every stored body in the object store)",
+    )
     _require(settings.fleet.ack_wait_s > 0, "fleet.ack_wait_s", "a positive number of seconds")
     _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
     # The server's per-key TTL is whole seconds: a 2.5 s lease lives 3 s.
@@ -268,6 +303,11 @@ def validate(settings: Settings) -> None:
         "a whole number from 1 to 1024",
     )
     _validate_consumer_count(settings)
+    _require(
+        1 <= settings.fleet.service_concurrency <= 100_000,
+        "fleet.service_concurrency",
+        "a whole number from 1 to 100000 (requests a leaser or sink replica handles at once)",
+    )
     shares = settings.worker.tier_shares
     _require(
         set(shares) <= {"high", "normal", "bulk"}
@@ -281,6 +321,7 @@ def validate(settings: Settings) -> None:
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
     _validate_dedupe_ttl(settings)
+    _validate_job_ends(settings)
 
 
 def _validate_target(name: str, target: TargetSettings) -> None:
@@ -302,6 +343,32 @@ def _validate_target(name: str, target: TargetSettings) -> None:
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
     _require(target.timeout_s > 0, f"{key}.timeout_s", _HINTS["timeout_s"])
     _require(target.max_body_bytes >= 1, f"{key}.max_body_bytes", "a positive byte count")
+    # At least a second, or a target's "wait" would be no wait at all; at most a day,
+    # past which a job waiting on a header is a job lost (an operator decides instead).
+    _require(
+        1 <= target.max_retry_after_s <= 86400,
+        f"{key}.max_retry_after_s",
+        _HINTS["max_retry_after_s"],
+    )
+    _validate_redirect_hosts(key, target.redirect_hosts)
+    _require(
+        target.max_age_s >= 0,
+        f"{key}.max_age_s",
+        "a number of seconds >= 0 (0 takes fleet.max_job_age_s)",
+    )
+
+
+_REDIRECT_HOST_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?$")
+
+
+def _validate_redirect_hosts(key: str, hosts: tuple[str, ...]) -> None:
+    for host in hosts:
+        _require(
+            bool(_REDIRECT_HOST_RE.match(host)),
+            f"{key}.redirect_hosts",
+            f"lowercase host names or host:port pairs such as cdn.example.org:8443, not "
+            f"{host!r} (no scheme, path or upper case)",
+        )
 
 
 # nats-server refuses a stream's 1001st consumer (err 10026) unless the stream sets
@@ -348,6 +415,37 @@ def _validate_dedupe_ttl(settings: Settings) -> None:
             f"{settings.fleet.ack_wait_s:g} s ack_wait = {needed:g} s; a late retry could then "
             f"repeat a committed side effect. Set fleet.dedupe_ttl_s to at least {needed:g}."
         )
+
+
+# Deliveries a job may use beyond its attempts: each attempt may also see a
+# retry-elsewhere and a no-slot hand-back, and holds, lease refusals and restarts add more.
+DELIVERIES_PER_ATTEMPT = 4
+SPARE_DELIVERIES = 20
+
+
+def min_max_deliver(settings: Settings) -> int:
+    """The smallest ``fleet.max_deliver`` the targets' attempt budgets allow."""
+    attempts = max([t.max_attempts for t in settings.targets.values()] or [3])
+    return DELIVERIES_PER_ATTEMPT * attempts + SPARE_DELIVERIES
+
+
+def _validate_job_ends(settings: Settings) -> None:
+    """The backstop must sit well above a runnable job's deliveries, and a job must end
+    before its submission ages out of JF_SUBMIT (or status loses track of it)."""
+    fleet = settings.fleet
+    needed = min_max_deliver(settings)
+    _require(
+        fleet.max_deliver >= needed,
+        "fleet.max_deliver",
+        f"at least {needed} ({DELIVERIES_PER_ATTEMPT} deliveries per attempt of the largest "
+        f"targets.*.max_attempts, plus {SPARE_DELIVERIES} for holds and refusals), so the "
+        "backstop never ends a job that could still run",
+    )
+    keep = f"at most fleet.retention_s ({fleet.retention_s:g} s), so a job ends before its "
+    keep += "submission ages out of JF_SUBMIT"
+    _require(0 < fleet.max_job_age_s <= fleet.retention_s, "fleet.max_job_age_s", "> 0 and " + keep)
+    for name, target in settings.targets.items():
+        _require(target.max_age_s <= fleet.retention_s, f"targets.{name}.max_age_s", keep)
 
 
 def _require(ok: bool, key: str, what: str) -> None:

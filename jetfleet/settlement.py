@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import APIError
 
 from jetfleet import subjects
+from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.schemas import SinkReply
@@ -25,7 +26,6 @@ from jetfleet.schemas.lease import Sealed, SealedCommit, SealedDeath
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
-_WRONG_LAST_SEQUENCE = (10071, 10164)
 # Put-if-absent: the stream stores the message only if its subject has none yet.
 _IF_ABSENT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 
@@ -56,7 +56,7 @@ async def _land_result(js: JetStreamContext, sealed: SealedCommit, dedupe: bool)
             js, subject, payload, msg_id=f"res-{result.key}", headers=_IF_ABSENT
         )
     except APIError as exc:
-        if exc.err_code in _WRONG_LAST_SEQUENCE:
+        if is_wrong_last_sequence(exc):
             return await _suppressed(js, result.target, result.key)
         raise
     if ack.duplicate:
@@ -82,7 +82,7 @@ async def _land_letter(js: JetStreamContext, sealed: SealedDeath) -> SinkReply:
             headers={**_IF_ABSENT, "Jf-Reason": letter.reason, "Jf-Job": order.job.id},
         )
     except APIError as exc:
-        if exc.err_code not in _WRONG_LAST_SEQUENCE:
+        if not is_wrong_last_sequence(exc):
             raise
         # The letter is there already: this seal was landed before.
     log.info("dead-lettered %s: %s", order.job.id, letter.reason)

@@ -18,14 +18,21 @@ STREAM_DLQ = "JF_DLQ"
 STREAM_REJECTED = "JF_REJECTED"
 STREAM_OUTCOMES = "JF_OUTCOMES"
 STREAM_DUPLICATES = "JF_DUPLICATES"
+# The server's max-deliveries advisories for JF_WORK, kept until the sink has ended the job
+# (a core NATS advisory is lost when nobody listens).
+STREAM_ADVISORIES = "JF_ADVISORIES"
 
 # KV buckets.
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
 BUCKET_FENCES = "jf-fences"  # job id -> id claim, highest fence, grant count, seal
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
 
+# Object store buckets.
+OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
+
 # Consumers.
 CONSUMER_SCHEDULER = "scheduler"
+CONSUMER_MAX_DELIVERIES = "max-deliveries"  # on JF_ADVISORIES, read by the sink
 
 # Request/reply subjects (served by queue groups).
 SINK_REPORT = f"{PREFIX}.sink.report"  # + .<target>
@@ -41,6 +48,11 @@ DEFAULT_TIER = "normal"
 TARGET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 # What a rejected submission is filed under when its subject names no usable token.
 UNPARSABLE_TARGET = "_invalid"
+
+
+def max_deliveries_advisories(stream: str) -> str:
+    """The server's advisories for ``stream``'s messages whose max_deliver ran out."""
+    return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.>"
 
 
 def submit(target: str) -> str:

@@ -38,6 +38,12 @@ class Drift:
         return f"{self.what}: {self.field} is {self.live!r}, declared {self.declared!r}"
 
 
+def results_max_age(settings: Settings) -> float:
+    """How long results are kept: at least the dedupe TTL, as the result is the key
+    (docs/commit.md); objects a result refers to are kept exactly as long."""
+    return max(settings.fleet.retention_s, settings.fleet.dedupe_ttl_s)
+
+
 def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
     """Every stream jetfleet uses, configured from ``settings``."""
     fleet = settings.fleet
@@ -65,11 +71,18 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_WORK, "jf.work.>", work_queue, 0),
         # One subject per idempotency key: the result record is the key (docs/commit.md),
         # so it is kept at least as long as the dedupe TTL.
-        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, max(keep, fleet.dedupe_ttl_s)),
+        stream(subjects.STREAM_RESULTS, "jf.results.>", limits, results_max_age(settings)),
         stream(subjects.STREAM_DUPLICATES, "jf.duplicates.>", limits, keep),
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
         stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),
+        # WorkQueue: an advisory is gone once the sink has ended its job.
+        stream(
+            subjects.STREAM_ADVISORIES,
+            subjects.max_deliveries_advisories(subjects.STREAM_WORK),
+            work_queue,
+            0,
+        ),
     ]
 
 
@@ -85,7 +98,17 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
                 max_ack_pending=2000,
                 deliver_policy=js_api.DeliverPolicy.ALL,
             ),
-        )
+        ),
+        (
+            subjects.STREAM_ADVISORIES,
+            js_api.ConsumerConfig(
+                durable_name=subjects.CONSUMER_MAX_DELIVERIES,
+                ack_policy=js_api.AckPolicy.EXPLICIT,
+                ack_wait=30.0,
+                max_ack_pending=100,
+                deliver_policy=js_api.DeliverPolicy.ALL,
+            ),
+        ),
     ]
     for lane in LaneMap(settings).lanes:
         for tier in subjects.TIERS:
@@ -103,9 +126,11 @@ def _work_consumer(settings: Settings, lane: WorkLane, tier: str) -> js_api.Cons
         filter_subjects=filters if lane.shared else None,
         ack_policy=js_api.AckPolicy.EXPLICIT,
         ack_wait=settings.fleet.ack_wait_s,
-        # No server-side cap and no BackOff (see docs/topology.md): attempts are counted
-        # and dead letters decided in code, so nothing is left stranded by max_deliver.
-        max_deliver=-1,
+        # Attempts are counted in code; max_deliver is only the backstop for jobs that
+        # never end (pinned to nobody, handed back for ever): the sink dead-letters them
+        # from the server's advisory (services/sink/exhausted.py). No BackOff (see
+        # docs/topology.md).
+        max_deliver=settings.fleet.max_deliver,
         # Per tier: a target's three tiers together may hold up to 3x this. A partition
         # may hold the sum of its members' caps; the leaser caps each member.
         max_ack_pending=lane.max_in_flight,
@@ -157,6 +182,7 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         drifts += await _ensure_stream(js, stream_config, update)
     for bucket, ttl in bucket_ttls(settings).items():
         await _ensure_bucket(js, bucket, ttl, settings)
+    await _ensure_object_store(js, settings)
     await _remove_pre_tier_consumers(js, settings)
     configs = consumer_configs(settings)
     work = [c for s, c in configs if s == subjects.STREAM_WORK]
@@ -309,6 +335,20 @@ async def _ensure_bucket(
             storage=js_api.StorageType.FILE,
             replicas=settings.nats.replicas,
             direct=True,
+        )
+
+
+async def _ensure_object_store(js: JetStreamContext, settings: Settings) -> None:
+    try:
+        await js.object_store(subjects.OBJECTS_RESULTS)
+    except BucketNotFoundError:
+        await js.create_object_store(
+            subjects.OBJECTS_RESULTS,
+            config=js_api.ObjectStoreConfig(
+                ttl=results_max_age(settings),
+                storage=js_api.StorageType.FILE,
+                replicas=settings.nats.replicas,
+            ),
         )
 
 

@@ -25,7 +25,7 @@ from jetfleet.schemas.lease import (
     LeaseReply,
     LeaseRequest,
 )
-from jetfleet.schemas.output import DataOutput, HandlerOutput, HttpFetch, NoopOutput
+from jetfleet.schemas.output import DataOutput, HandlerOutput, HttpFetch, NoopOutput, StoredObject
 from jetfleet.schemas.report import AttemptRecord, Failure, Report, SinkReply, Success, Versions
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Rejection",
     "Report",
     "SinkReply",
+    "StoredObject",
     "Success",
     "Versions",
     "WorkOrder",

@@ -14,7 +14,8 @@ JobId = Annotated[
     msgspec.Meta(pattern=r"^(?!.*\.\.)[A-Za-z0-9](?:[A-Za-z0-9_=.-]{0,126}[A-Za-z0-9_=-])?$"),
 ]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
-Url = Annotated[str, msgspec.Meta(min_length=1, max_length=8192)]
+MAX_URL_CHARS = 8192
+Url = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_URL_CHARS)]
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=86400)]
 
 
@@ -31,7 +32,8 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     letter or digit, not ending in or doubling a dot). One id is one job: a later
     submission of an id whose job still has state is refused (``duplicate-job-id``)."""
     url: Url
-    """Absolute URL under the target's base_url."""
+    """The page: an absolute http(s) URL under the target's base_url, or a path that
+    admission resolves against it (``/item/7`` and ``item/7`` alike go under base_url)."""
     handler: ShortText = "http.get"
     tier: Tier = "normal"
     max_attempts: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
@@ -47,7 +49,9 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
 
 
 class WorkOrder(msgspec.Struct, frozen=True, omit_defaults=True):
-    """A validated job as the scheduler routes it to ``jf.work.<target>.<tier>``."""
+    """A validated job as the scheduler routes it to ``jf.work.<target>.<tier>``: its
+    ``job.url`` is absolute (a submitted path resolved) and its ``job.id`` is set (one
+    given at admission when the submission had none)."""
 
     job: Job
     target: str

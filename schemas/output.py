@@ -5,6 +5,17 @@ from __future__ import annotations
 import msgspec
 
 
+class StoredObject(msgspec.Struct, frozen=True, omit_defaults=True):
+    """Bytes too large for a message, kept in a JetStream object store bucket as long as
+    the result that refers to them (a body, later a screenshot)."""
+
+    bucket: str
+    name: str
+    size: int
+    sha256: str
+    """SHA-256 of the stored bytes, hex: what a reader checks them against."""
+
+
 class HttpFetch(msgspec.Struct, frozen=True, tag="http", omit_defaults=True):
     """The record of one HTTP fetch."""
 
@@ -14,8 +25,14 @@ class HttpFetch(msgspec.Struct, frozen=True, tag="http", omit_defaults=True):
     body_sha256: str = ""
     body_bytes: int = 0
     body: str | None = None
-    """The body as text, only when the job asked for it (``store_body``)."""
+    """The body as text, only when the job asked for it (``store_body``) and it fits in a
+    message (``fleet.max_inline_bytes``); a larger one is in ``body_object``."""
     truncated: bool = False
+    """Set only by earlier versions, which cut bodies at the target's ``max_body_bytes``;
+    a longer body now fails the job as ``result-too-large``."""
+    body_object: StoredObject | None = None
+    """Where the body is when the job asked for it and it was too large to carry inline:
+    its exact bytes, as the target sent them."""
 
 
 class NoopOutput(msgspec.Struct, frozen=True, tag="noop"):

@@ -67,6 +67,7 @@ SinkStatus = Literal[
     "rejected:lease-expired",
     "dead-lettered",
     "error",
+    "busy",
 ]
 
 
@@ -78,3 +79,7 @@ class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
     detail: str = ""
     committed_by: str = ""
     """With ``suppressed:duplicate-key``: the job id whose commit holds the key."""
+    retry_after_s: float = 0.0
+    """With ``busy``: how long to wait before sending the same report again. Busy means
+    not settled: the replica had ``fleet.service_concurrency`` reports in hand and did not
+    look at this one, or JetStream did not answer it in time."""

@@ -26,13 +26,30 @@ from jetfleet.settings import (
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
 from tests.stack import InProcessStack
+from tests.user_servers import blocking, claim_redis_db, flush_test_db, redis_test_url, user_nats
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_settings_leak_in() -> Iterator[None]:
+    """In-process CLI calls read the environment: a user's ``JETFLEET_*`` overrides, config
+    or dev stack must not reach them, nor a ``REDIS_URL`` naming the user's database."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name in [n for n in os.environ if n.startswith("JETFLEET_")]:
+            patch.delenv(name)
+        if os.environ.get("REDIS_URL"):
+            patch.setenv("REDIS_URL", redis_test_url(os.environ["REDIS_URL"]))
+        yield
 
 
 @pytest.fixture
 def nats_url(tmp_path: Path) -> Iterator[str]:
-    """A fresh nats-server (JetStream, temporary store) per test, or NATS_URL if set."""
-    if os.environ.get("NATS_URL"):
-        yield os.environ["NATS_URL"]
+    """A fresh nats-server (JetStream, temporary store) per test; or the server of
+    NATS_URL, only while it has no jetfleet streams, which the test deletes when it ends
+    (tests/user_servers.py)."""
+    user_url = os.environ.get("NATS_URL")
+    if user_url:
+        with user_nats(user_url):
+            yield user_url
         return
     server = EmbeddedNats(tmp_path / "nats").start()
     try:
@@ -42,22 +59,31 @@ def nats_url(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One redis-server per session (flushed per test by ``redis_client``), or REDIS_URL."""
+def redis_url(
+    tmp_path_factory: pytest.TempPathFactory, _no_user_settings_leak_in: None
+) -> Iterator[str]:
+    """Database 15 of one redis-server per session (flushed per test by ``redis_client``):
+    one the tests start, or the server of REDIS_URL if that database is empty or the
+    tests' own (tests/user_servers.py). Never the database the URL names."""
     if os.environ.get("REDIS_URL"):
-        yield os.environ["REDIS_URL"]
+        url = os.environ["REDIS_URL"]  # already the tests' database, see above
+        blocking(claim_redis_db(url))
+        yield url
         return
     server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
     try:
-        yield server.url
+        url = redis_test_url(server.url)
+        blocking(claim_redis_db(url))
+        yield url
     finally:
         server.stop()
 
 
 @pytest.fixture
 async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A client of the tests' database, emptied first."""
     client = aioredis.from_url(redis_url)
-    await client.flushdb()
+    await flush_test_db(client)
     yield client
     await client.aclose()
 

@@ -1,8 +1,8 @@
-"""Backpressure (DESIGN.md section 2 step 4, section 4): a target's 429 with Retry-After,
-or a refused grant (quarantine), makes the worker stop pulling THAT target until the
-retry-after passes (stop dequeuing, never dequeue and sleep), while its other targets
-keep flowing; blocked attempts are refunded, so a rate-limited job is never dead-lettered
-for running out of attempts.
+"""Backpressure (DESIGN.md section 2 step 4, section 4): a target's 429, 403 block or 503
+challenge with Retry-After, or a refused grant (quarantine), makes the worker stop
+pulling THAT target until the retry-after passes (stop dequeuing, never dequeue and
+sleep), while its other targets keep flowing; blocked attempts are refunded, so a blocked
+job is never dead-lettered for running out of attempts.
 
 Real servers: a fresh nats-server, one simulator per target (the simulator counts every
 request on arrival, per client and per window), scheduler + leaser + sink + one worker
@@ -87,19 +87,27 @@ async def env(nats_url: str, redis_url: str) -> AsyncIterator[BackpressureEnv]:
             await observer.close()
 
 
-async def test_a_429_with_retry_after_stops_the_worker_pulling_that_target_until_then(
-    env: BackpressureEnv,
+@pytest.mark.parametrize(
+    ("route", "reason"),
+    [
+        ("ratelimited", "rate-limited"),  # 429
+        ("blocked", "blocked"),  # 403 block page
+        ("challenge", "challenged"),  # 503 challenge page
+    ],
+)
+async def test_a_429_403_or_challenge_with_retry_after_stops_pulling_that_target_until_then(
+    env: BackpressureEnv, route: str, reason: str
 ) -> None:
     limited = await env.submit(
-        HELD, [f"/ratelimited/{n}?retry_after={RETRY_AFTER_S}" for n in range(2)], "limited"
+        HELD, [f"/{route}/{n}?retry_after={RETRY_AFTER_S}" for n in range(2)], "limited"
     )
     await env.submit(OPEN, [f"/page/{n}" for n in range(3000)], "page")
 
-    async def first_429_handled() -> bool:
-        return env.worker.stats["blocked:rate-limited"] >= 1
+    async def first_block_handled() -> bool:
+        return env.worker.stats[f"blocked:{reason}"] >= 1
 
-    await wait_for(first_429_handled, 30, "the worker to meet the first 429")
-    # Requests sent before the first 429 came back could not know about it: count from
+    await wait_for(first_block_handled, 30, f"the worker to meet the first {route} answer")
+    # Requests sent before the first block came back could not know about it: count from
     # the moment the worker has handled it.
     first_burst = env.held.counts()["total"]
     env.held.reset()
@@ -120,7 +128,7 @@ async def test_a_429_with_retry_after_stops_the_worker_pulling_that_target_until
     per_window = env.held.max_in_any_window(float(RETRY_AFTER_S))
     counts = env.held.counts()
     print(
-        f"\n429 backpressure: first burst {first_burst} request(s); then "
+        f"\n{route} backpressure: first burst {first_burst} request(s); then "
         f"{counts['total']} requests in {window_s:.1f} s, windows {counts['windows']}, "
         f"max in any {RETRY_AFTER_S - 0.2:g} s window {closest}, in any {RETRY_AFTER_S} s "
         f"window {per_window}; open target committed {open_during} meanwhile; "
@@ -128,18 +136,20 @@ async def test_a_429_with_retry_after_stops_the_worker_pulling_that_target_until
     )
     # The other target kept flowing all along.
     assert open_during >= 5 * window_s, (open_during, window_s)
-    # Blocked attempts are refunded: no job burns its budget of MAX_ATTEMPTS on 429s.
+    # Blocked attempts are refunded: no job burns its budget of MAX_ATTEMPTS on blocks.
     outcomes = [o for o in await env.outcomes(HELD) if o.job_id in {j.id for j in limited}]
     blocked_per_job: dict[str, int] = {}
     for o in outcomes:
         blocked_per_job[o.job_id] = blocked_per_job.get(o.job_id, 0) + 1
-    assert all(o.kind == "blocked" and o.reason == "rate-limited" for o in outcomes), outcomes
+    assert all(o.kind == "blocked" and o.reason == reason for o in outcomes), outcomes
     assert all(o.attempt == 1 for o in outcomes), sorted({(o.job_id, o.attempt) for o in outcomes})
     assert max(blocked_per_job.values()) > MAX_ATTEMPTS, blocked_per_job
     assert await dead(env.js, HELD) == 0
+    assert await committed(env.js, HELD) == 0  # a block page is never a result
+    assert {o.job_id for o in outcomes} == {j.id for j in limited}
     # The held target is asked at most once per Retry-After: the worker stopped pulling it.
     assert closest <= 1, (
-        f"the worker asked the rate-limited target {closest} times within "
+        f"the worker asked the {route} target {closest} times within "
         f"{RETRY_AFTER_S - 0.2:g} s although it answered Retry-After: {RETRY_AFTER_S}"
     )
 

@@ -116,12 +116,6 @@ def not_an_object(settings: Settings, tag: str) -> Bad:
     )
 
 
-def missing_id(settings: Settings, tag: str) -> Bad:
-    body = _job(settings, tag)
-    del body["id"]
-    return Bad("demo", _encode(body), "invalid-job", ("Job schema", "missing required field `id`"))
-
-
 def missing_url(settings: Settings, tag: str) -> Bad:
     body = _job(settings, tag)
     del body["url"]
@@ -224,6 +218,17 @@ def invalid_subject_leading_dash(settings: Settings, tag: str) -> Bad:
         "invalid-subject",
         ("publish jobs to jf.submit.<target>",),
         filed_under=subjects.UNPARSABLE_TARGET,
+    )
+
+
+def subject_with_extra_tokens(settings: Settings, tag: str) -> Bad:
+    # jf.submit.<target> is one token of target: "demo.extra" is no target's subject.
+    return Bad(
+        "demo.extra",
+        _encode(_job(settings, tag)),
+        "invalid-subject",
+        ("publish jobs to jf.submit.<target>", "'jf.submit.demo.extra'"),
+        filed_under="demo",
     )
 
 
@@ -376,7 +381,8 @@ async def test_wrong_types_are_rejected_naming_the_field_and_nothing_valid_is_lo
 async def test_missing_and_unknown_fields_are_rejected_naming_the_field(
     settings: Settings, nc: NatsClient, stack: InProcessStack
 ) -> None:
-    await run_bad_inputs(settings, nc, stack, [missing_id, missing_url, unknown_field])
+    # A missing id is no error: admission gives one (tests/test_entry_contract.py).
+    await run_bad_inputs(settings, nc, stack, [missing_url, unknown_field])
 
 
 async def test_an_unknown_target_is_rejected_and_kept_under_that_target(
@@ -415,6 +421,14 @@ async def test_a_subject_token_that_is_not_a_target_name_is_rejected_as_invalid_
     assert status.targets[subjects.UNPARSABLE_TARGET].rejected == 4
 
 
+async def test_item10_a_submit_subject_with_tokens_after_the_target_is_rejected(
+    settings: Settings, nc: NatsClient, stack: InProcessStack
+) -> None:
+    await run_bad_inputs(settings, nc, stack, [subject_with_extra_tokens])
+    status = await stack.status()
+    assert status.conserved and status.targets["demo"].rejected == 2
+
+
 ALL_KINDS: list[MakeBad] = [
     invalid_json,
     invalid_utf8,
@@ -422,7 +436,6 @@ ALL_KINDS: list[MakeBad] = [
     wrong_type_id,
     unsafe_id,
     not_an_object,
-    missing_id,
     missing_url,
     unknown_field,
     bad_tier,
@@ -432,6 +445,7 @@ ALL_KINDS: list[MakeBad] = [
     oversized,
     unknown_handler,
     invalid_subject,
+    subject_with_extra_tokens,
 ]
 
 

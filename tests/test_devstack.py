@@ -3,6 +3,7 @@ stops on Ctrl-C leaving no process behind, and two stacks in two folders do not 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -12,10 +13,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import nats
+import nats.js.errors
 import psutil
 import pytest
 
+from jetfleet import subjects
 from jetfleet.dev.stack_env import read_env
+from jetfleet.results import iter_results
+from tests.conftest import wait_for
 
 START_TIMEOUT_S = 60.0
 
@@ -146,3 +152,34 @@ def test_a_second_dev_in_the_same_folder_is_refused(
     assert second.proc.wait(30) == 2
     assert "already runs in" in second.output()
     assert first.proc.poll() is None
+
+
+async def test_item9_a_job_published_the_moment_the_env_file_appears_commits(
+    tmp_path: Path, dev_stacks: list[RunningDev]
+) -> None:
+    # The env file is the stack's "ready" signal for other shells and scripts: a job
+    # published raw to jf.submit.<target> at that moment must be stored and run, not
+    # dropped because the streams do not exist yet.
+    dev = RunningDev(tmp_path / "early")
+    dev_stacks.append(dev)
+    env = await asyncio.to_thread(dev.wait_ready)
+    nc = await nats.connect(env["NATS_URL"])
+    try:
+        job = {"id": "early-1", "url": env["JETFLEET_TARGET_URL"] + "/page/1"}
+        await nc.publish(subjects.submit("demo"), json.dumps(job).encode())
+        await nc.flush()
+        js = nc.jetstream()
+
+        async def committed() -> bool:
+            try:
+                info = await js.stream_info(subjects.STREAM_RESULTS)
+            except nats.js.errors.NotFoundError:
+                return False
+            return info.state.messages == 1
+
+        await wait_for(committed, 30, "the job published at once to commit")
+        [record] = [r async for r in iter_results(js, "demo")]
+        assert record.job_id == "early-1"
+    finally:
+        await nc.close()
+    assert "gateway:" in dev.output()  # the URLs were printed by then

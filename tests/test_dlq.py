@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.admission import job_key
+from jetfleet.attempt_history import MAX_HISTORY
 from jetfleet.canonical import idempotency_key
 from jetfleet.cli import dlq_commands
 from jetfleet.client import submit_jobs
@@ -299,6 +300,65 @@ async def test_an_undecodable_outcome_event_does_not_keep_a_job_from_its_dead_le
         "permanent",
         "w-0",
     )
+
+
+def forged_outcome(job_id: str, fence: int, **fields: Any) -> bytes:
+    """An outcome event as any NATS client could publish it for ``job_id`` of demo."""
+    event: dict[str, Any] = {
+        "job_id": job_id,
+        "target": "demo",
+        "worker": "w-forged",
+        "attempt": 1,
+        "kind": "retryable",
+        "duration_s": 0.1,
+        "versions": {"jetfleet": "0", "handler": "http.get@0"},
+        "fence": fence,
+    }
+    event.update(fields)
+    return json.dumps(event).encode()
+
+
+async def test_item10_oversized_outcome_events_are_skipped_and_the_letter_lands(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    # Four well-formed events of 300 KB: copied into the history, they would make a
+    # dead letter over the server's 1 MiB payload, which could then never be written.
+    js = nc.jetstream()
+    for fence in range(1, 5):
+        event = forged_outcome("perm-big", 10_000 + fence, reason="x" * 300_000)
+        await js.publish(subjects.outcome("demo", "perm-big"), event)
+    await submit(js, settings, "demo", Job(id="perm-big", url=page(simulator, "/missing/4")))
+    entry = await letter_of(js, "perm-big")
+    assert [(a.worker, a.reason) for a in entry.letter.history] == [("w-0", "http-404")]
+
+
+async def test_item10_an_outcome_event_naming_another_job_stays_out_of_the_history(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    js = nc.jetstream()
+    subject = subjects.outcome("demo", "perm-mine")
+    await js.publish(subject, forged_outcome("someone-else", 10_001))
+    await js.publish(subject, forged_outcome("perm-mine", 10_002, duration_s=-5.0))
+    await submit(js, settings, "demo", Job(id="perm-mine", url=page(simulator, "/missing/5")))
+    entry = await letter_of(js, "perm-mine")
+    assert [a.worker for a in entry.letter.history] == ["w-0"]
+
+
+async def test_item10_a_flood_of_outcome_events_leaves_a_bounded_history(
+    settings: Settings, nc: NatsClient, stack: InProcessStack, simulator: TargetSimulator
+) -> None:
+    js = nc.jetstream()
+    subject = subjects.outcome("demo", "perm-flood")
+    for fence in range(1, MAX_HISTORY + 51):
+        await js.publish(subject, forged_outcome("perm-flood", fence))
+    await submit(js, settings, "demo", Job(id="perm-flood", url=page(simulator, "/missing/6")))
+    entry = await letter_of(js, "perm-flood")
+    history = entry.letter.history
+    assert len(history) == MAX_HISTORY
+    # The attempt that ended the job (the worker's own record) is kept, whatever its fence.
+    assert [(a.worker, a.reason) for a in history if a.worker != "w-forged"] == [
+        ("w-0", "http-404")
+    ]
 
 
 # --- 2. retryable failure ----------------------------------------------------------------
@@ -655,3 +715,22 @@ async def test_purge_without_a_target_empties_every_targets_letters(
     assert await purge(js) == 6
     assert await dead_letter_total(js) == 0
     assert await purged_counts(js, TARGETS) == {"demo": 3, "other": 3}
+
+
+@pytest.mark.parametrize(
+    "stray_subject", ["jf.dlq.demo", "jf.dlq.Not_A_Target.job-1"], ids=["no-job-id", "bad-target"]
+)
+async def test_item10_purge_ends_on_a_letter_whose_subject_names_no_job(
+    settings: Settings, nc: NatsClient, simulator: TargetSimulator, stray_subject: str
+) -> None:
+    # Anyone may publish on jf.dlq.>: a message whose subject has no job id part (or no
+    # usable target) is no job's dead letter, yet it is the oldest one purge finds.
+    js = nc.jetstream()
+    await js.publish(stray_subject, b'{"not": "a dead letter"}')
+    await put_letter(js, simulator, "demo", "real-1", "http-404")
+    removed = await asyncio.wait_for(purge(js), 20)
+    assert removed == 2
+    assert await dead_letter_total(js) == 0
+    # Only the job's letter was counted as dead, so only it is recorded as purged: the
+    # stray was never in the status's dead count, and recording it would unbalance it.
+    assert await purged_counts(js, TARGETS) == {"demo": 1, "other": 0}

@@ -166,6 +166,10 @@ def test_only_attempts_that_ran_count_and_exhausted_timeouts_are_timeouts() -> N
     assert attempt_of(event("blocked", "rate-limited")) is None
     assert attempt_of(event("ok")) == Attempt("demo", 1.0)
     assert attempt_of(event("retryable", "timeout")) == Attempt("demo", 1.0, timed_out=True)
+    stopped = event("retryable", "handler-timeout")
+    assert attempt_of(stopped) == Attempt("demo", 1.0, timed_out=True)
+    exhausted_stop = event("permanent", "attempts-exhausted", "last: handler-timeout no verdict")
+    assert attempt_of(exhausted_stop) == Attempt("demo", 1.0, timed_out=True)
     exhausted = event("permanent", "attempts-exhausted", "last: timeout no answer within 5 s")
     assert attempt_of(exhausted) == Attempt("demo", 1.0, timed_out=True)
     assert attempt_of(event("permanent", "http-404")) == Attempt("demo", 1.0)
@@ -338,6 +342,45 @@ async def test_read_is_bounded_to_the_most_recent_events_and_the_since_window(
     attempts, read = await read_attempts(js, target="b", since_s=3600, limit=3)
     assert [a.duration_s for a in attempts] == [102.0, 103.0, 104.0]
     assert read.limit_reached
+
+
+async def test_item10_bad_outcome_events_are_skipped_and_counted_never_read_as_attempts(
+    nc: NatsClient,
+) -> None:
+    # Anyone may publish on jf.outcome.>: none of these may become an attempt, enter the
+    # report under a made-up target, or be held whole in memory.
+    js = nc.jetstream()
+    await _publish_outcomes(js, "a", [0.5, 1.5])
+    versions = Versions(jetfleet="0", handler="http.get@1")
+
+    def event(job_id: str, target: str, duration_s: float = 1.0, detail: str = "") -> bytes:
+        outcome = Outcome(
+            job_id=job_id,
+            target=target,
+            worker="w-forged",
+            attempt=1,
+            kind="ok",
+            duration_s=duration_s,
+            versions=versions,
+            detail=detail,
+        )
+        return msgspec.json.encode(outcome)
+
+    bad = [
+        (subjects.outcome("a", "big"), event("big", "a", detail="x" * 500_000)),
+        (subjects.outcome("a", "mine"), event("mine", "made-up-target")),
+        (subjects.outcome("a", "other"), event("not-other", "a")),
+        (subjects.outcome("a", "neg"), event("neg", "a", duration_s=-3.0)),
+        (subjects.outcome("a", "junk"), b"not json"),
+    ]
+    for subject, payload in bad:
+        await js.publish(subject, payload)
+    await _publish_outcomes(js, "a", [2.5])
+
+    attempts, read = await read_attempts(js)
+    assert sorted(a.duration_s for a in attempts) == [0.5, 1.5, 2.5]
+    assert {a.target for a in attempts} == {"a"}
+    assert (read.events, read.attempts, read.skipped_undecodable) == (8, 3, 5)
 
 
 # ------------------------------------------------------------------------------- the CLI

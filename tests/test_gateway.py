@@ -12,11 +12,13 @@ from jetfleet.schemas import Rejection
 from jetfleet.services.gateway import Gateway
 from jetfleet.services.gateway.access import check_write, is_loopback
 from jetfleet.services.gateway.batch import MAX_ITEMS, max_body_bytes
+from jetfleet.services.gateway.metrics import MAX_UNDECLARED, render_metrics
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
-from jetfleet.ops.status import FIELDS
+from jetfleet.metrics import OTHER
+from jetfleet.ops.status import FIELDS, FleetStatus, TargetCounts
 from jetfleet.results import iter_results
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
@@ -314,6 +316,21 @@ async def test_metrics_are_prometheus_gauges_of_the_status(
     for state in FIELDS:
         assert f'jetfleet_jobs{{target="demo",state="{state}"}} {expected[state]}' in lines
     assert "jetfleet_admitting 0" in lines
+
+
+def test_item10_metrics_show_declared_targets_and_fold_a_flood_of_made_up_ones() -> None:
+    # Each made-up name costs an attacker one publish to jf.submit.<name>; its refused
+    # submissions show in the status, but must not grow /metrics without end.
+    targets = {"demo": TargetCounts(submitted=5, committed=5)}
+    targets |= {f"junk-{n:05}": TargetCounts(submitted=1, rejected=1) for n in range(5000)}
+    status = FleetStatus(totals=TargetCounts(), targets=targets)
+    lines = render_metrics(status, declared={"demo"}).splitlines()
+    series = [line for line in lines if line.startswith("jetfleet_jobs{")]
+    assert len(series) == (1 + MAX_UNDECLARED + 1) * len(FIELDS)
+    assert 'jetfleet_jobs{target="demo",state="committed"} 5' in series
+    folded = 5000 - MAX_UNDECLARED
+    assert f'jetfleet_jobs{{target="{OTHER}",state="rejected"}} {folded}' in series
+    assert f'jetfleet_jobs{{target="{OTHER}",state="submitted"}} {folded}' in series
 
 
 async def test_the_dashboard_is_one_self_contained_page(

@@ -35,9 +35,9 @@ from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.stream_reader import read_stream
+from jetfleet.stream_reader import count_messages, read_stream
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.leasing import grant_fence, order_for, report
+from tests.leasing import grant_fence, order_for, report, report_failure
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,6 +160,46 @@ async def test_I2_a_commit_after_server_side_expiry_is_rejected(
     assert await commit(nc, order, fence, "A") == "rejected:fenced-out"
     assert await commit(nc, order, f2, "B") == "committed"
     assert len(await results_for(nc, order.key)) == 1
+
+
+async def dead_letters(nc: NatsClient) -> int:
+    return await count_messages(nc.jetstream(), subjects.STREAM_DLQ, "jf.dlq.>")
+
+
+async def test_I2_a_stale_or_expired_fence_cannot_dead_letter_a_job(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    """A failure report terminates the job, so it is fenced like a commit: only the live
+    lease's holder may send one."""
+    client = LeaseClient(nc)
+
+    # A's lease expires by the server's clock, B is granted: A's failure is fenced out.
+    order = order_for(settings, "/page/4")
+    f1 = await grant_fence(client, order, "A")
+    await lease_gone(store, order.job.id)
+    f2 = await grant_fence(client, order, "B")
+    assert f2 > f1
+    assert (await report_failure(nc, order, f1, "A")).status == "rejected:fenced-out"
+    assert await dead_letters(nc) == 0
+    # The live holder's failure is the one that lands.
+    assert await client.renew(order.job.id, f2) is True
+    assert (await report_failure(nc, order, f2, "B")).status == "dead-lettered"
+    assert await dead_letters(nc) == 1
+    assert (await report_failure(nc, order, f1, "A")).status == "rejected:fenced-out"
+    assert await dead_letters(nc) == 1
+
+    # A's lease expires and nobody holds the job: A's failure finds no live lease.
+    lapsed = order_for(settings, "/page/5")
+    f3 = await grant_fence(client, lapsed, "A")
+    await lease_gone(store, lapsed.job.id)
+    assert (await report_failure(nc, lapsed, f3, "A")).status == "rejected:lease-expired"
+    assert await dead_letters(nc) == 1
+    assert services.sink is not None
+    assert services.sink.counts == {
+        "rejected:fenced-out": 2,
+        "rejected:lease-expired": 1,
+        "dead-lettered": 1,
+    }
 
 
 # --- a worker's clock decides nothing -------------------------------------------------

@@ -13,15 +13,18 @@ sampled all along.
 
 A status read is not atomic and jobs change state in two steps (result written, then
 message acked), so a sample may be off by the jobs caught between two steps: at most
-every worker slot (``workers x concurrency``, counting the slots of workers killed with
-jobs in hand, which stay caught until ack_wait). Samples are not read while a wave is being
+every slot of the workers alive then (``live workers x concurrency``), plus the slots of
+a worker killed in the last ``CAUGHT_AFTER_KILL_S`` (its jobs stay caught until ack_wait
+redelivers them). Samples are not read while a wave is being
 published and admitted: ``fleet_status`` reads ``submitted``, the work stream and
 ``admitting`` at once but not atomically, so a job the scheduler routes between those
 reads can be in neither
 (a whole batch of 200 in a few ms), and a wave published meanwhile shows as admitted but
 never submitted: artefacts of the reader's timing, not jobs in two states (the scheduler
 restart happens inside such a wave). Once everything has settled, the equation must hold
-exactly.
+exactly, each pair of submissions of one URL has left one result and one ``Duplicate``
+record naming the job that committed, and the simulator saw every job's path asked at
+least once and never more often than it was leased.
 """
 
 from __future__ import annotations
@@ -33,10 +36,12 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import msgspec
 import pytest
 import redis.asyncio as aioredis
-from jetfleet.schemas import Job
+from jetfleet.schemas import Duplicate, Job
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from nats.aio.client import Client as NatsClient
@@ -47,9 +52,10 @@ from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.ops.dead_letters import DeadLetterEntry, list_dead_letters
 from jetfleet.ops.status import FIELDS, FleetStatus, fleet_status
+from jetfleet.results import iter_results
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.stream_reader import count_messages
+from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet
@@ -67,6 +73,11 @@ KILL_AT = (800, 2600, 3400)  # progress (settled jobs) at which a worker is SIGK
 SINK_RESTART_AT = 1700
 SCHEDULER_RESTART_WAVE = 5  # restarted while admitting this wave
 SAMPLE_EVERY_S = 0.5
+ACK_WAIT_S = 4.0
+LEASE_TTL_S = 2.0
+# A killed worker's jobs are redelivered ack_wait after their last delivery, then settle
+# (already-done, or run again) on a live worker: twice ack_wait leaves room for that.
+CAUGHT_AFTER_KILL_S = 2 * ACK_WAIT_S
 
 
 def _write_config(
@@ -83,8 +94,8 @@ url = "{nats_url}"
 url = "{redis_url}"
 
 [fleet]
-{lanes}ack_wait_s = 4.0
-lease_ttl_s = 2.0
+{lanes}ack_wait_s = {ACK_WAIT_S!r}
+lease_ttl_s = {LEASE_TTL_S!r}
 retry_base_s = 0.05
 retry_max_backoff_s = 0.2
 dedupe_ttl_s = 3600.0
@@ -162,11 +173,16 @@ class Run:
     """Per SIGKILL, how many jobs the victim had been granted and not finished."""
     sink_counts: Counter[str] = field(default_factory=Counter)
     restarts: list[str] = field(default_factory=list)
+    kill_times: list[float] = field(default_factory=list)
+    """When each SIGKILL was sent (monotonic)."""
 
     def bound(self) -> int:
-        """Jobs that can be caught between two steps of a state change: every slot of
-        every worker started so far (a killed worker's jobs wait for ack_wait)."""
-        return len(self.fleet.procs) * CONCURRENCY
+        """Jobs that can be caught between two steps of a state change: every slot of the
+        workers alive now, and of each worker killed less than ``CAUGHT_AFTER_KILL_S``
+        ago (its jobs stay caught until ack_wait redelivers them and they settle)."""
+        now = time.monotonic()
+        recent = sum(1 for t in self.kill_times if now - t < CAUGHT_AFTER_KILL_S)
+        return (len(self.fleet.live()) + recent) * CONCURRENCY
 
     async def progress(self) -> int:
         """Jobs settled for good: committed, duplicate, dead-lettered or rejected."""
@@ -239,6 +255,7 @@ class Run:
 
         await wait_for(busy, 60, "a worker with jobs in its hands")
         victim = rng.choice(sorted(victims))
+        self.kill_times.append(time.monotonic())
         await self.fleet.kill(victim)
         self.killed_holding.append(len(self.open_grants().get(victim, ())))
         self.fleet.spawn()
@@ -352,7 +369,7 @@ async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_rest
             f"{worst_sample.status.unaccounted} at {worst_sample.at - began:.1f} s (admitting "
             f"{worst_sample.status.admitting}, bound {worst_sample.bound})"
         )
-        # For the record: how many were within the slots of the workers alive then.
+        # For the record: how many were within the slots of the workers a fleet runs.
         within_slots = sum(1 for s in samples if abs(s.status.unaccounted) <= WORKERS * CONCURRENCY)
         for s in samples:  # each target's own counts are never negative
             for counts in s.status.targets.values():
@@ -390,6 +407,13 @@ async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_rest
         assert len(fleet.kills) == len(KILL_AT)
         assert len(run.restarts) == 2
 
+        # --- duplicates: one result per unit of work, the other job recorded ------------
+        await _check_duplicates(run.js, plan)
+
+        # --- at the target: no request without a lease ----------------------------------
+        extra = _check_requests_at_target(simulator, plan, fleet)
+        print(f"    target: {extra} page requests beyond one per page (reruns after faults)")
+
         # --- dead letters: reason and history --------------------------------------------
         letters = await list_dead_letters(run.js, TARGET)
         _check_dead_letters(letters, plan, fleet)
@@ -402,6 +426,65 @@ async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_rest
         finally:
             await stack.stop()
             await observer.close()
+
+
+def _original_of(plan: Plan, dup_id: str) -> str:
+    """The job whose URL a ``dup`` submission repeats (``i3-dup-N`` repeats job N - 4)."""
+    original = f"i3-{int(dup_id.rsplit('-', 1)[1]) - 4:05d}"
+    assert plan.kind[original] == "page", (dup_id, original)
+    return original
+
+
+async def _check_duplicates(js: JetStreamContext, plan: Plan) -> None:
+    """Each pair of submissions of one URL left one result and one Duplicate record
+    naming the job that committed; no other job left a Duplicate record."""
+    results = [r async for r in iter_results(js, TARGET)]
+    by_key = Counter(r.key for r in results)
+    assert max(by_key.values()) == 1, {k: n for k, n in by_key.items() if n > 1}
+    assert len(results) == plan.count("page"), (len(results), plan.count("page"))
+    committer = {r.key: r.job_id for r in results}
+    key_of = {r.job_id: r.key for r in results}
+    decoder = msgspec.json.Decoder(Duplicate)
+    records = [
+        decoder.decode(m.data)
+        async for m in read_stream(js, subjects.STREAM_DUPLICATES, subjects.duplicates(TARGET))
+    ]
+    by_job = Counter(d.job_id for d in records)
+    assert max(by_job.values(), default=1) == 1, {j: n for j, n in by_job.items() if n > 1}
+    pairs = {(dup, _original_of(plan, dup)) for dup, k in plan.kind.items() if k == "dup"}
+    expected: set[str] = set()
+    for dup, original in pairs:
+        key = key_of.get(original) or key_of.get(dup)
+        assert key is not None, f"neither {dup} nor {original} committed"
+        # Whichever ran first committed; the other is the duplicate.
+        expected.add(dup if committer[key] == original else original)
+    assert {d.job_id for d in records} == expected, sorted({d.job_id for d in records} ^ expected)
+    for d in records:
+        assert d.committed_by == committer[d.key] != d.job_id, d
+    assert len(records) == plan.count("dup")
+
+
+def _check_requests_at_target(simulator: TargetSimulator, plan: Plan, fleet: WorkerFleet) -> int:
+    """Per path, the target was asked at least once and at most once per lease granted
+    for a job of that path (no request without a lease); returns the page requests
+    beyond one per page."""
+    path_of = {j.id: urlsplit(j.url).path for j in plan.jobs if plan.kind[j.id] != "invalid"}
+    grants: Counter[str] = Counter()
+    for e in fleet.events():
+        if e["event"] == "granted":
+            grants[path_of[e["job"]]] += 1
+    asked = simulator.requests_by_path()
+    paths = set(path_of.values())
+    unleased = {p: (asked[p], grants[p]) for p in paths if asked.get(p, 0) > grants[p]}
+    assert not unleased, (
+        f"{len(unleased)} paths asked more often than leased, (requests, grants) of the "
+        f"first: {dict(sorted(unleased.items())[:10])}"
+    )
+    never = sorted(paths - set(asked))
+    assert not never, f"paths of jobs never requested: {never[:10]}"
+    pages = {p for j, p in path_of.items() if plan.kind[j] == "page"}
+    assert simulator.counts()["by_path_kind"]["page"] == sum(asked[p] for p in pages)
+    return sum(asked[p] for p in pages) - len(pages)
 
 
 EXPECTED_REASON = {

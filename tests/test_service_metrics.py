@@ -6,7 +6,7 @@ import aiohttp
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.client import jobs_for, submit_jobs
-from jetfleet.metrics import CounterFamily, MetricsServer
+from jetfleet.metrics import OTHER, CounterFamily, MetricsServer
 from jetfleet.settings import Settings
 from tests.conftest import wait_for
 from tests.stack import InProcessStack
@@ -19,6 +19,29 @@ def test_a_counter_family_renders_prometheus_text_with_escaped_labels() -> None:
     text = family.render()
     assert "# TYPE jf_test_total counter" in text
     assert 'jf_test_total{reason="say \\"hi\\"",target="demo"} 3' in text
+
+
+def test_item10_label_sets_beyond_the_cap_fold_into_other_and_counts_are_kept() -> None:
+    # Target and worker names can come from any client: a flood of distinct names must
+    # not grow a family's series (and the /metrics page) without end.
+    family = CounterFamily("jf_test_total", "A test counter", max_series=5)
+    for n in range(5):
+        family.inc(target=f"t-{n}", worker="w-1")
+    for n in range(10_000):
+        family.inc(target=f"attacker-{n}", worker=f"w-{n}")
+    family.inc(3, target="t-0", worker="w-1")  # a series kept before the cap still counts
+    assert len(family.values) == 6
+    assert family.get(target="t-0", worker="w-1") == 4
+    assert family.get(target=OTHER, worker=OTHER) == 10_000
+    assert sum(family.values.values()) == 5 + 10_000 + 3
+    assert family.render().count("\njf_test_total{") == 6
+
+
+def test_item10_a_label_value_over_the_length_cap_counts_as_other() -> None:
+    family = CounterFamily("jf_test_total", "A test counter")
+    family.inc(target="x" * 10_000, worker="w-1")
+    assert family.get(target=OTHER, worker="w-1") == 1
+    assert "x" * 200 not in family.render()
 
 
 async def test_sink_leaser_scheduler_and_worker_metrics_count_real_answers(

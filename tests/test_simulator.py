@@ -16,7 +16,7 @@ import pytest_asyncio
 from multidict import CIMultiDictProxy
 
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.simulator.counters import MAX_WINDOWS, RequestCounters
+from jetfleet.simulator.counters import MAX_PATHS, MAX_WINDOWS, RequestCounters
 from jetfleet.simulator.routes import WORKER_HEADER, parse_delay, parse_retry_after
 
 CONTENT_DIV = '<div id="content">'
@@ -156,6 +156,19 @@ async def test_ratelimited_sends_retry_after(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("kind", "status"), [("blocked", 403), ("challenge", 503)])
+async def test_block_pages_send_retry_after_only_when_asked(
+    sim: TargetSimulator, session: aiohttp.ClientSession, kind: str, status: int
+) -> None:
+    got, _, headers = await _get(session, f"{sim.base_url}/{kind}/1")
+    assert (got, headers.get("Retry-After")) == (status, None)
+    got, _, headers = await _get(session, f"{sim.base_url}/{kind}/1?retry_after=7")
+    assert (got, headers["Retry-After"]) == (status, "7")
+    got, _, _ = await _get(session, f"{sim.base_url}/{kind}/1?retry_after=soon")
+    assert got == 400
+
+
+@pytest.mark.asyncio
 async def test_slow_waits_at_least_delay(
     sim: TargetSimulator, session: aiohttp.ClientSession
 ) -> None:
@@ -244,6 +257,30 @@ async def test_counts_per_client_and_kind_excluding_sim_routes(sim: TargetSimula
     assert counts["by_client"]["127.0.0.1"] == 1
     assert sum(counts["by_client"].values()) == 6
     assert counts["by_path_kind"] == {"page": 3, "error": 1, "robots": 1, "other": 1}
+    assert sim.requests_by_path() == {
+        "/page/1": 1, "/page/2": 1, "/page/3": 1, "/error/1": 1, "/robots.txt": 1, "/nowhere": 1
+    }  # fmt: skip
+    # aiohttp's own User-Agent for every request but two; none at all from "anonymous".
+    agents = counts["by_user_agent"]
+    assert (agents["agent/1.0"], agents[""], sum(agents.values())) == (1, 1, 6)
+
+
+@pytest.mark.asyncio
+async def test_max_in_flight_counts_requests_handled_at_the_same_moment(
+    sim: TargetSimulator, session: aiohttp.ClientSession
+) -> None:
+    await _get(session, f"{sim.base_url}/page/1")
+    assert sim.counts()["max_in_flight"] == {"page": 1, "*": 1}
+    # Three slow requests at once, plus one page while they wait.
+    slow = [
+        asyncio.create_task(_get(session, f"{sim.base_url}/slow/{n}?delay=0.5")) for n in range(3)
+    ]
+    await _wait_until(lambda: sim.counts()["by_path_kind"].get("slow", 0) == 3)
+    await _get(session, f"{sim.base_url}/page/2")
+    await asyncio.gather(*slow)
+    assert sim.counts()["max_in_flight"] == {"page": 1, "slow": 3, "*": 4}
+    sim.reset()
+    assert sim.counts()["max_in_flight"] == {}
 
 
 @pytest.mark.asyncio
@@ -276,6 +313,21 @@ def test_max_in_any_window_uses_half_open_sliding_windows() -> None:
     assert snapshot["max_per_second"] == 5
 
 
+def test_requests_by_path_counts_paths_until_too_many_are_distinct() -> None:
+    counters = RequestCounters()
+    for path in ("/page/1", "/page/1", "/error/2"):
+        counters.record("w", "page", path=path)
+    assert counters.requests_by_path() == {"/page/1": 2, "/error/2": 1}
+    for n in range(MAX_PATHS - 2):
+        counters.record("w", "page", path=f"/p/{n}")
+    assert len(counters.requests_by_path()) == MAX_PATHS  # exactly full: still whole
+    counters.record("w", "page", path="/one-too-many")
+    with pytest.raises(OverflowError):
+        counters.requests_by_path()
+    counters.reset()
+    assert counters.requests_by_path() == {}
+
+
 def test_windows_keep_only_the_latest() -> None:
     now = [0.0]
     counters = RequestCounters(clock=lambda: now[0], wall_clock=lambda: now[0])
@@ -293,7 +345,15 @@ async def test_reset_zeroes_counters(sim: TargetSimulator, session: aiohttp.Clie
     await _get(session, f"{sim.base_url}/page/1")
     async with session.post(f"{sim.base_url}/__sim/reset") as resp:
         assert resp.status == 200
-    zero = {"total": 0, "by_client": {}, "by_path_kind": {}, "windows": {}, "max_per_second": 0}
+    zero = {
+        "total": 0,
+        "by_client": {},
+        "by_user_agent": {},
+        "by_path_kind": {},
+        "max_in_flight": {},
+        "windows": {},
+        "max_per_second": 0,
+    }
     assert sim.counts() == zero
     assert sim.max_in_any_window(60) == 0
     await _get(session, f"{sim.base_url}/page/1")

@@ -79,8 +79,12 @@ async def test_a_sink_error_gives_the_job_back_at_once_and_spends_the_attempt(
     assert stack.workers[0].stats["sink-error"] >= 2
 
 
-async def test_an_unreachable_sink_refunds_the_attempt(
-    settings: Settings, nc: NatsClient, stack: InProcessStack, store: LeaseStore
+async def test_an_unreachable_sink_is_sent_the_same_report_again_and_the_page_fetched_once(
+    settings: Settings,
+    nc: NatsClient,
+    stack: InProcessStack,
+    store: LeaseStore,
+    simulator: TargetSimulator,
 ) -> None:
     assert stack.sink is not None
     await stack.sink.drain(5.0)
@@ -89,10 +93,10 @@ async def test_an_unreachable_sink_refunds_the_attempt(
     await submit_jobs(nc.jetstream(), settings, "demo", [job])
     worker = stack.workers[0]
 
-    async def given_back_twice() -> bool:
+    async def asked_twice() -> bool:
         return worker.stats["sink-unreachable"] >= 2
 
-    await wait_for(given_back_twice, ACK_WAIT_S / 2, "the job to be given back twice")
+    await wait_for(asked_twice, ACK_WAIT_S / 2, "the report to be sent twice")
     await stack.start_sink()
 
     async def committed() -> bool:
@@ -101,6 +105,8 @@ async def test_an_unreachable_sink_refunds_the_attempt(
     await wait_for(committed, ACK_WAIT_S / 2, "the job to commit once the sink is back")
     assert (await stack.status()).totals.dead == 0
     assert (await store.highest_fence(job.id)).grants == 1
+    # Held (lease renewed) over the outage, never given back to run again.
+    assert simulator.counts()["by_path_kind"] == {"page": 1}
 
 
 async def test_drain_returns_and_gives_back_a_hung_job_while_every_slot_is_busy(
@@ -146,7 +152,7 @@ async def test_a_refusal_about_the_job_backs_off_to_one_ask_per_two_seconds(
     assert min(delay(40) for _ in range(100)) >= HAND_BACK_MAX_S / 2
 
 
-async def test_a_job_pinned_to_an_identity_nobody_has_is_asked_for_ever_more_slowly(
+async def test_a_job_pinned_to_an_identity_nobody_has_is_asked_more_slowly_at_first(
     settings: Settings, nc: NatsClient, stack: InProcessStack
 ) -> None:
     assert stack.leaser is not None

@@ -18,7 +18,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, confirmed_status
-from jetfleet.results import iter_results
+from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
@@ -59,6 +59,11 @@ def register(commands: Any) -> None:
     results_cmds = results.add_subparsers(dest="results_command", required=True)
     export = results_cmds.add_parser("export", help="write committed results as JSONL to stdout")
     export.add_argument("--target", default=None, help="only this target")
+    export.add_argument(
+        "--bodies",
+        action="store_true",
+        help="put bodies kept in the object store (too large for a message) back inline",
+    )
     export.set_defaults(run=_run_results_export)
 
     schemas = commands.add_parser("schemas", help="the wire contract's generated documents")
@@ -106,7 +111,11 @@ def _read_urls(args: argparse.Namespace) -> list[str]:
 
 def _run_submit(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    settings.target(args.target)
+    if not subjects.TARGET_NAME_RE.match(args.target):
+        raise JetfleetError(
+            f"target name {args.target!r} is not valid (invalid-subject): use lowercase "
+            "letters, digits, '-' or '_' (at most 64)"
+        )
     urls = _read_urls(args)
     jobs = jobs_for(
         args.target,
@@ -192,20 +201,29 @@ def _run_results_export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.target is not None:
         settings.target(args.target)
-    return asyncio.run(_results_export(settings, args.target))
+    return asyncio.run(_results_export(settings, args.target, args.bodies))
 
 
-async def _results_export(settings: Settings, target: str | None) -> int:
+async def _results_export(settings: Settings, target: str | None, bodies: bool) -> int:
     nc = await connect_nats(settings.nats, "jetfleet-cli")
+    js = nc.jetstream()
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
+    missing = 0
     try:
-        async for record in iter_results(nc.jetstream(), target):
+        async for record in iter_results(js, target):
+            if bodies:
+                try:
+                    record = await with_stored_body(js, record)
+                except JetfleetError as exc:
+                    # Written without its body (its reference stays), never left out.
+                    missing += 1
+                    print(f"jetfleet: result of job {record.job_id}: {exc}", file=sys.stderr)
             out.write(encoder.encode(record) + b"\n")
     finally:
         await nc.close()
         out.flush()
-    return 0
+    return 1 if missing else 0
 
 
 def _run_schemas_export(args: argparse.Namespace) -> int:

@@ -3,6 +3,8 @@
 ``DevStack`` starts nats-server and redis-server (from the pinned wheels) on free ports,
 the target simulator (declared as target ``demo``), every service and N workers as child
 processes, writes ``DIR/jetfleet.toml`` and ``DIR/env``, and stops all of it on ``stop()``.
+``start()`` returns, and the env file appears, only once the topology is declared and
+every child answers, so a job published at that moment is stored and run.
 Children are started with a parent-death signal, so even a killed ``jetfleet dev`` leaves
 no process behind.
 """
@@ -19,13 +21,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
+from jetfleet.dev.readiness import wait_answering
 from jetfleet.dev.settings_file import toml_tables
 from jetfleet.dev.stack_env import write_env
 from jetfleet.errors import StackError
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.topology import declare
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +55,8 @@ class DevStack:
         self.redis = EmbeddedRedis(self.data_dir / "redis")
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.ready_urls: dict[str, str] = {}
+        """Each child's loopback URL that answers 200 once it has started."""
         self.gateway_port = 0
         self.settings: Settings | None = None
 
@@ -71,7 +78,12 @@ class DevStack:
         await self.stop()
 
     async def start(self) -> None:
-        """Start servers, simulator, services and workers; write the config and env file."""
+        """Start servers, simulator, services and workers; write the config; declare the
+        topology; wait until every child answers; then write the env file.
+
+        Raises:
+            StackError: a server or child failed to start, or a child did not answer.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._claim_folder()
         try:
@@ -81,10 +93,12 @@ class DevStack:
             self.gateway_port = free_port()
             self._write_config()
             self.settings = load_settings(self.config_path, {})
+            await self._declare_topology(self.settings)
             for name in SERVICE_NAMES:
                 self._spawn(name, ["serve", name])
             for n in range(self.workers):
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"])
+            await wait_answering(self.ready_urls, self.describe_dead_children)
             self._write_env()
         except BaseException:
             await self.stop()
@@ -142,9 +156,25 @@ class DevStack:
             },
         )
 
+    async def _declare_topology(self, settings: Settings) -> None:
+        # Every child declares it too, but the stack must not depend on which comes first:
+        # a submission to a stream that does not exist yet is dropped without a word.
+        nc = await connect_nats(settings.nats, "jetfleet-dev")
+        try:
+            await declare(nc.jetstream(), settings)
+        finally:
+            await nc.close()
+
     def _spawn(self, name: str, args: list[str]) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
+        if name == "gateway":
+            self.ready_urls[name] = self.gateway_url + "/healthz"
+        else:
+            # Served only once the child's start() is done (serve_until_signalled).
+            port = free_port()
+            args = [*args, "--metrics-port", str(port)]
+            self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
         self.children[name] = start_jetfleet(args, self.config_path, logs / f"{name}.log")
 
     def dead_children(self) -> list[str]:
@@ -171,6 +201,7 @@ class DevStack:
             for name in group:
                 await asyncio.to_thread(_wait_or_kill, self.children[name])
         self.children.clear()
+        self.ready_urls.clear()
         await self.simulator.stop()
         await asyncio.to_thread(self.redis.stop)
         await asyncio.to_thread(self.nats.stop)

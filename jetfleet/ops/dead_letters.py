@@ -296,13 +296,22 @@ async def dead_letter_total(js: JetStreamContext, target: str | None = None) -> 
     return info.state.messages
 
 
-async def _oldest_letter_target(js: JetStreamContext) -> str | None:
-    """The target of the oldest dead letter, or None when there is none."""
+async def _oldest_letter_subject(js: JetStreamContext) -> str | None:
+    """The subject of the oldest message in ``JF_DLQ``, or None when there is none."""
     try:
         msg = await js.get_msg(subjects.STREAM_DLQ, seq=1, subject=ALL_DEAD_LETTERS, next=True)
     except NotFoundError:
         return None
-    return subjects.target_of(msg.subject or "")
+    return msg.subject or ""
+
+
+def _letter_target(subject: str) -> str | None:
+    """The target of a job's dead letter subject ``jf.dlq.<target>.<job id>``, or None
+    for a subject no job's letter has (no job id part, or no usable target token)."""
+    target = subjects.target_of(subject)
+    if target == subjects.UNPARSABLE_TARGET or subject.count(".") < 3:
+        return None
+    return target
 
 
 async def purge(js: JetStreamContext, target: str | None = None) -> int:
@@ -312,16 +321,43 @@ async def purge(js: JetStreamContext, target: str | None = None) -> int:
     removed is added to ``purged.dlq.<target>`` in ``jf-control``. A process that dies
     between the two loses that one count: the window is one KV round trip.
 
+    Without a target, a message on a subject no job's letter has (``jf.dlq.<target>``
+    with no job id, or an unusable target token: anyone may publish there) is removed
+    too, but not recorded, since status never counted it as dead.
+
     Returns:
-        How many dead letters were removed.
+        How many messages were removed.
+
+    Raises:
+        JetfleetError: when the oldest message stays in place through two purges.
     """
     if target is not None:
         return await _purge_target(js, target)
     # Target by target, oldest letter first: one round trip each, never a subject list.
     removed = 0
-    while (name := await _oldest_letter_target(js)) is not None:
-        removed += await _purge_target(js, name)
+    stalled: str | None = None
+    while (subject := await _oldest_letter_subject(js)) is not None:
+        name = _letter_target(subject)
+        n = await _purge_target(js, name) if name else await _purge_stray(js, subject)
+        if n == 0 and subject == stalled:
+            raise JetfleetError(
+                f"purge removed nothing on {subject} twice while it stayed the oldest "
+                f"message in {subjects.STREAM_DLQ}; stopping rather than looping"
+            )
+        stalled = subject if n == 0 else None
+        removed += n
     return removed
+
+
+async def _purge_stray(js: JetStreamContext, subject: str) -> int:
+    n = await _purge_subject(js, subject)
+    log.warning(
+        "purged %d message(s) on %s: no job's dead letter (jf.dlq.<target>.<job id>), "
+        "so not recorded as purged",
+        n,
+        subject,
+    )
+    return n
 
 
 async def _purge_target(js: JetStreamContext, name: str) -> int:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import math
 import uuid
 from collections import Counter, deque
@@ -33,12 +34,14 @@ from collections.abc import Iterable, Sequence
 from typing import Literal
 
 import msgspec
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import subjects
+from jetfleet.outcome_events import MAX_OUTCOME_BYTES, read_outcome
 from jetfleet.schemas import Outcome
 from jetfleet.settings import Settings
 
@@ -56,11 +59,14 @@ TIMEOUT_NEAR_SHARE = 0.8
 TIMEOUT_REASON_SHARE = 0.05
 """Warn when at least this share of a target's attempts ended with reason timeout."""
 COUNTED_KINDS = frozenset({"ok", "retryable", "permanent"})
+# A handler's own timeout, and the worker's stop of a handler past its budget.
+TIMEOUT_REASONS = ("timeout", "handler-timeout")
 NO_ATTEMPTS = "no attempts observed yet; run some jobs first"
 
 _BATCH = 500
+_SKIPS_LOGGED = 5  # one by one; beyond, a count (a flood must not flood the log too)
+log = logging.getLogger(__name__)
 _MAX_PROBES = 8
-_outcome_decoder = msgspec.json.Decoder(Outcome)
 
 WarningCode = Literal[
     "lease-ttl-short",
@@ -78,7 +84,8 @@ class Attempt(msgspec.Struct, frozen=True):
     target: str
     duration_s: float
     timed_out: bool = False
-    """The attempt ended with reason ``timeout`` (also when that exhausted the attempts)."""
+    """The attempt ended with reason ``timeout`` or ``handler-timeout`` (also when that
+    exhausted the attempts)."""
 
 
 class DurationStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +149,8 @@ class ReadSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Events counted as attempts (kinds ok, retryable, permanent)."""
     skipped_blocked: int = 0
     skipped_undecodable: int = 0
+    """Events ``read_outcome`` refused: oversized, undecodable, not matching their
+    subject's job and target, or with an impossible duration (each logged)."""
     limit_reached: bool = False
     """The ``limit`` bound was hit: older matching events may have been left out."""
     oldest: str = ""
@@ -456,8 +465,9 @@ def attempt_of(event: Outcome) -> Attempt | None:
     """
     if event.kind not in COUNTED_KINDS:
         return None
-    timed_out = event.reason == "timeout" or (
-        event.reason == "attempts-exhausted" and event.detail.startswith("last: timeout")
+    timed_out = event.reason in TIMEOUT_REASONS or (
+        event.reason == "attempts-exhausted"
+        and any(event.detail.startswith(f"last: {r}") for r in TIMEOUT_REASONS)
     )
     return Attempt(target=event.target, duration_s=event.duration_s, timed_out=timed_out)
 
@@ -510,16 +520,19 @@ async def read_attempts(
     attempts: list[Attempt] = []
     counts: Counter[str] = Counter()
     for data in events:
-        try:
-            event = _outcome_decoder.decode(data.payload)
-        except msgspec.MsgspecError:
+        event = read_outcome(data.subject, data.payload)
+        if isinstance(event, str):
             counts["undecodable"] += 1
+            if counts["undecodable"] <= _SKIPS_LOGGED:
+                log.warning("skipped outcome event %d on %s: %s", data.seq, data.subject, event)
             continue
         attempt = attempt_of(event)
         if attempt is None:
             counts["blocked"] += 1
         else:
             attempts.append(attempt)
+    if counts["undecodable"] > _SKIPS_LOGGED:
+        log.warning("skipped %d outcome events in all", counts["undecodable"])
     summary = msgspec.structs.replace(
         summary,
         events=len(events),
@@ -559,6 +572,8 @@ async def diagnose(
 
 
 class _Event(msgspec.Struct, frozen=True):
+    seq: int
+    subject: str
     payload: bytes
     timestamp: datetime.datetime
 
@@ -668,8 +683,16 @@ class _BoundedReader:
                     meta = msg.metadata
                     remaining = min(remaining - 1, meta.num_pending)
                     if self.cutoff is None or meta.timestamp >= self.cutoff:
-                        kept.append(_Event(msg.data, meta.timestamp))
+                        kept.append(_kept_event(msg))
         finally:
             await sub.unsubscribe()
             await self._close(name)
         return list(kept)
+
+
+def _kept_event(msg: Msg) -> _Event:
+    # Up to `limit` events are held at once: an oversized one is kept cut short (its
+    # size stays visible to read_outcome, which refuses it), never whole.
+    meta = msg.metadata
+    payload = msg.data if len(msg.data) <= MAX_OUTCOME_BYTES else msg.data[: MAX_OUTCOME_BYTES + 1]
+    return _Event(meta.sequence.stream, msg.subject, payload, meta.timestamp)

@@ -112,6 +112,14 @@ class TargetSimulator:
         """
         return self._counters.snapshot()
 
+    def requests_by_path(self) -> dict[str, int]:
+        """Returns requests per path (query left out) since the last reset.
+
+        Raises:
+            OverflowError: If more than 100,000 distinct paths were asked for.
+        """
+        return self._counters.requests_by_path()
+
     def max_in_any_window(self, seconds: float) -> int:
         """Returns the most counted requests seen in any sliding window of ``seconds``.
 

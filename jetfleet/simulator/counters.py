@@ -1,4 +1,5 @@
-"""Request counters: totals, per client, per route kind, and per time window."""
+"""Request counters: totals, per client, per User-Agent, per route kind, per time window,
+and the most requests in flight at once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from typing import Any
 MAX_WINDOWS = 600
 # Bounds memory under a long benchmark while still covering any test's burst.
 MAX_TIMESTAMPS = 100_000
+# Distinct paths counted one by one (``requests_by_path``); later new paths are not.
+MAX_PATHS = 100_000
+# The key of ``max_in_flight`` that counts every route kind together.
+ALL_KINDS = "*"
 
 
 class RequestCounters:
@@ -35,32 +40,71 @@ class RequestCounters:
         self._total = 0
         self._by_client: Counter[str] = Counter()
         self._by_kind: Counter[str] = Counter()
+        self._by_agent: Counter[str] = Counter()
+        self._by_path: Counter[str] = Counter()
+        self._paths_dropped = False
+        self._in_flight: Counter[str] = Counter()
+        self._most_in_flight: Counter[str] = Counter()
         self._windows: dict[int, int] = {}
         self._timestamps: deque[float] = deque(maxlen=MAX_TIMESTAMPS)
 
-    def record(self, client_id: str, kind: str) -> None:
+    def record(self, client_id: str, kind: str, user_agent: str = "", path: str = "") -> None:
         """Counts one request.
 
         Args:
             client_id: Who sent it (worker header, user agent or remote address).
             kind: Which kind of route it hit, e.g. ``"page"`` or ``"hang"``.
+            user_agent: Its ``User-Agent`` header, as sent ("" when absent).
+            path: The path asked for, without the query.
         """
         self._total += 1
         self._by_client[client_id] += 1
         self._by_kind[kind] += 1
+        self._by_agent[user_agent] += 1
+        if path in self._by_path or len(self._by_path) < MAX_PATHS:
+            self._by_path[path] += 1
+        else:
+            self._paths_dropped = True
         second = int(self._wall_clock())
         self._windows[second] = self._windows.get(second, 0) + 1
         while len(self._windows) > MAX_WINDOWS:
             del self._windows[min(self._windows)]
         self._timestamps.append(self._clock())
 
+    def began(self, kind: str) -> None:
+        """A request of ``kind`` is now being handled (until ``ended``)."""
+        self._in_flight[kind] += 1
+        self._in_flight[ALL_KINDS] += 1
+        for key in (kind, ALL_KINDS):
+            self._most_in_flight[key] = max(self._most_in_flight[key], self._in_flight[key])
+
+    def ended(self, kind: str) -> None:
+        """A request counted by ``began`` has been answered (or dropped)."""
+        self._in_flight[kind] -= 1
+        self._in_flight[ALL_KINDS] -= 1
+
     def reset(self) -> None:
-        """Zeroes every counter."""
+        """Zeroes every counter; the most in flight starts again from those in flight now."""
         self._total = 0
         self._by_client.clear()
         self._by_kind.clear()
+        self._by_agent.clear()
+        self._by_path.clear()
+        self._paths_dropped = False
+        self._most_in_flight = Counter({k: n for k, n in self._in_flight.items() if n})
         self._windows.clear()
         self._timestamps.clear()
+
+    def requests_by_path(self) -> dict[str, int]:
+        """Requests per path (query left out), for the first 100,000 distinct paths since
+        the last reset; not in ``snapshot``, which stays small.
+
+        Raises:
+            OverflowError: If more distinct paths were asked for than are counted.
+        """
+        if self._paths_dropped:
+            raise OverflowError(f"more than {MAX_PATHS} distinct paths; reset more often")
+        return dict(self._by_path)
 
     def max_in_any_window(self, seconds: float) -> int:
         """Returns the most requests seen in any sliding window of the given length.
@@ -92,12 +136,16 @@ class RequestCounters:
         """Returns the counters as a JSON-ready dict.
 
         Window keys are strings (unix seconds) so the dict is identical before and
-        after a JSON round trip.
+        after a JSON round trip. ``max_in_flight`` is the most requests handled at the
+        same moment (arrival to answer) since the last reset, by route kind and
+        over all of them (key ``"*"``).
         """
         return {
             "total": self._total,
             "by_client": dict(self._by_client),
+            "by_user_agent": dict(self._by_agent),
             "by_path_kind": dict(self._by_kind),
+            "max_in_flight": {k: n for k, n in self._most_in_flight.items() if n},
             "windows": {str(second): count for second, count in sorted(self._windows.items())},
             "max_per_second": self.max_in_any_window(1.0),
         }

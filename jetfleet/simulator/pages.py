@@ -86,3 +86,15 @@ def challenge_html() -> str:
 def error_html(status: int) -> str:
     """Renders a bare error page for ``status``."""
     return _document(f"Error {status}", f"<h1>Error {status}</h1>\n")
+
+
+def big_html(n: int, size: int) -> bytes:
+    """Renders page ``n`` padded to exactly ``size`` bytes (at least its own length) of
+    ASCII HTML; the same ``n`` and ``size`` always give the same bytes."""
+    rng = random.Random(n)
+    head = f'<!DOCTYPE html>\n<html lang="en">\n<head><title>Big page {n}</title></head>\n<body>\n'
+    tail = "</body>\n</html>\n"
+    filler = "".join(f"<p>{_sentence(rng, 12)}</p>\n" for _ in range(64))
+    room = max(0, size - len(head) - len(tail))
+    body = (filler * (room // len(filler) + 1))[:room]
+    return (head + body + tail).encode()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import time
+from email.utils import formatdate
 from typing import Any
 
 from aiohttp import web
@@ -14,6 +16,7 @@ from jetfleet.simulator.config import SimulatorConfig
 from jetfleet.simulator.counters import RequestCounters
 from jetfleet.simulator.pages import (
     ROBOTS_TXT,
+    big_html,
     blocked_html,
     challenge_html,
     error_html,
@@ -31,6 +34,8 @@ MAX_SLOW_DELAY_S = 60.0
 # A hung request must still end eventually so a forgotten client cannot pin a task forever.
 HANG_CAP_S = 300.0
 DEFAULT_RETRY_AFTER_S = 2
+DEFAULT_BIG_BYTES = 3 * 1024 * 1024
+MAX_BIG_BYTES = 64 * 1024 * 1024
 
 _CONFIG_KEYS = frozenset({"latency_s"})
 
@@ -85,12 +90,47 @@ def parse_retry_after(raw: str | None) -> int:
     return seconds
 
 
+def parse_seconds(raw: str | None, name: str) -> float:
+    """Parses a finite number of seconds (may be negative) from query parameter ``name``.
+
+    Raises:
+        ValueError: If it is not a finite number.
+    """
+    seconds = float(raw or 0)
+    if not math.isfinite(seconds):
+        raise ValueError(f"{name} must be a finite number of seconds, got {raw!r}")
+    return seconds
+
+
+def _rate_limit_headers(query: Any) -> dict[str, str]:
+    """``Retry-After`` in delta-seconds (``retry_after``) or, with ``retry_at``, as an
+    HTTP-date that many seconds after this answer's ``Date``; ``date_skew`` shifts both
+    dates, as a target whose clock is off would send them."""
+    if "retry_at" not in query:
+        return {"Retry-After": str(parse_retry_after(query.get("retry_after")))}
+    now = time.time() + parse_seconds(query.get("date_skew"), "date_skew")
+    at = now + parse_seconds(query.get("retry_at"), "retry_at")
+    return {"Date": formatdate(now, usegmt=True), "Retry-After": formatdate(at, usegmt=True)}
+
+
 def _html(text: str, status: int = 200) -> web.Response:
     return web.Response(text=text, status=status, content_type="text/html")
 
 
 def _bad_request(message: str) -> web.Response:
     return web.json_response({"error": message}, status=400)
+
+
+def _with_optional_retry_after(request: web.Request, response: web.Response) -> web.Response:
+    """Adds ``Retry-After`` only when the query asks for one (block pages often send none)."""
+    raw = request.query.get("retry_after")
+    if raw is None:
+        return response
+    try:
+        response.headers["Retry-After"] = str(parse_retry_after(raw))
+    except ValueError as exc:
+        return _bad_request(str(exc))
+    return response
 
 
 def _page_number(request: web.Request) -> int:
@@ -151,6 +191,8 @@ class TargetRoutes:
         app.router.add_get("/challenge/{n:\\d+}", self._challenge, name="challenge")
         app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
         app.router.add_get("/error/{n:\\d+}", self._error, name="error")
+        app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
+        app.router.add_get("/big/{n:\\d+}", self._big, name="big")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -163,7 +205,9 @@ class TargetRoutes:
             return await handler(request)
         # Count on arrival, before any delay, so hung and slow requests show up at once.
         kind = request.match_info.route.name or OTHER_KIND
-        self._counters.record(client_id(request), kind)
+        agent = request.headers.get("User-Agent", "")
+        self._counters.record(client_id(request), kind, agent, request.path)
+        self._counters.began(kind)
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
@@ -172,6 +216,7 @@ class TargetRoutes:
                 await asyncio.sleep(self._config.latency_s)
             return await handler(request)
         finally:
+            self._counters.ended(kind)
             if task is not None:
                 self._inflight.discard(task)
 
@@ -198,24 +243,39 @@ class TargetRoutes:
 
     async def _ratelimited(self, request: web.Request) -> web.Response:
         try:
-            retry_after = parse_retry_after(request.query.get("retry_after"))
+            headers = _rate_limit_headers(request.query)
         except ValueError as exc:
             return _bad_request(str(exc))
         response = _html(error_html(429), status=429)
-        response.headers["Retry-After"] = str(retry_after)
+        response.headers.update(headers)
         return response
 
     async def _blocked(self, request: web.Request) -> web.Response:
-        return _html(blocked_html(), status=403)
+        return _with_optional_retry_after(request, _html(blocked_html(), status=403))
 
     async def _challenge(self, request: web.Request) -> web.Response:
-        return _html(challenge_html(), status=503)
+        return _with_optional_retry_after(request, _html(challenge_html(), status=503))
 
     async def _noselector(self, request: web.Request) -> web.Response:
         return _html(page_html(_page_number(request), self._config.pages, with_content=False))
 
     async def _error(self, request: web.Request) -> web.Response:
         return _html(error_html(500), status=500)
+
+    async def _redirect(self, request: web.Request) -> web.Response:
+        # Location exactly as given (relative or absolute, on this site or another).
+        location = request.query.get("to", f"/page/{_page_number(request)}")
+        return web.Response(status=302, headers={"Location": location})
+
+    async def _big(self, request: web.Request) -> web.Response:
+        try:
+            size = int(request.query.get("bytes", DEFAULT_BIG_BYTES))
+        except ValueError:
+            return _bad_request("bytes must be a whole number")
+        if not 0 <= size <= MAX_BIG_BYTES:
+            return _bad_request(f"bytes must be from 0 to {MAX_BIG_BYTES}")
+        body = big_html(_page_number(request), size)
+        return web.Response(body=body, content_type="text/html", charset="utf-8")
 
     async def _robots(self, request: web.Request) -> web.Response:
         return web.Response(text=ROBOTS_TXT, content_type="text/plain")

@@ -5,10 +5,13 @@ from __future__ import annotations
 import hashlib
 
 import aiohttp
+import msgspec
 
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
+from jetfleet.worker.retry_after import retry_after_s
+from jetfleet.worker.target_scope import redirect_to
 
 # Headers worth keeping in a result; the rest is noise for the record.
 _KEPT_HEADERS = (
@@ -21,6 +24,9 @@ _KEPT_HEADERS = (
     "location",
 )
 _RETRYABLE_STATUS = {500, 502, 504, 408}
+_REDIRECT_STATUS = {301, 302, 303, 307, 308}
+# As many hops as aiohttp would follow by itself.
+MAX_REDIRECTS = 10
 _BLOCK_STATUS = {403, 429, 503}
 
 
@@ -35,18 +41,33 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
     """Fetch the job's URL once, politely: identifying User-Agent, timeout, size cap.
 
     Records status, a few headers and the body's SHA-256; keeps the body only when the job
-    asked (``store_body``). With ``args.expect`` set, a page without that text is a
-    permanent ``selector-removed`` failure. 404/410 are permanent; 5xx and timeouts are
-    worth a retry; 429/403/503 are back-off signals, never obstacles to get around.
+    asked (``store_body``): inline, or in the result object store when it is larger than
+    ``fleet.max_inline_bytes``. A body over the target's ``max_body_bytes`` is a
+    permanent ``result-too-large`` (it is read no further). With ``args.expect`` set, a
+    page without that text is a permanent ``selector-removed`` failure. 404/410 are
+    permanent; 5xx and timeouts are worth a retry; 429/403/503 are back-off signals,
+    never obstacles to get around.
+    Redirects are followed only under the target's ``base_url`` or to its
+    ``redirect_hosts``; one leading elsewhere is a permanent ``redirect-off-target``.
     """
     timeout = aiohttp.ClientTimeout(total=ctx.order.timeout_s)
     headers = {"User-Agent": ctx.user_agent, "X-Jetfleet-Worker": ctx.worker_id}
+    url = ctx.order.job.url
     try:
-        async with ctx.session.get(
-            ctx.order.job.url, headers=headers, timeout=timeout, allow_redirects=True
-        ) as response:
-            body, truncated = await _read_capped(response, ctx.target.max_body_bytes)
-            return _classify(ctx, response, body, truncated)
+        for _ in range(MAX_REDIRECTS + 1):
+            # Hop by hop, so each Location is checked before anything is sent there.
+            async with ctx.session.get(
+                url, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
+                location = response.headers.get("Location")
+                if response.status not in _REDIRECT_STATUS or location is None:
+                    body, over_cap = await _read_capped(response, ctx.target.max_body_bytes)
+                    fetch = _classify(ctx, response, body, over_cap)
+                    return await _with_body(ctx, fetch, body, response.charset)
+            url = redirect_to(url, location, ctx.target)
+        raise PermanentFailure(
+            "too-many-redirects", detail=f"more than {MAX_REDIRECTS} from {ctx.order.job.url}"
+        )
     except TimeoutError:
         raise RetryLater("timeout", detail=f"no answer within {ctx.order.timeout_s:g} s") from None
     except aiohttp.ClientError as exc:
@@ -65,10 +86,10 @@ async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[byte
 
 
 def _classify(
-    ctx: HandlerContext, response: aiohttp.ClientResponse, body: bytes, truncated: bool
-) -> HandlerOutput:
+    ctx: HandlerContext, response: aiohttp.ClientResponse, body: bytes, over_cap: bool
+) -> HttpFetch:
     status = response.status
-    retry_after = _retry_after(response.headers.get("Retry-After"))
+    retry_after = retry_after_s(response.headers.get("Retry-After"), response.headers.get("Date"))
     if status in (404, 410):
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
@@ -76,6 +97,14 @@ def _classify(
         raise Blocked(_block_kind(status, body), retry_after, detail=f"HTTP {status}")
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
+    if over_cap:
+        # Cut, it would be a wrong page recorded as the right one; fetched again, it
+        # would be as long. One request, then a dead letter that says which cap.
+        raise PermanentFailure(
+            "result-too-large",
+            detail=f"{ctx.order.job.url}: body over targets.{ctx.order.target}.max_body_bytes "
+            f"({ctx.target.max_body_bytes} bytes)",
+        )
     expect = ctx.order.job.args.get("expect", "")
     if expect and expect.encode() not in body:
         # The page no longer has what the job extracts: retrying cannot help.
@@ -87,11 +116,22 @@ def _classify(
         headers=kept,
         body_sha256=hashlib.sha256(body).hexdigest(),
         body_bytes=len(body),
-        body=body.decode(response.charset or "utf-8", errors="replace")
-        if ctx.order.job.store_body
-        else None,
-        truncated=truncated,
     )
+
+
+async def _with_body(
+    ctx: HandlerContext, fetch: HttpFetch, body: bytes, charset: str | None
+) -> HttpFetch:
+    """``fetch`` with the body kept as the job asked: inline when it fits a message,
+    otherwise its exact bytes in the result object store."""
+    if not ctx.order.job.store_body:
+        return fetch
+    text = body.decode(charset or "utf-8", errors="replace")
+    # Measured as JSON carries it: escapes can make text several times longer.
+    if ctx.objects is None or ctx.objects.fits_inline(len(msgspec.json.encode(text))):
+        return msgspec.structs.replace(fetch, body=text)
+    stored = await ctx.objects.put(ctx.order, "body", body)
+    return msgspec.structs.replace(fetch, body_object=stored)
 
 
 def _block_kind(status: int, body: bytes) -> str:
@@ -100,12 +140,3 @@ def _block_kind(status: int, body: bytes) -> str:
     if b'id="challenge"' in body or b"challenge" in body[:4096].lower():
         return "challenged"
     return "blocked" if status == 403 else "rate-limited"
-
-
-def _retry_after(value: str | None) -> float | None:
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None  # an HTTP-date; the policy's backoff applies instead

@@ -13,6 +13,7 @@ import aiohttp
 
 from jetfleet.schemas import HandlerOutput, WorkOrder
 from jetfleet.settings import TargetSettings
+from jetfleet.worker.result_objects import ResultObjects
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class HandlerContext:
     identity: str
     user_agent: str
     session: aiohttp.ClientSession
+    objects: ResultObjects | None = None
+    """Where bytes too large for a message go (``put`` returns the reference to put in
+    the output); None outside a worker, where everything stays inline."""
 
 
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]

@@ -31,9 +31,10 @@ from nats.js.errors import FetchTimeoutError
 
 import jetfleet
 from jetfleet import subjects
+from jetfleet.backoff import Backoff
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
-from jetfleet.lease_client import LeaseClient
-from jetfleet.metrics import CounterFamily
+from jetfleet.lease_client import LeaseClient, is_busy
+from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
@@ -47,13 +48,19 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseRequest
+from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.result_objects import ResultObjects
+from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
+from jetfleet.worker.target_holds import TargetHolds
+from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict, target_answered
 
@@ -68,7 +75,6 @@ FETCH_BATCH = 10
 SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
 OUTCOME_TIMEOUT_S = 2.0
-SINK_TRIES = 3
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
     {
@@ -88,6 +94,12 @@ UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
 # The longest a partitioned target's job is handed back for (see _hand_back_delay).
 HAND_BACK_MAX_S = 2.0
+# Deliveries a job pinned to another identity is handed back with a growing delay (about
+# 10 s in all), time for a worker owning the identity to take it, even one restarting.
+# After that it goes back at once, without asking the leaser, so it uses up the
+# consumer's max_deliver (the backstop) in moments and leaves the pending window to
+# runnable jobs; a worker owning the identity still gets its share of those deliveries.
+PINNED_PATIENCE = 8
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
 RETRY_ELSEWHERE_S = 0.5
@@ -127,7 +139,13 @@ class Worker:
             "Jobs handed back unrun by worker, target and reason (held, a lease refusal, "
             "no slot, retry elsewhere)",
         )
-        self.metrics = [self.attempts, self.hand_backs]
+        self.holds = TargetHolds(worker_id)
+        self.metrics: list[MetricFamily] = [
+            self.attempts,
+            self.hand_backs,
+            self.holds.asked,
+            self.holds.count,
+        ]
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
@@ -140,10 +158,19 @@ class Worker:
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
         self._failed_here = FailedHere()
+        self._deadline = AttemptDeadline()
+        self.clock = ServerClock(nc)
         self._session: aiohttp.ClientSession | None = None
+        self._objects: ResultObjects | None = None
 
     async def start(self) -> None:
-        """Bind to each lane's durable consumers and start pulling."""
+        """Check the result caps against the server, bind to each lane's durable
+        consumers and start pulling.
+
+        Raises:
+            ConfigError: a result with an inline body could exceed the server's max_payload.
+        """
+        self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
         concurrency = self.settings.worker.concurrency
         self._session = aiohttp.ClientSession(
             # Room for every lane's slots, so a lane that hangs cannot take the others'
@@ -367,6 +394,8 @@ class Worker:
         finally:
             blocked = verdict is not None and verdict.kind == "blocked"
             self.gate.done(target, answered=target_answered(verdict), blocked=blocked)
+            if verdict is not None and verdict.kind == "ok":
+                self.holds.answered(target)
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
@@ -425,6 +454,12 @@ class Worker:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
+        pin = order.job.pin_identity
+        if pin and pin != self.identity and (msg.metadata.num_delivered or 0) > PINNED_PATIENCE:
+            # The leaser would refuse it (wrong-identity); past the patience no worker that
+            # owns the identity has taken it, so it goes straight back towards the backstop.
+            await self._hand_back(msg, target, "wrong-identity", 0.0)
+            return None
         request = LeaseRequest(
             job_id=order.job.id,
             target=target,
@@ -436,15 +471,9 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
-        asked_at = time.monotonic()
-        reply = await self.leases.grant(request)
+        reply, asked_at = await self._ask_for_lease(msg, request)
         if reply is None:
-            # The leaser may have granted and its answer been lost: asking again for this
-            # same delivery gets that grant back (see the leaser's _grant_again).
-            asked_at = time.monotonic()
-            reply = await self.leases.grant(request)
-        if reply is None:
-            await msg.nak(delay=1.0)  # leaser unreachable; our delivery is still the live one
+            await msg.nak()  # draining: another worker may ask for it now
             return None
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
@@ -477,7 +506,35 @@ class Worker:
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
 
+    async def _ask_for_lease(
+        self, msg: Msg, request: LeaseRequest
+    ) -> tuple[LeaseReply | None, float]:
+        """The leaser's answer for this delivery and when it was asked (monotonic); None
+        only when the worker is draining.
+
+        Busy, silent or absent, the leaser is asked again for this same delivery after a
+        growing, jittered wait, while +WPI keeps the delivery ours. So a grant whose
+        answer came too late is found again (the leaser's ``_grant_again``: same worker,
+        same reply subject) and not counted twice; given back instead, it would hold the
+        job's next delivery off as ``held`` and then count as an attempt that never ran.
+        """
+        backoff = Backoff()
+        while True:
+            asked_at = time.monotonic()
+            reply = await self.leases.grant(request)
+            if reply is not None and not is_busy(reply):
+                return reply, asked_at
+            self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
+            if self._stopping.is_set():
+                return None, asked_at
+            with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
+                await msg.in_progress()
+            await self._pause(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
+
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
+        expired = await self._expired(msg, order)
+        if expired is not None:
+            return expired
         if attempt > order.max_attempts:
             # Granted again after a crash with no verdict recorded: do not run it again.
             return Verdict(
@@ -486,6 +543,13 @@ class Worker:
                 detail=f"attempt {attempt} of {order.max_attempts}",
                 called=False,
             )
+        outside = job_outside_target(
+            order.job.url, order.target, self.settings.targets[order.target]
+        )
+        if outside is not None:
+            # Admitted elsewhere, published straight to the work subject, or from before
+            # a change of base_url: no request leaves for a site this target is not.
+            return Verdict("permanent", reason=OUTSIDE_TARGET, detail=outside, called=False)
         try:
             fn, _ = get_handler(order.job.handler)
         except KeyError:
@@ -506,6 +570,20 @@ class Worker:
         finally:
             held.running = None
 
+    async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
+        """A permanent ``expired`` verdict (not run) for a job past its target's max age,
+        judged on the server's clock from when the server stored its work order."""
+        max_age = self.settings.max_age_s(order.target)
+        age = await self.clock.age_s(msg.metadata.timestamp)
+        if age is None or age <= max_age:
+            return None
+        return Verdict(
+            "permanent",
+            reason="expired",
+            detail=f"queued {age:.0f} s, more than the {max_age:g} s max age",
+            called=False,
+        )
+
     async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
@@ -517,20 +595,41 @@ class Worker:
             identity=self.identity,
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
+            objects=self._objects,
         )
+        # The budget of every attempt (the order carries the target's when the job set
+        # none): a handler that never returns must not hold its lease for ever.
+        budget_s = order.timeout_s or target.timeout_s
+        what = f"handler {order.job.handler} on job {order.job.id}"
         try:
-            return Verdict("ok", output=await fn(ctx))
+            return Verdict("ok", output=await self._deadline.run(fn(ctx), budget_s, what))
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
-            return Verdict("retryable", reason=exc.reason, detail=exc.detail, delay_s=exc.delay_s)
+            delay, note = self._bound_wait(order.target, exc.delay_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("retryable", reason=exc.reason, detail=detail, delay_s=delay)
         except Blocked as exc:
-            return Verdict("blocked", reason=exc.kind, detail=exc.detail, delay_s=exc.retry_after_s)
+            delay, note = self._bound_wait(order.target, exc.retry_after_s)
+            detail = "; ".join(filter(None, (exc.detail, note)))
+            return Verdict("blocked", reason=exc.kind, detail=detail, delay_s=delay)
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
             return Verdict(
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
+
+    def _bound_wait(self, target: str, asked_s: float | None) -> tuple[float | None, str]:
+        """A target's Retry-After, cut to its ``max_retry_after_s``, and a note when cut.
+
+        Cut, the job still comes back in bounded time and this worker probes the target
+        once per cap (one request, not a flood); the longer ask shows as a target hold.
+        """
+        if asked_s is None:
+            return None, ""
+        wait = BoundedWait(asked_s=asked_s, cap_s=self.settings.targets[target].max_retry_after_s)
+        self.holds.record(target, wait)
+        return wait.delay_s, wait.describe(target) if wait.over_cap else ""
 
     async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
         """Renew at ttl/3 and send +WPI in the same beat; if the lease is lost, mark it
@@ -581,6 +680,7 @@ class Worker:
         """The target refused us: stop pulling it until it said (or the policy says), and
         requeue the job without spending its attempt budget."""
         delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        delay = min(delay, self.settings.targets[order.target].max_retry_after_s)
         self.gate.blocked(order.target, delay)
         self.stats[f"blocked:{verdict.reason}"] += 1
         if await self._give_back(order, held, refund=True):
@@ -590,14 +690,16 @@ class Worker:
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
     ) -> None:
         if reply is None or reply.status == "error":
-            # Give the job back now rather than leave it to the ack wait. Unreachable:
-            # an outage, not the job's fault, so the attempt is refunded. An error may
-            # be this job's own (say, an output the stream refuses), so it spends the
-            # attempt and the job ends dead-lettered if it keeps failing. Either way the
-            # delay grows with each delivery, and a commit that did happen is found by
-            # the next grant (already-done).
+            # Give the job back now rather than leave it to the ack wait. No answer: the
+            # lease was lost while the sink was asked again and again (the release below
+            # then finds it gone and nothing is nakked); not the job's fault, so the
+            # attempt is refunded. An error may be this job's own (say, an
+            # output the stream refuses), so it spends the attempt and the job ends
+            # dead-lettered if it keeps failing. Either way the delay grows with each
+            # delivery, and a commit that did happen is found by the next grant
+            # (already-done).
             if reply is None:
-                self.stats["sink-unreachable"] += 1
+                self.stats["sink-unanswered"] += 1
             else:
                 self.stats["sink-error"] += 1
                 log.warning("sink failed on job %s: %s", order.job.id, reply.detail)
@@ -661,22 +763,39 @@ class Worker:
                 identity=self.identity,
                 fence=held.fence,
             )
-        return await self._send_report(order, _encoder.encode(report))
+        return await self._send_report(order, _encoder.encode(report), held)
 
-    async def _send_report(self, order: WorkOrder, payload: bytes) -> SinkReply | None:
-        for try_no in range(SINK_TRIES):
+    async def _send_report(self, order: WorkOrder, payload: bytes, held: Held) -> SinkReply | None:
+        """The sink's answer; None only if the lease was lost while it was asked.
+
+        Busy, silent or absent, the sink gets the same report again after a growing,
+        jittered wait for as long as the lease is ours (the keeper renews it all along).
+        The job is never given back to run again over a sink outage, so the target is
+        asked once; and a report the sink commits after we stopped waiting for it makes
+        the next one ``suppressed`` under this job's own key, which settles the job.
+        """
+        backoff = Backoff()
+        while not held.lost.is_set():
             try:
                 answer = await self.nc.request(
                     subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
                 )
-                return _reply_decoder.decode(answer.data)
+                reply = _reply_decoder.decode(answer.data)
+                if reply.status != "busy":
+                    return reply
+                self.stats["sink-busy"] += 1
+                floor_s = reply.retry_after_s
             except (NoRespondersError, NatsTimeoutError) as exc:
-                log.warning(
-                    "sink did not answer for job %s (%s); retrying",
-                    order.job.id,
-                    type(exc).__name__,
-                )
-                await asyncio.sleep(0.5 * 2**try_no)
+                self.stats["sink-unreachable"] += 1
+                if backoff.asks == 0:  # one line per report, not one per ask
+                    log.warning(
+                        "sink did not answer for job %s (%s); asking again until it does",
+                        order.job.id,
+                        type(exc).__name__,
+                    )
+                floor_s = 0.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(held.lost.wait(), backoff.next_s(floor_s))
         return None
 
     async def _record_duplicate(

@@ -1,8 +1,9 @@
 """A POSTed body turned into the payloads to publish, and the answer about them.
 
-The gateway only fills in what a client may leave out (the job id, a URL relative to
-the target) and re-encodes each item; deciding whether a job is acceptable stays with
-admission (``jetfleet.admission``), the same code the scheduler runs.
+The gateway only gives an item without an id one (it must know the id to publish under
+``sub-<id>`` and to answer with it) and re-encodes each item; everything else (paths
+under the target, defaults, whether a job is acceptable) is admission's
+(``jetfleet.admission``), which the scheduler applies to every submission alike.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from jetfleet.client import SubmitResult, new_job_id, resolve_url
+from jetfleet.client import SubmitResult, new_job_id
 from jetfleet.settings import Settings
 
 MAX_ITEMS = 1000
@@ -85,13 +86,11 @@ class Batch:
         return SubmitAnswer(accepted=accepted, rejected=rejected)
 
 
-def parse_batch(body: bytes, target: str, settings: Settings) -> Batch:
-    """Split a body into one payload per job, filling in ids and relative URLs.
+def parse_batch(body: bytes) -> Batch:
+    """Split a body into one payload per job, giving an id to each item without one.
 
     Args:
         body: one JSON job object, or a JSON array of them.
-        target: the target named in the route.
-        settings: the fleet settings (declared targets, for their base URLs).
 
     Raises:
         InvalidBody: the body is not JSON, or not an object or an array of items.
@@ -118,11 +117,10 @@ def parse_batch(body: bytes, target: str, settings: Settings) -> Batch:
             "split it into several requests"
         )
     batch = Batch(payloads=[], msg_ids=[], job_ids=[])
-    declared = target in settings.targets
     for item in items:
         job_id: str | None = None
         if isinstance(item, dict):
-            item = _completed(item, target, settings, declared)
+            item = {"id": new_job_id(), **item}
             given = item["id"]
             job_id = given if isinstance(given, str) else None
         batch.payloads.append(msgspec.json.encode(item))
@@ -131,24 +129,6 @@ def parse_batch(body: bytes, target: str, settings: Settings) -> Batch:
         batch.msg_ids.append(job_id or new_job_id())
         batch.job_ids.append(job_id)
     return batch
-
-
-def _completed(
-    item: dict[str, Any], target: str, settings: Settings, declared: bool
-) -> dict[str, Any]:
-    job = {"id": new_job_id(), **item}
-    url = job.get("url")
-    # Only a declared target has a base_url; an undeclared one is refused by admission
-    # anyway, with the URL left as the client sent it. An empty URL is left empty so
-    # admission reports it instead of it silently becoming the target's home page.
-    if (
-        declared
-        and isinstance(url, str)
-        and url
-        and not url.lower().startswith(("http://", "https://"))
-    ):
-        job["url"] = resolve_url(settings, target, url)
-    return job
 
 
 def _json_kind(document: object) -> str:

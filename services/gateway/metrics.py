@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from jetfleet.ops.status import FIELDS, FleetStatus
+from collections.abc import Collection
+
+from jetfleet.metrics import OTHER
+from jetfleet.ops.status import FIELDS, FleetStatus, TargetCounts
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MAX_UNDECLARED = 100
+"""Undeclared targets (names anyone can submit to, refused) shown one by one at most;
+the counts of the rest are summed under ``target="_other"``."""
 
 
-def render_metrics(status: FleetStatus) -> str:
+def render_metrics(status: FleetStatus, declared: Collection[str]) -> str:
     """The status as Prometheus gauges.
 
     Every count is read from JetStream at scrape time, so any gateway replica gives the
@@ -16,6 +22,7 @@ def render_metrics(status: FleetStatus) -> str:
 
     Args:
         status: what ``fleet_status`` returned.
+        declared: the declared targets, each always shown on its own.
 
     Returns:
         The exposition text, ending in a newline.
@@ -24,7 +31,7 @@ def render_metrics(status: FleetStatus) -> str:
         "# HELP jetfleet_jobs Jobs per target and state, read from JetStream at scrape time.",
         "# TYPE jetfleet_jobs gauge",
     ]
-    for name, counts in sorted(status.targets.items()):
+    for name, counts in _bounded(status.targets, declared):
         label = _escape(name)
         for state in FIELDS:
             lines.append(
@@ -36,6 +43,22 @@ def render_metrics(status: FleetStatus) -> str:
         f"jetfleet_admitting {status.admitting}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _bounded(
+    targets: dict[str, TargetCounts], declared: Collection[str]
+) -> list[tuple[str, TargetCounts]]:
+    # Submitting to a made-up target name costs one publish: the series must not grow
+    # with such names, or one scrape could carry millions of them.
+    undeclared = sorted(name for name in targets if name not in declared)
+    shown = {name for name in targets if name in declared} | set(undeclared[:MAX_UNDECLARED])
+    rows = [(name, targets[name]) for name in sorted(shown)]
+    if len(undeclared) > MAX_UNDECLARED:
+        folded = TargetCounts()
+        for name in undeclared[MAX_UNDECLARED:]:
+            folded.add(targets[name])
+        rows.append((OTHER, folded))
+    return rows
 
 
 def _escape(value: str) -> str:

@@ -12,7 +12,6 @@ import logging
 from typing import Any
 
 import msgspec
-import nats.errors
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from jetfleet.services.gateway.access import check_write
@@ -27,11 +26,10 @@ from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from jetfleet.services.gateway.metrics import render_metrics
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
 
 from jetfleet import subjects
 from jetfleet.client import SubmitResult, submit_raw
-from jetfleet.errors import SubmitError
+from jetfleet.js_errors import UNAVAILABLE
 from jetfleet.metrics import CounterFamily
 from jetfleet.ops.status import confirmed_status, fleet_status
 from jetfleet.settings import Settings
@@ -43,18 +41,7 @@ _CLOSE_GRACE_S = 1.0
 
 # Failures that mean "NATS is unreachable or busy right now", not a bug: answered 503 so
 # a client or load balancer retries instead of reporting a gateway fault.
-_NATS_UNAVAILABLE = (
-    nats.errors.ConnectionClosedError,
-    nats.errors.ConnectionReconnectingError,
-    nats.errors.ConnectionDrainingError,
-    nats.errors.StaleConnectionError,
-    nats.errors.OutboundBufferLimitError,
-    nats.errors.NoRespondersError,
-    nats.errors.TimeoutError,
-    NoStreamResponseError,
-    ServiceUnavailableError,
-    SubmitError,
-)
+_NATS_UNAVAILABLE = UNAVAILABLE
 
 
 class _Refused(Exception):
@@ -215,7 +202,8 @@ class Gateway:
         return web.Response(body=msgspec.json.encode(status), content_type="application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        text = render_metrics(await fleet_status(self.js, self.settings))
+        status = await fleet_status(self.js, self.settings)
+        text = render_metrics(status, self.settings.targets)
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _submit(self, request: web.Request) -> web.Response:
@@ -238,7 +226,7 @@ class Gateway:
                 reason=_reason(kept),
             )
         try:
-            batch = parse_batch(body, target, self.settings)
+            batch = parse_batch(body)
         except TooManyJobs as exc:
             raise _Refused(413, str(exc)) from None
         except InvalidBody as exc:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 import msgspec
@@ -30,21 +30,36 @@ from jetfleet.schemas.lease import (
 from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
+from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
-_encoder = msgspec.json.Encoder()
 QUARANTINE_PROPAGATION_S = 1.0
+
+LEASE_REFUSALS = Refusals[LeaseReply](
+    malformed=lambda error: LeaseRefusal(
+        reason="malformed-request", detail=f"not a lease call (schemas/lease.py): {error}"
+    ),
+    busy=lambda wait, why: LeaseRefusal(
+        reason="busy", retry_after_s=wait, detail=f"{why}: ask again later"
+    ),
+    failed=lambda exc: LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc)),
+)
+QUARANTINE_REFUSALS = Refusals[QuarantineReply](
+    malformed=lambda error: QuarantineReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: QuarantineReply(
+        ok=False, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
+)
 
 
 class Leaser:
@@ -57,13 +72,14 @@ class Leaser:
         self.nc = nc
         self.js = nc.jetstream()
         self.ttl_s = settings.fleet.lease_ttl_s
-        self._subs: list[Subscription] = []
-        self._inflight: set[asyncio.Task[None]] = set()
+        self.responder = Responder(
+            nc, self.name, subjects.QUEUE_LEASER, settings.fleet.service_concurrency
+        )
         self.answers = CounterFamily(
             "jetfleet_lease_answers_total",
             "Grant answers by answer (granted, refused, already-done), reason, target, worker",
         )
-        self.metrics = [self.answers]
+        self.metrics = [self.answers, self.responder.refused]
 
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
@@ -81,48 +97,20 @@ class Leaser:
             )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
-        for subject, handler in (
-            (subjects.LEASE, self._answer_lease),
-            (subjects.QUARANTINE, self._answer_quarantine),
-        ):
-            self._subs.append(
-                await self.nc.subscribe(
-                    subject, queue=subjects.QUEUE_LEASER, cb=self._spawner(handler)
-                )
-            )
+        await self.responder.serve(
+            Route(subjects.LEASE, _call_decoder, self.handle, LEASE_REFUSALS)
+        )
+        await self.responder.serve(
+            Route(subjects.QUARANTINE, _command_decoder, self.command, QUARANTINE_REFUSALS)
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking requests and finish the ones in hand."""
-        for sub in self._subs:
-            await sub.drain()  # type: ignore[no-untyped-call]  # answer what we already have
-        if self._inflight:
-            await asyncio.wait(self._inflight, timeout=timeout_s)
+        await self.responder.drain(timeout_s)
         await self.quarantine.stop()
         await self.places.close()
-
-    def _spawner(
-        self, handler: Callable[[Msg], Coroutine[Any, Any, None]]
-    ) -> Callable[[Msg], Awaitable[None]]:
-        # Each request in its own task: one slow KV round trip must not hold the rest.
-        async def spawn(msg: Msg) -> None:
-            task: asyncio.Task[None] = asyncio.create_task(handler(msg))
-            self._inflight.add(task)
-            task.add_done_callback(self._inflight.discard)
-
-        return spawn
-
-    async def _answer_lease(self, msg: Msg) -> None:
-        try:
-            reply: LeaseReply = await self.handle(_call_decoder.decode(msg.data))
-        except msgspec.MsgspecError as exc:
-            reply = LeaseRefusal(reason="malformed-request", detail=str(exc))
-        except Exception as exc:  # refuse rather than crash; the worker asks again
-            log.exception("lease request failed")
-            reply = LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc))
-        if msg.reply:
-            await self.nc.publish(msg.reply, _encoder.encode(reply))
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
         """Answer one lease call."""
@@ -211,17 +199,6 @@ class Leaser:
         grants = (await self.store.highest_fence(request.job_id)).grants
         return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=max(1, grants))
 
-    async def _answer_quarantine(self, msg: Msg) -> None:
-        try:
-            reply = await self.command(_command_decoder.decode(msg.data))
-        except msgspec.MsgspecError as exc:
-            reply = QuarantineReply(ok=False, detail=f"malformed command: {exc}")
-        except Exception as exc:
-            log.exception("quarantine command failed")
-            reply = QuarantineReply(ok=False, detail=str(exc))
-        if msg.reply:
-            await self.nc.publish(msg.reply, _encoder.encode(reply))
-
     async def command(
         self, command: QuarantineSet | QuarantineRelease | QuarantineList
     ) -> QuarantineReply:
@@ -259,9 +236,7 @@ class Leaser:
             )
 
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
-        task: asyncio.Task[None] = asyncio.create_task(coro)
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
+        self.responder.spawn(coro)
 
     async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:
         """Revoke the scope's live leases on ``target`` and requeue their jobs at once.

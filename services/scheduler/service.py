@@ -78,7 +78,9 @@ class Scheduler:
 
     async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        verdict = admit(msg.subject, msg.data, self.settings, submit_seq=seq)
+        verdict = admit(
+            msg.subject, msg.data, self.settings, submit_seq=seq, stored_at=msg.metadata.timestamp
+        )
         if not isinstance(verdict, Rejection):
             verdict = await claim_job_id(store, verdict, msg.subject, msg.data, self.settings, seq)
         if isinstance(verdict, Rejection):

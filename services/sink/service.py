@@ -3,21 +3,21 @@ dead-letter failures (with reason and history) and answer the worker."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import msgspec
 from jetfleet.schemas import Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, commit
 from jetfleet.services.sink.dead_letter import dead_letter
+from jetfleet.services.sink.exhausted import ExhaustedJobs
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from jetfleet import subjects
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.partition_places import PartitionPlaces
+from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,6 +26,16 @@ SETTLED = frozenset({"committed", "suppressed:duplicate-key", "dead-lettered"})
 
 _decoder = msgspec.json.Decoder(Report)
 _encoder = msgspec.json.Encoder()
+
+
+REPORT_REFUSALS = Refusals[SinkReply](
+    malformed=lambda error: SinkReply(status="error", detail=f"malformed report: {error}"),
+    busy=lambda wait, why: SinkReply(
+        status="busy", retry_after_s=wait, detail=f"not settled, {why}: send the report again"
+    ),
+    # Spends the attempt: the error may be the report's own (an output the stream refuses).
+    failed=lambda exc: SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}"),
+)
 
 
 class Sink:
@@ -40,12 +50,14 @@ class Sink:
         self.policy = policy or CommitPolicy(leases=settings.fleet.leases)
         self.nc = nc
         self.js = nc.jetstream()
-        self._sub: Subscription | None = None
-        self._inflight: set[asyncio.Task[None]] = set()
+        self.responder = Responder(
+            nc, self.name, subjects.QUEUE_SINK, settings.fleet.service_concurrency
+        )
         self.answers = CounterFamily(
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
-        self.metrics = [self.answers]
+        self.metrics = [self.answers, self.responder.refused]
+        self.exhausted: ExhaustedJobs | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -60,43 +72,28 @@ class Sink:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
         self.places = PartitionPlaces(self.settings)
-        self._sub = await self.nc.subscribe(
-            f"{subjects.SINK_REPORT}.*", queue=subjects.QUEUE_SINK, cb=self._on_report
+        # The backstop's dead letters: jobs whose max_deliver ran out.
+        self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
+        self.metrics.append(self.exhausted.ended)
+        await self.exhausted.start()
+        await self.responder.serve(
+            Route(f"{subjects.SINK_REPORT}.*", _decoder, self._handle, REPORT_REFUSALS, self._after)
         )
         # Started means answering: make sure the server has the subscription.
         await self.nc.flush()
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
-        if self._sub is not None:
-            # drain, not unsubscribe: reports already received are still answered.
-            await self._sub.drain()  # type: ignore[no-untyped-call]
-        if self._inflight:
-            await asyncio.wait(self._inflight, timeout=timeout_s)
+        await self.responder.drain(timeout_s)
+        if self.exhausted is not None:
+            await self.exhausted.drain(timeout_s)
         await self.places.close()
 
-    async def _on_report(self, msg: Msg) -> None:
-        # Handle each report in its own task so one slow commit does not hold the rest.
-        task = asyncio.create_task(self._answer(msg))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-
-    async def _answer(self, msg: Msg) -> None:
-        report: Success | Failure | None = None
-        try:
-            report = _decoder.decode(msg.data)
-            reply = await self._handle(report)
-        except msgspec.MsgspecError as exc:
-            reply = SinkReply(status="error", detail=f"malformed report: {exc}")
-        except Exception as exc:  # the worker retries; the commit is idempotent
-            log.exception("report on %s failed", msg.subject)
-            reply = SinkReply(status="error", detail=f"{type(exc).__name__}: {exc}")
+    async def _after(self, msg: Msg, report: Success | Failure | None, reply: SinkReply) -> None:
         self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
-        if msg.reply:
-            await self.nc.publish(msg.reply, _encoder.encode(reply))
         if report is not None and reply.status in SETTLED:
             # A partitioned target's place frees now, not when the lease runs out. The
-            # check above confirmed the live lease, and a settled job is never granted
+            # fence check confirmed the live lease, and a settled job is never granted
             # again, so the place is this job's to free. After the answer: the worker
             # need not wait for it.
             await self.places.free(report.order.target, report.order.job.id)

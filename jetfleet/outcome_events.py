@@ -1,0 +1,48 @@
+"""Reading outcome events off ``jf.outcome.<target>.<job id>``, where anyone may publish.
+
+Every reader (a dead letter's attempt history, ``jetfleet doctor``) takes an event only
+through ``read_outcome``: one that is oversized, does not decode, names another job or
+target than its subject, or carries an impossible duration is skipped with a reason,
+and never stops the reader or the dead letter it feeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from jetfleet import subjects
+from jetfleet.schemas import Outcome
+
+MAX_OUTCOME_BYTES = 8192
+"""The largest event read. A worker's own is far smaller (its detail is cut at 500
+characters); a larger one would be copied into dead letters and reports."""
+
+_decoder = msgspec.json.Decoder(Outcome)
+_PREFIX = f"{subjects.PREFIX}.outcome."
+
+
+def read_outcome(subject: str, data: bytes) -> Outcome | str:
+    """The outcome event ``data`` stored on ``subject``, or why it is skipped.
+
+    Returns:
+        The event, or a sentence saying what is wrong with it (for the log).
+    """
+    if len(data) > MAX_OUTCOME_BYTES:
+        return f"{len(data)} bytes, over the {MAX_OUTCOME_BYTES} an outcome event may have"
+    try:
+        event = _decoder.decode(data)
+    except msgspec.MsgspecError as exc:
+        return f"does not decode as an Outcome: {exc}"
+    target, _, job_id = subject.removeprefix(_PREFIX).partition(".")
+    if (event.target, event.job_id) != (target, job_id):
+        return (
+            f"names job {event.job_id[:128]!r} of target {event.target[:64]!r}, not the "
+            f"job and target of its subject"
+        )
+    if not math.isfinite(event.duration_s) or event.duration_s < 0:
+        return f"duration_s is {event.duration_s!r}, not a finite number >= 0"
+    if event.attempt < 0 or event.fence < 0:
+        return f"attempt {event.attempt} and fence {event.fence} must not be negative"
+    return event

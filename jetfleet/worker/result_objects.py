@@ -1,0 +1,100 @@
+"""Bodies (and later attachments such as screenshots) too large to ride in a message.
+
+A result travels whole in one NATS message twice: the worker's report to the sink and the
+sink's committed record. Both must fit the server's ``max_payload`` (1 MiB by default),
+so a body above ``fleet.max_inline_bytes`` goes to the ``jf-result-objects`` object store
+instead and the result carries a ``StoredObject`` reference. The bucket keeps objects as
+long as the results stream keeps results (jetfleet/topology.py).
+
+Each put gets a name of its own, so two holders of one job (a lost lease) never write
+over each other: the committed result names the object its own attempt stored. The
+objects of attempts that were not committed stay until the bucket's age limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.object_store import ObjectStore
+
+from jetfleet import subjects
+from jetfleet.errors import ConfigError
+from jetfleet.schemas import StoredObject, WorkOrder
+from jetfleet.settings import Settings
+
+# Room in a report for everything but the inline body and the job: the order's other
+# fields, kept headers (aiohttp allows 8 KiB a line), versions, JSON punctuation.
+REPORT_ROOM_BYTES = 64 * 1024
+# nats-py's default chunk; each chunk is one message, so it must also fit max_payload
+# (nats-py does not check: a chunk too large fails the put).
+CHUNK_BYTES = 128 * 1024
+CHUNK_ROOM_BYTES = 4096
+
+
+def check_payload_room(settings: Settings, max_payload: int) -> None:
+    """Refuse to start when a result with an inline body could exceed ``max_payload``.
+
+    Raises:
+        ConfigError: naming ``fleet.max_inline_bytes``, the sum, and the largest value
+            this server allows.
+    """
+    fleet = settings.fleet
+    needed = fleet.max_inline_bytes + fleet.max_job_bytes + REPORT_ROOM_BYTES
+    if needed <= max_payload:
+        return
+    room = max_payload - fleet.max_job_bytes - REPORT_ROOM_BYTES
+    fix = (
+        f"set fleet.max_inline_bytes to at most {room} (larger bodies go to the "
+        f"{subjects.OBJECTS_RESULTS} object store)"
+        if room >= 0
+        else "lower fleet.max_job_bytes"
+    )
+    raise ConfigError(
+        f"config: fleet.max_inline_bytes is invalid: a result may carry "
+        f"fleet.max_inline_bytes ({fleet.max_inline_bytes}) + fleet.max_job_bytes "
+        f"({fleet.max_job_bytes}) + {REPORT_ROOM_BYTES} bytes of other fields = {needed} "
+        f"bytes, more than this NATS server's max_payload ({max_payload}); {fix}, or raise "
+        "max_payload on the server"
+    )
+
+
+class ResultObjects:
+    """Puts one job's large bytes into the bucket and says where they are."""
+
+    def __init__(self, store: ObjectStore, max_inline_bytes: int, max_payload: int) -> None:
+        self._store = store
+        self.max_inline_bytes = max_inline_bytes
+        self._chunk_bytes = min(CHUNK_BYTES, max_payload - CHUNK_ROOM_BYTES)
+
+    @classmethod
+    async def open(
+        cls, js: JetStreamContext, settings: Settings, max_payload: int
+    ) -> ResultObjects:
+        """Check the caps against the server, then bind to the declared bucket.
+
+        Raises:
+            ConfigError: see ``check_payload_room``.
+            nats.js.errors.BucketNotFoundError: the topology was not declared.
+        """
+        check_payload_room(settings, max_payload)
+        store = await js.object_store(subjects.OBJECTS_RESULTS)
+        return cls(store, settings.fleet.max_inline_bytes, max_payload)
+
+    def fits_inline(self, encoded_size: int) -> bool:
+        """Whether ``encoded_size`` bytes (as the result's JSON carries them) stay inline."""
+        return encoded_size <= self.max_inline_bytes
+
+    async def put(self, order: WorkOrder, label: str, data: bytes) -> StoredObject:
+        """Store ``data`` for ``order``'s result under a name no other put uses."""
+        name = f"{order.target}/{order.key}/{uuid.uuid4().hex}/{label}"
+        options = js_api.ObjectMetaOptions(max_chunk_size=self._chunk_bytes)
+        await self._store.put(name, data, meta=js_api.ObjectMeta(name=name, options=options))
+        return StoredObject(
+            bucket=subjects.OBJECTS_RESULTS,
+            name=name,
+            size=len(data),
+            sha256=hashlib.sha256(data).hexdigest(),
+        )

@@ -1,0 +1,258 @@
+"""End the jobs JetStream stopped delivering: the backstop's dead letters.
+
+A work consumer's ``max_deliver`` (``fleet.max_deliver``) ends the deliveries of a job
+that never ends by itself: pinned to an identity no worker owns, or handed back for ever.
+The message then stays in the WorkQueue stream with nothing to remove it, and the
+server says so once, in a core NATS advisory that ``JF_ADVISORIES`` keeps. The sink reads
+those through the durable ``max-deliveries`` consumer and, for each, writes the job's
+dead letter (or, if its key was committed, settles it as that commit's duplicate) and
+then deletes the message from ``JF_WORK``. See docs/dead-letters.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import msgspec
+from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import RawStreamMsg
+from nats.js.errors import FetchTimeoutError, NotFoundError
+
+from jetfleet import subjects
+from jetfleet.attempt_history import attempt_history
+from jetfleet.lease_store import LeaseStore
+from jetfleet.metrics import CounterFamily
+from jetfleet.publish import publish_durably
+from jetfleet.results import committed_job
+from jetfleet.server_clock import parse_server_time
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+FETCH_BATCH = 50
+FETCH_WAIT_S = 1.0
+# An advisory whose job still has a live lease (its last delivery is still running, or
+# its holder stalled) is looked at again after this; its lease ends within its TTL.
+LIVE_LEASE_RETRY_S = 5.0
+ERROR_RETRY_S = 2.0
+
+_encoder = msgspec.json.Encoder()
+_order_decoder = msgspec.json.Decoder(WorkOrder)
+
+
+class MaxDeliveriesAdvisory(msgspec.Struct, frozen=True):
+    """What nats-server publishes when a message used up a consumer's max_deliver."""
+
+    stream: str
+    consumer: str
+    stream_seq: int
+    deliveries: int
+    timestamp: str = ""
+
+
+_advisory_decoder = msgspec.json.Decoder(MaxDeliveriesAdvisory)
+
+
+class ExhaustedJobs:
+    """The sink's reader of max-deliveries advisories; any number of sinks share it."""
+
+    def __init__(self, settings: Settings, nc: NatsClient, store: LeaseStore) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.store = store
+        self.ended = CounterFamily(
+            "jetfleet_sink_backstop_total",
+            "Jobs whose max_deliver ran out, ended by the sink: by target and how (the dead "
+            "letter's reason, or duplicate)",
+        )
+        self._stopping = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind to the advisories' durable consumer and start reading."""
+        sub = await self.js.pull_subscribe_bind(
+            subjects.CONSUMER_MAX_DELIVERIES, stream=subjects.STREAM_ADVISORIES
+        )
+        self._loop = asyncio.create_task(self._read(sub))
+
+    async def drain(self, timeout_s: float = 5.0) -> None:
+        """Stop reading once the advisories in hand are done."""
+        self._stopping.set()
+        if self._loop is not None:
+            with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+                await asyncio.wait_for(self._loop, FETCH_WAIT_S + timeout_s)
+
+    async def _read(self, sub: JetStreamContext.PullSubscription) -> None:
+        while not self._stopping.is_set():
+            try:
+                msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+            except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                continue
+            except Exception:  # a reconnect or leader change: try again shortly
+                log.exception("reading %s failed", subjects.STREAM_ADVISORIES)
+                await asyncio.sleep(ERROR_RETRY_S)
+                continue
+            await asyncio.gather(*(self._answer(msg) for msg in msgs))
+
+    async def _answer(self, msg: Msg) -> None:
+        try:
+            advisory = _advisory_decoder.decode(msg.data)
+        except msgspec.MsgspecError as exc:
+            log.warning("dropped an undecodable advisory on %s: %s", msg.subject, exc)
+            await msg.ack()
+            return
+        if advisory.stream != subjects.STREAM_WORK:
+            await msg.ack()  # not a work consumer's: nothing of ours to end
+            return
+        try:
+            done = await self.end_job(advisory)
+        except Exception:
+            log.exception(
+                "ending the job at %s seq %d failed", advisory.stream, advisory.stream_seq
+            )
+            await msg.nak(delay=ERROR_RETRY_S)
+            return
+        if done:
+            await msg.ack()
+        else:
+            await msg.nak(delay=LIVE_LEASE_RETRY_S)
+
+    async def end_job(self, advisory: MaxDeliveriesAdvisory) -> bool:
+        """End the job the advisory names; False to look again later (a lease is live).
+
+        The message is read from the stream leader (a replica may answer stale), and
+        deleted only once the job's end is stored, so a crash in between leaves the
+        advisory to be read again.
+        """
+        try:
+            stored = await self.js.get_msg(advisory.stream, seq=advisory.stream_seq, direct=False)
+        except NotFoundError:
+            return True  # acked late by its last holder, or ended here already
+        try:
+            order = _order_decoder.decode(stored.data or b"")
+        except msgspec.MsgspecError as exc:
+            await self._keep_malformed(stored, str(exc))
+        else:
+            if await self.store.live(order.job.id) is not None:
+                # Someone holds the job: only the live lease's holder may end it.
+                return False
+            await self._settle(order, advisory, stored)
+        await self._delete(advisory)
+        return True
+
+    async def _settle(
+        self, order: WorkOrder, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg
+    ) -> None:
+        """Store the job's end: nothing if it is dead already, a duplicate if its key was
+        committed (never both committed and dead), else its dead letter."""
+        letter_subject = subjects.dead_letter(order.target, order.job.id)
+        try:
+            await self.js.get_msg(subjects.STREAM_DLQ, subject=letter_subject, direct=False)
+            return  # its letter is written (a sink died before the delete)
+        except NotFoundError:
+            pass
+        holder = await committed_job(self.js, order.target, order.key)
+        if holder is not None:
+            await self._record_duplicate(order, holder)
+            return
+        history = await attempt_history(self.nc, order.target, order.job.id, [])
+        reason, detail = await self._why(order, advisory, stored, history)
+        letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
+        await publish_durably(
+            self.js,
+            letter_subject,
+            _encoder.encode(letter),
+            msg_id=f"dlq-{order.job.id}",
+            headers={"Jf-Reason": reason, "Jf-Job": order.job.id},
+        )
+        self.ended.inc(target=order.target, how=reason)
+        log.info(
+            "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
+        )
+
+    async def _why(
+        self,
+        order: WorkOrder,
+        advisory: MaxDeliveriesAdvisory,
+        stored: RawStreamMsg,
+        history: list[AttemptRecord],
+    ) -> tuple[str, str]:
+        """The dead letter's reason and detail, from what the job went through."""
+        deliveries = f"{advisory.deliveries} deliveries"
+        age = _age_s(advisory, stored)
+        max_age = self._max_age_s(order.target)
+        if age is not None and age > max_age:
+            return "expired", f"queued {age:.0f} s, more than the {max_age:g} s max age"
+        if history:
+            last = history[-1]
+            return (
+                "deliveries-exhausted",
+                f"{deliveries} and {len(history)} attempt(s); last: {last.outcome} {last.reason}",
+            )
+        if (await self.store.highest_fence(order.job.id)).fence == 0:
+            pin = order.job.pin_identity
+            whom = f"a worker owning identity {pin}" if pin else "a worker"
+            return "no-eligible-worker", f"{deliveries}, and {whom} never took it"
+        return "deliveries-exhausted", f"{deliveries}; leased, but no attempt reached a verdict"
+
+    def _max_age_s(self, target: str) -> float:
+        if target in self.settings.targets:
+            return self.settings.max_age_s(target)
+        return self.settings.fleet.max_job_age_s
+
+    async def _record_duplicate(self, order: WorkOrder, committed_by: str) -> None:
+        self.ended.inc(target=order.target, how="duplicate")
+        if committed_by == order.job.id:
+            return  # its own commit, whose ack was lost
+        record = Duplicate(
+            job_id=order.job.id,
+            target=order.target,
+            key=order.key,
+            committed_by=committed_by,
+            via="already-done",
+        )
+        await publish_durably(
+            self.js,
+            subjects.duplicates(order.target),
+            _encoder.encode(record),
+            msg_id=f"dup-{order.job.id}",
+        )
+
+    async def _keep_malformed(self, stored: RawStreamMsg, error: str) -> None:
+        subject = stored.subject or ""
+        rejection = Rejection(
+            reason="malformed-work-order",
+            message=f"the work order could not be decoded ({error}); a scheduler of another "
+            "version may have written it",
+            subject=subject,
+            raw=stored.data or b"",
+            raw_size=len(stored.data or b""),
+        )
+        await publish_durably(
+            self.js,
+            subjects.rejected(subjects.target_of(subject)),
+            _encoder.encode(rejection),
+            msg_id=f"bad-order-{stored.seq}",
+        )
+
+    async def _delete(self, advisory: MaxDeliveriesAdvisory) -> None:
+        with contextlib.suppress(NotFoundError):
+            await self.js.delete_msg(advisory.stream, advisory.stream_seq)
+
+
+def _age_s(advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg) -> float | None:
+    """How long the job had been queued when its deliveries ran out (server clock)."""
+    if stored.time is None or not advisory.timestamp:
+        return None
+    try:
+        now = parse_server_time(advisory.timestamp)
+    except ValueError:
+        return None
+    return (now - stored.time).total_seconds()
