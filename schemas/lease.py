@@ -107,7 +107,7 @@ class SealedDeath(msgspec.Struct, frozen=True, tag="dead"):
     written, carrying the letter so that anyone may write it if the sealer dies."""
 
     fence: int
-    """The fence of the holder that decided."""
+    """The fence of the holder that decided (0: the backstop, when max_deliver ran out)."""
     letter: DeadLetter
 
 

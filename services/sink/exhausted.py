@@ -17,6 +17,7 @@ import logging
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
+from jetfleet.schemas.lease import SealedDeath
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -26,12 +27,14 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
+from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.server_clock import parse_server_time
 from jetfleet.settings import Settings
+from jetfleet.settlement import land
 
 log = logging.getLogger(__name__)
 
@@ -143,39 +146,43 @@ class ExhaustedJobs:
             if await self.store.live(order.job.id) is not None:
                 # Someone holds the job: only the live lease's holder may end it.
                 return False
-            await self._settle(order, advisory, stored)
+            if not await self._settle(order, advisory, stored):
+                return False
         await self._delete(advisory)
         return True
 
     async def _settle(
         self, order: WorkOrder, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg
-    ) -> None:
-        """Store the job's end: nothing if it is dead already, a duplicate if its key was
-        committed (never both committed and dead), else its dead letter."""
+    ) -> bool:
+        """Store the job's end: the decision it was sealed with (landed, in case the
+        sink that sealed it died before writing it), nothing if it is dead already, a
+        duplicate if its key was committed, else its dead letter, sealed first (the
+        settle rule: never both committed and dead). False when a grant came first: look
+        again later."""
+        read = await self.store.read_history(order.job.id)
+        if read.history is not None and read.history.settled is not None:
+            await land(self.js, read.history.settled)
+            return True
         letter_subject = subjects.dead_letter(order.target, order.job.id)
-        try:
-            await self.js.get_msg(subjects.STREAM_DLQ, subject=letter_subject, direct=False)
-            return  # its letter is written (a sink died before the delete)
-        except NotFoundError:
-            pass
+        if await last_message(self.js, subjects.STREAM_DLQ, letter_subject) is not None:
+            return True  # its letter is written (a sink died before the delete)
         holder = await committed_job(self.js, order.target, order.key)
         if holder is not None:
             await self._record_duplicate(order, holder)
-            return
+            return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
         reason, detail = await self._why(order, advisory, stored, history)
         letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
-        await publish_durably(
-            self.js,
-            letter_subject,
-            _encoder.encode(letter),
-            msg_id=f"dlq-{order.job.id}",
-            headers={"Jf-Reason": reason, "Jf-Job": order.job.id},
-        )
+        # Fence 0: no holder decided. A grant recorded since the read makes the seal fail.
+        death = SealedDeath(fence=0, letter=letter)
+        if not await self.store.seal(order.job.id, death, read):
+            return False
+        await land(self.js, death)
         self.ended.inc(target=order.target, how=reason)
         log.info(
             "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
         )
+        return True
 
     async def _why(
         self,
