@@ -161,8 +161,10 @@ def _check_job(
 ) -> WorkOrder | Rejection:
     config = settings.targets[target]
     given = job.url
-    job = msgspec.structs.replace(job, url=resolve_url(config.base_url, given))
-    shown = repr(given) if job.url == given else f"{given!r} (resolved to {job.url!r})"
+    resolved = resolve_url(config.base_url, given)
+    if resolved != given:
+        job = msgspec.structs.replace(job, url=resolved)
+    shown = repr(given) if resolved == given else f"{given!r} (resolved to {resolved!r})"
     if not job.url.lower().startswith(("http://", "https://")):
         return reject(
             "invalid-url",

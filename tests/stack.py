@@ -46,6 +46,11 @@ class InProcessStack:
         self.sink = Sink(self.settings, await self._connect("sink"))
         await self.sink.start()
 
+    async def start_leaser(self) -> None:
+        """Start a leaser (again, after a test drained the first one)."""
+        self.leaser = Leaser(self.settings, await self._connect("leaser"))
+        await self.leaser.start()
+
     async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
         worker = Worker(self.settings, await self._connect(worker_id), worker_id, identity=identity)
         await worker.start()

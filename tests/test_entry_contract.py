@@ -98,6 +98,7 @@ CASES = {
         url="/catalog/item/15",
         entry_points=("gateway", "nats"),
     ),
+    "empty-url": Case({"url": ""}, reason="invalid-job"),
     "missing-url": Case(
         {"handler": "noop"}, reason="invalid-job", entry_points=("gateway", "nats")
     ),

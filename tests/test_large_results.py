@@ -22,7 +22,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import CommittedResult, DeadLetter, HttpFetch
+from jetfleet.schemas import CommittedResult, DataOutput, DeadLetter, HandlerOutput, HttpFetch
 from nats.js import JetStreamContext
 
 import jetfleet.cli.main as cli_main
@@ -36,15 +36,22 @@ from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.simulator.pages import big_html
 from jetfleet.stream_reader import read_stream
 from jetfleet.topology import declare
-from jetfleet.worker import Worker
+from jetfleet.worker import HandlerContext, Worker, handler
 from tests.conftest import make_settings, wait_for
 from tests.queueing.helpers import committed, dead, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
 MIB = 1024 * 1024
+HUGE_OUTPUT = "tests.huge-output"
 BIG = 3 * MIB
 SMALL = 100_000
 CAP = 2 * MIB
+
+
+@handler(HUGE_OUTPUT)
+async def huge_output(ctx: HandlerContext) -> HandlerOutput:
+    """A user handler that puts 2 MiB into its output instead of the object store."""
+    return DataOutput(data={"blob": "x" * (2 * MIB)})
 
 
 @dataclass
@@ -62,6 +69,10 @@ async def env(nats_url: str, redis_url: str) -> AsyncIterator[Env]:
             "capped": target(sim.base_url, max_body_bytes=CAP),
         }
         settings = queue_settings(nats_url, redis_url, targets, concurrency=2)
+        fleet = msgspec.structs.replace(
+            settings.fleet, handlers=(*settings.fleet.handlers, HUGE_OUTPUT)
+        )
+        settings = msgspec.structs.replace(settings, fleet=fleet)
         stack = InProcessStack(settings)
         await stack.start(workers=1)
         try:
@@ -150,6 +161,26 @@ async def test_item6_a_body_over_the_targets_cap_fails_as_result_too_large_after
     assert [r.outcome for r in letter.history] == ["permanent"], letter.history
     assert env.sim.counts()["total"] == 1
     assert await committed(env.js, "capped") == 0
+
+
+async def test_item6_a_handler_output_too_large_for_a_message_fails_once_not_thrice(
+    env: Env,
+) -> None:
+    await submit_paths(env.js, env.settings, "pages", ["/page/1"], "blob", handler=HUGE_OUTPUT)
+
+    async def dead_lettered() -> bool:
+        return await dead(env.js, "pages") == 1
+
+    # Sent as it is, the report would raise inside the worker and the job be run again.
+    await wait_for(dead_lettered, 30, "the oversized output to be dead-lettered")
+    decoder = msgspec.json.Decoder(DeadLetter)
+    (letter,) = [
+        decoder.decode(m.data)
+        async for m in read_stream(env.js, subjects.STREAM_DLQ, subjects.dlq("pages"))
+    ]
+    assert letter.reason == "result-too-large", letter
+    assert "ctx.objects.put" in letter.detail, letter.detail
+    assert [(r.attempt, r.outcome) for r in letter.history] == [(1, "permanent")], letter
 
 
 async def test_item6_a_worker_refuses_to_start_when_an_inline_result_could_exceed_max_payload(

@@ -24,20 +24,24 @@ import msgspec
 import pytest
 from jetfleet.schemas import CommittedResult, Job
 from jetfleet.services.scheduler import Scheduler
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.client import resolve_url, submit_jobs
+from jetfleet.client import jobs_for, resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
+from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.status import fleet_status
-from jetfleet.settings import load_settings
+from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
+from jetfleet.worker import Worker
 from tests.conftest import wait_for
 from tests.faults.fleet import WorkerFleet
 from tests.faults.plan import FaultPlan
 from tests.faults.services import ServiceProcess
+from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -208,3 +212,37 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
         await scheduler.drain(5.0)
         await scheduler.nc.close()
         await control.close()
+
+
+async def test_item7_a_worker_keeps_asking_an_absent_leaser_and_a_drain_gives_the_job_back(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    assert services.leaser is not None
+    await services.leaser.drain(5.0)  # no leaser at all now: every ask has no responders
+    services.leaser = None
+    worker = Worker(settings, await services._connect("w-ask"), "w-ask")
+    await worker.start()
+    services.workers.append(worker)
+    [job] = jobs_for(TARGET, settings, ["/page/1"], max_attempts=1)
+    await submit_jobs(nc.jetstream(), settings, TARGET, [job])
+
+    async def asked_again() -> bool:
+        return worker.stats["leaser-unreachable"] >= 3
+
+    await wait_for(asked_again, 30, "the worker to ask the absent leaser again")
+    # Kept in hand (+WPI) while asking, not given back to be asked for again elsewhere.
+    totals = (await services.status()).totals
+    assert (totals.queued, totals.leased, totals.dead) == (0, 1, 0), totals
+    await asyncio.wait_for(worker.drain(timeout_s=1.0), 10)
+    services.workers.remove(worker)
+    # Given back at the drain's timeout: with a leaser and a worker back, the job runs
+    # at once, not after the ack wait, on its first and only attempt.
+    await services.start_leaser()
+    await services.add_worker("w-after")
+
+    async def committed() -> bool:
+        return (await services.status()).totals.committed == 1
+
+    await wait_for(committed, settings.fleet.ack_wait_s / 2, "the given-back job to commit")
+    assert (await store.highest_fence(job.id)).grants == 1
+    assert (await services.status()).totals.dead == 0

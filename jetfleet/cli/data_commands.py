@@ -14,7 +14,7 @@ import msgspec
 
 from jetfleet import subjects
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
-from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, confirmed_status
@@ -116,25 +116,34 @@ def _run_submit(args: argparse.Namespace) -> int:
             f"target name {args.target!r} is not valid (invalid-subject): use lowercase "
             "letters, digits, '-' or '_' (at most 64)"
         )
+    # Each job goes out as the JSON any client would send, even one that is not a valid
+    # Job (an empty URL, say): the scheduler refuses it with the same reason as anywhere.
     urls = _read_urls(args)
-    jobs = jobs_for(
-        args.target,
-        settings,
-        urls,
-        handler=args.handler,
-        tier=args.tier,
-        store_body=args.store_body,
-    )
-    return asyncio.run(_submit(settings, args, jobs))
+    ids = [new_job_id() for _ in urls]
+    payloads = [
+        msgspec.json.encode(
+            {
+                "id": job_id,
+                "url": url,
+                "handler": args.handler,
+                "tier": args.tier,
+                "store_body": args.store_body,
+            }
+        )
+        for job_id, url in zip(ids, urls, strict=True)
+    ]
+    return asyncio.run(_submit(settings, args, ids, payloads))
 
 
-async def _submit(settings: Settings, args: argparse.Namespace, jobs: list[Any]) -> int:
+async def _submit(
+    settings: Settings, args: argparse.Namespace, ids: list[str], payloads: list[bytes]
+) -> int:
     nc = await connect_nats(settings.nats, "jetfleet-cli")
     try:
         js = nc.jetstream()
         await declare(js, settings)
-        bar = ProgressBar(len(jobs), "submitting", enabled=None if len(jobs) > 100 else False)
-        results = await submit_jobs(js, settings, args.target, jobs, progress=bar.update)
+        bar = ProgressBar(len(ids), "submitting", enabled=None if len(ids) > 100 else False)
+        results = await submit_raw(js, settings, args.target, payloads, ids, progress=bar.update)
         bar.close()
     finally:
         await nc.close()

@@ -10,6 +10,7 @@ import msgspec
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
 from jetfleet.worker.handlers import HandlerContext, handler
+from jetfleet.worker.result_objects import RESULT_TOO_LARGE
 from jetfleet.worker.retry_after import retry_after_s
 from jetfleet.worker.target_scope import redirect_to
 
@@ -101,7 +102,7 @@ def _classify(
         # Cut, it would be a wrong page recorded as the right one; fetched again, it
         # would be as long. One request, then a dead letter that says which cap.
         raise PermanentFailure(
-            "result-too-large",
+            RESULT_TOO_LARGE,
             detail=f"{ctx.order.job.url}: body over targets.{ctx.order.target}.max_body_bytes "
             f"({ctx.target.max_body_bytes} bytes)",
         )

@@ -25,6 +25,10 @@ from jetfleet.errors import ConfigError
 from jetfleet.schemas import StoredObject, WorkOrder
 from jetfleet.settings import Settings
 
+RESULT_TOO_LARGE = "result-too-large"
+# Room in a report for everything but the output and the job: the order's other fields,
+# the version tuple, identity and fence, JSON punctuation.
+ENVELOPE_BYTES = 16 * 1024
 # Room in a report for everything but the inline body and the job: the order's other
 # fields, kept headers (aiohttp allows 8 KiB a line), versions, JSON punctuation.
 REPORT_ROOM_BYTES = 64 * 1024
@@ -64,10 +68,13 @@ def check_payload_room(settings: Settings, max_payload: int) -> None:
 class ResultObjects:
     """Puts one job's large bytes into the bucket and says where they are."""
 
-    def __init__(self, store: ObjectStore, max_inline_bytes: int, max_payload: int) -> None:
+    def __init__(
+        self, store: ObjectStore, max_inline_bytes: int, max_payload: int, max_job_bytes: int
+    ) -> None:
         self._store = store
         self.max_inline_bytes = max_inline_bytes
         self._chunk_bytes = min(CHUNK_BYTES, max_payload - CHUNK_ROOM_BYTES)
+        self.max_output_bytes = max_payload - max_job_bytes - ENVELOPE_BYTES
 
     @classmethod
     async def open(
@@ -81,11 +88,16 @@ class ResultObjects:
         """
         check_payload_room(settings, max_payload)
         store = await js.object_store(subjects.OBJECTS_RESULTS)
-        return cls(store, settings.fleet.max_inline_bytes, max_payload)
+        fleet = settings.fleet
+        return cls(store, fleet.max_inline_bytes, max_payload, fleet.max_job_bytes)
 
     def fits_inline(self, encoded_size: int) -> bool:
         """Whether ``encoded_size`` bytes (as the result's JSON carries them) stay inline."""
         return encoded_size <= self.max_inline_bytes
+
+    def fits_message(self, encoded_size: int) -> bool:
+        """Whether a handler output of ``encoded_size`` JSON bytes fits a result message."""
+        return encoded_size <= self.max_output_bytes
 
     async def put(self, order: WorkOrder, label: str, data: bytes) -> StoredObject:
         """Store ``data`` for ``order``'s result under a name no other put uses."""

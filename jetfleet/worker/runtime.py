@@ -41,6 +41,7 @@ from jetfleet.schemas import (
     AttemptRecord,
     Duplicate,
     Failure,
+    HandlerOutput,
     Outcome,
     Rejection,
     SinkReply,
@@ -56,7 +57,7 @@ from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
-from jetfleet.worker.result_objects import ResultObjects
+from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
@@ -471,10 +472,14 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
-        reply, asked_at = await self._ask_for_lease(msg, request)
-        if reply is None:
-            await msg.nak()  # draining: another worker may ask for it now
-            return None
+        try:
+            reply, asked_at = await self._ask_for_lease(msg, request)
+        except asyncio.CancelledError:
+            # A drain ran out of time while the leaser did not answer: another worker
+            # may ask for the job now.
+            with contextlib.suppress(Exception):
+                await msg.nak()
+            raise
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
             await self._record_duplicate(order, reply.committed_by, "already-done")
@@ -506,17 +511,15 @@ class Worker:
             return None
         return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
 
-    async def _ask_for_lease(
-        self, msg: Msg, request: LeaseRequest
-    ) -> tuple[LeaseReply | None, float]:
-        """The leaser's answer for this delivery and when it was asked (monotonic); None
-        only when the worker is draining.
+    async def _ask_for_lease(self, msg: Msg, request: LeaseRequest) -> tuple[LeaseReply, float]:
+        """The leaser's answer for this delivery and when it was asked (monotonic).
 
         Busy, silent or absent, the leaser is asked again for this same delivery after a
         growing, jittered wait, while +WPI keeps the delivery ours. So a grant whose
         answer came too late is found again (the leaser's ``_grant_again``: same worker,
         same reply subject) and not counted twice; given back instead, it would hold the
         job's next delivery off as ``held`` and then count as an attempt that never ran.
+        A drain waits for this like for a running job, and cancels it at its timeout.
         """
         backoff = Backoff()
         while True:
@@ -525,11 +528,9 @@ class Worker:
             if reply is not None and not is_busy(reply):
                 return reply, asked_at
             self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
-            if self._stopping.is_set():
-                return None, asked_at
             with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
                 await msg.in_progress()
-            await self._pause(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
+            await asyncio.sleep(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         expired = await self._expired(msg, order)
@@ -602,7 +603,7 @@ class Worker:
         budget_s = order.timeout_s or target.timeout_s
         what = f"handler {order.job.handler} on job {order.job.id}"
         try:
-            return Verdict("ok", output=await self._deadline.run(fn(ctx), budget_s, what))
+            output = await self._deadline.run(fn(ctx), budget_s, what)
         except PermanentFailure as exc:
             return Verdict("permanent", reason=exc.reason, detail=exc.detail)
         except RetryLater as exc:
@@ -618,6 +619,21 @@ class Worker:
             return Verdict(
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
+        return self._ok_if_it_fits(order, output)
+
+    def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:
+        """``ok``, unless the output cannot travel in one message: sent, it would fail
+        inside the report and the job would be run again for nothing."""
+        size = len(_encoder.encode(output))
+        if self._objects is None or self._objects.fits_message(size):
+            return Verdict("ok", output=output)
+        return Verdict(
+            "permanent",
+            reason=RESULT_TOO_LARGE,
+            detail=f"the {order.job.handler} output is {size} bytes as JSON, more than a "
+            f"result message carries ({self._objects.max_output_bytes}); a handler keeps "
+            "large bytes with ctx.objects.put and returns the reference",
+        )
 
     def _bound_wait(self, target: str, asked_s: float | None) -> tuple[float | None, str]:
         """A target's Retry-After, cut to its ``max_retry_after_s``, and a note when cut.
