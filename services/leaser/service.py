@@ -26,6 +26,7 @@ from jetfleet.schemas.lease import (
     QuarantineRelease,
     QuarantineReply,
     QuarantineSet,
+    Sealed,
 )
 from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
@@ -169,11 +170,8 @@ class Leaser:
             except Exception:  # the early read failed: record_grant reads it again
                 read = None
             recorded = await self.store.record_grant(request.job_id, fence, read)
-            if recorded.settled is not None:
-                # Sealed since the checks read it: the lease just made is nobody's.
-                await self.store.release(request.job_id, fence)
-                await self.places.free(request.target, request.job_id)
-                return await answer_settled(self.js, request, recorded.settled)
+            if recorded.settled is not None:  # sealed since the checks read it
+                return await self._nobodys(request, fence, recorded.settled)
         finally:
             if not history.done():
                 history.cancel()
@@ -183,10 +181,15 @@ class Leaser:
 
     async def _grant_again(
         self, request: LeaseRequest, live: LiveLease | None
-    ) -> LeaseGrant | None:
+    ) -> LeaseReply | None:
         """The live lease again, renewed, if it was granted to this very delivery (same
         worker, same reply subject) whose answer was lost or late: asking again must not
-        leave the job waiting out its own lease as ``held`` and spend an attempt."""
+        leave the job waiting out its own lease as ``held`` and spend an attempt.
+
+        The replica that made the grant may not have recorded it yet (it is slow, or died
+        after its create): the grant is recorded here, which counts it once whoever is
+        first, so the attempt number includes it. Read instead, the count could miss this
+        grant and let a job granted past its last attempt run once more."""
         if (
             live is None
             or not request.reply_subject
@@ -196,8 +199,17 @@ class Leaser:
             return None
         if await self.store.renew(request.job_id, live.fence, self.ttl_s) is None:
             return None
-        grants = (await self.store.highest_fence(request.job_id)).grants
-        return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=max(1, grants))
+        recorded = await self.store.record_grant(request.job_id, live.fence)
+        if recorded.settled is not None:
+            return await self._nobodys(request, live.fence, recorded.settled)
+        return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=recorded.grants)
+
+    async def _nobodys(self, request: LeaseRequest, fence: int, sealed: Sealed) -> LeaseReply:
+        """A lease made for a job sealed meanwhile is nobody's: delete it, free its place,
+        and answer from the seal."""
+        await self.store.release(request.job_id, fence)
+        await self.places.free(request.target, request.job_id)
+        return await answer_settled(self.js, request, sealed)
 
     async def command(
         self, command: QuarantineSet | QuarantineRelease | QuarantineList
