@@ -28,6 +28,7 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
     Sealed,
 )
+from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
@@ -53,6 +54,9 @@ LEASE_REFUSALS = Refusals[LeaseReply](
         reason="busy", retry_after_s=wait, detail=f"{why}: ask again later"
     ),
     failed=lambda exc: LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc)),
+    too_large=lambda why: LeaseRefusal(
+        reason="request-too-large", detail=f"{why} (fleet.max_request_bytes)"
+    ),
 )
 QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     malformed=lambda error: QuarantineReply(ok=False, detail=f"malformed command: {error}"),
@@ -60,6 +64,7 @@ QUARANTINE_REFUSALS = Refusals[QuarantineReply](
         ok=False, detail=f"{why}: send the command again in {wait:g} s"
     ),
     failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
+    too_large=lambda why: QuarantineReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -98,11 +103,26 @@ class Leaser:
             )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
+        limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
-            Route(subjects.LEASE, _call_decoder, self.handle, LEASE_REFUSALS)
+            Route(
+                subjects.LEASE,
+                _call_decoder,
+                self.handle,
+                LEASE_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, call: refuse_lease_call(self.settings, call),
+            )
         )
         await self.responder.serve(
-            Route(subjects.QUARANTINE, _command_decoder, self.command, QUARANTINE_REFUSALS)
+            Route(
+                subjects.QUARANTINE,
+                _command_decoder,
+                self.command,
+                QUARANTINE_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: refuse_command(self.settings, command),
+            )
         )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
