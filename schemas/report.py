@@ -5,7 +5,7 @@ Carried on ``jf.sink.report.<target>`` (request/reply, queue group ``sink``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas.job import WorkOrder
@@ -45,13 +45,17 @@ class Success(msgspec.Struct, frozen=True, tag="success", omit_defaults=True):
     fence: int = 0
 
 
+MAX_REPORTED_ATTEMPTS = 1000
+"""The most attempts a failure report may list; a worker lists its own last one."""
+
+
 class Failure(msgspec.Struct, frozen=True, tag="failure", omit_defaults=True):
     """The job cannot succeed (permanent, or attempts exhausted): dead-letter it."""
 
     order: WorkOrder
     worker: str
     reason: str
-    history: list[AttemptRecord]
+    history: Annotated[list[AttemptRecord], msgspec.Meta(max_length=MAX_REPORTED_ATTEMPTS)]
     versions: Versions
     detail: str = ""
     identity: str = ""
