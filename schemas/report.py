@@ -48,9 +48,9 @@ class Success(msgspec.Struct, frozen=True, tag="success", omit_defaults=True):
 
 MAX_REPORTED_ATTEMPTS = 1000
 """The most attempts a failure report may list; a worker lists its own last one."""
-FailureReason = Name
-"""Why a job failed (``attempts-exhausted``, ``http-404``...): a dead letter's
-``Jf-Reason`` header, so no line breaks."""
+FailureReason = Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]
+"""Why a job failed (``attempts-exhausted``, ``http-404``, a user handler's own): a dead
+letter's ``Jf-Reason`` header, so no line breaks; at most 1024 characters."""
 
 
 class Failure(msgspec.Struct, frozen=True, tag="failure", omit_defaults=True):
