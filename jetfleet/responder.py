@@ -5,12 +5,11 @@ request larger than its route's ``max_bytes`` is refused unread (``too_large``).
 other request is decoded with its route's typed decoder; one that does not decode is
 answered with the route's ``malformed`` reply (what was wrong), never dropped, and one the
 route's ``check`` objects to (a bound the type cannot express) gets that objection. At
-most ``limit``
-requests are in hand at once across the replica's routes: one more is answered ``busy``
-with a retry-after at once, so a slow or just-resumed replica sheds load instead of
-queueing without bound (a request a caller gave up on would still be worked on) and
-callers back off. Every failure is logged once. ``drain`` stops taking requests (the
-queue group's other replicas get them) and waits for those in hand.
+most ``limit`` requests are in hand at once across the replica's routes: one more is
+answered ``busy`` with a retry-after at once, so a slow or just-resumed replica sheds
+load instead of queueing without bound (a request a caller gave up on would still be
+worked on) and callers back off. Every failure is logged once. ``drain`` stops taking
+requests (the queue group's other replicas get them) and waits for those in hand.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from jetfleet.errors import ConfigError
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import Settings, load_settings
+from jetfleet.worker import Worker
 from tests.leasing import ask, granted, order_for, report
 from tests.stack import InProcessStack
 
@@ -215,3 +216,23 @@ def test_item10_max_request_bytes_out_of_range_names_the_key_and_the_range(
     assert "fleet.max_request_bytes" in str(info.value)
     assert "4096 to 67108864" in str(info.value)
     assert load_settings(None, {}).fleet.max_request_bytes == 65536
+
+
+@pytest.mark.parametrize(
+    ("worker_id", "identity", "key"),
+    [
+        ("", "", "worker.id"),
+        ("w" * 257, "", "worker.id"),
+        ("w\nFORGED", "", "worker.id"),
+        ("w-1", "id\x1b[2J", "worker.identity"),
+    ],
+    ids=["empty-id", "id-too-long", "id-with-a-line-break", "identity-with-control"],
+)
+async def test_item10_a_worker_whose_names_the_leaser_would_refuse_does_not_start(
+    settings: Settings, nc: NatsClient, worker_id: str, identity: str, key: str
+) -> None:
+    # Started, every lease call would be refused malformed and its jobs handed back.
+    with pytest.raises(ConfigError) as info:
+        Worker(settings, nc, worker_id, identity=identity)
+    assert key in str(info.value) and "without control characters" in str(info.value)
+    Worker(settings, nc, "w" * 256, identity="ïd.entity *")  # the longest, any text

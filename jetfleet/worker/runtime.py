@@ -64,6 +64,7 @@ from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
 from jetfleet.worker.verdict import Held, Verdict, target_answered
+from jetfleet.worker.worker_names import check_worker_names
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class Worker:
         targets: Iterable[str] = (),
         identity: str = "",
     ) -> None:
+        check_worker_names(worker_id, identity, settings.worker.region)
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
