@@ -74,7 +74,9 @@ async def test_a_handler_reason_with_line_breaks_ends_dead_after_one_attempt(
 
     await wait_for(dead_lettered, 30, "the wordy job to be dead-lettered")
     decoder = msgspec.json.Decoder(DeadLetter)
-    (letter,) = [decoder.decode(m.data) async for m in read_stream(js, subjects.STREAM_DLQ, "jf.dlq.>")]
+    (letter,) = [
+        decoder.decode(m.data) async for m in read_stream(js, subjects.STREAM_DLQ, "jf.dlq.>")
+    ]
     assert letter.reason == fit_reason(WORDY_REASON)[0]
     assert "the handler's own detail" in letter.detail and "cut to fit" in letter.detail
     outcomes = msgspec.json.Decoder(Outcome)
