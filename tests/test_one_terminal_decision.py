@@ -41,6 +41,7 @@ from tests.conftest import wait_for
 from tests.faults.publish_gate import PublishGate
 from tests.leasing import VERSIONS, ask, granted, order_for, report, report_failure
 from tests.stack import InProcessStack
+from tests.test_unrunnable import publish_advisory
 
 pytestmark = pytest.mark.timeout(90)
 _encoder = msgspec.json.Encoder()
@@ -248,3 +249,32 @@ async def test_item2_a_sink_dying_between_its_seal_and_its_write_strands_nothing
         f"the {kind} of the dead sink's decision",
     )
     assert not await (_has_result(nc, order) if kind == "dead letter" else _has_letter(nc, order))
+
+
+async def test_item2_the_backstop_lands_a_stranded_seal_rather_than_a_dead_letter(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    slow_results_sink: SlowSink,
+) -> None:
+    """The job was sealed committed by a sink that died before writing the result; then
+    its deliveries ran out (max_deliver). The backstop must end it the way it was
+    decided, committed, not write a dead letter beside a result that may still land."""
+    js = nc.jetstream()
+    order = order_for(settings, "/page/93")
+    seq = (await js.publish(subjects.work("demo", "normal"), _encoder.encode(order))).seq
+    client = LeaseClient(nc)
+    fence = (await granted(client, ask(order, worker="w-a"))).fence
+    dying = asyncio.ensure_future(slow_results_sink.settle(_success(order, fence, "w-a")))
+    await asyncio.wait_for(slow_results_sink.gate.holding.wait(), 20.0)
+    dying.cancel()
+    await slow_results_sink.gate.cut()
+    assert await client.release(order.job.id, fence) is True  # the worker died too
+
+    await publish_advisory(nc, seq)
+
+    async def removed() -> bool:
+        return (await js.stream_info(subjects.STREAM_WORK)).state.messages == 0
+
+    await wait_for(removed, 20.0, "the backstop to end the exhausted job")
+    assert (await _has_result(nc, order), await _has_letter(nc, order)) == (True, False)

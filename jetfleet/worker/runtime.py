@@ -65,7 +65,8 @@ from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
-from jetfleet.worker.verdict import Held, Verdict, target_answered
+from jetfleet.worker.verdict import Held, Verdict, fit_reason, target_answered
+from jetfleet.worker.worker_names import check_worker_names
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ class Worker:
         targets: Iterable[str] = (),
         identity: str = "",
     ) -> None:
+        check_worker_names(worker_id, identity, settings.worker.region)
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -633,11 +635,14 @@ class Worker:
         try:
             output = await self._deadline.run(fn(ctx), budget_s, what)
         except PermanentFailure as exc:
-            return Verdict("permanent", reason=exc.reason, detail=exc.detail)
+            reason, cut = fit_reason(exc.reason)
+            detail = "; ".join(filter(None, (exc.detail, cut)))
+            return Verdict("permanent", reason=reason, detail=detail)
         except RetryLater as exc:
             delay, note = self._bound_wait(order.target, exc.delay_s)
-            detail = "; ".join(filter(None, (exc.detail, note)))
-            return Verdict("retryable", reason=exc.reason, detail=detail, delay_s=delay)
+            reason, cut = fit_reason(exc.reason)
+            detail = "; ".join(filter(None, (exc.detail, note, cut)))
+            return Verdict("retryable", reason=reason, detail=detail, delay_s=delay)
         except Blocked as exc:
             delay, note = self._bound_wait(order.target, exc.retry_after_s)
             detail = "; ".join(filter(None, (exc.detail, note)))

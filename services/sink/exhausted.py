@@ -28,6 +28,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
 from jetfleet.last_hand_back import last_hand_back
+from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -163,31 +164,34 @@ class ExhaustedJobs:
     async def _settle(
         self, order: WorkOrder, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg
     ) -> bool:
-        """Store the job's end under the settle rule (docs/commit.md#the-settle-rule): a
-        decision sealed already is landed (again), a committed key makes the job a
-        duplicate (never both committed and dead), else its dead letter is sealed, then
-        written. False if the job's ledger moved meanwhile (look again later)."""
-        read, holder = await asyncio.gather(
-            self.store.read_history(order.job.id),
-            committed_job(self.js, order.target, order.key),
-        )
-        ledger = read.history
-        if ledger is not None and ledger.settled is not None:
-            await land(self.js, ledger.settled)  # a sink died before the record, or a delete
+        """Store the job's end: the decision it was sealed with (landed, in case the
+        sink that sealed it died before writing it), nothing if it is dead already, a
+        duplicate if its key was committed, else its dead letter, sealed first (the
+        settle rule: never both committed and dead). False when a grant came first: look
+        again later."""
+        read = await self.store.read_history(order.job.id)
+        if read.history is not None and read.history.settled is not None:
+            await land(self.js, read.history.settled)
             return True
+        letter_subject = subjects.dead_letter(order.target, order.job.id)
+        if await last_message(self.js, subjects.STREAM_DLQ, letter_subject) is not None:
+            return True  # its letter is written (a sink died before the delete)
+        holder = await committed_job(self.js, order.target, order.key)
         if holder is not None:
             await self._record_duplicate(order, holder)
             return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
-        reason, detail = await self._why(order, advisory, stored, history, ledger)
+        reason, detail = await self._why(order, advisory, stored, history, read.history)
         letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
-        # Fence 0: no holder decided this; the server stopped delivering the job.
+        # Fence 0: no holder decided. A grant recorded since the read makes the seal fail.
         death = SealedDeath(fence=0, letter=letter)
         if not await self.store.seal(order.job.id, death, read):
             return False
         await land(self.js, death)
         self.ended.inc(target=order.target, how=reason)
-        log.info("backstop: %s ended after %d deliveries", order.job.id, advisory.deliveries)
+        log.info(
+            "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
+        )
         return True
 
     async def _why(
