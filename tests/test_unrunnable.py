@@ -565,14 +565,14 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
         [kept_out] = jobs_for("demo", settings, pages(1))
         await submit_jobs(js, settings, "demo", [kept_out])
 
-        reasons = await wait_dead(nc, [kept_out.id], 80, "the kept-out job's letter")
+        reasons = await wait_dead(nc, [kept_out.id], 120, "the kept-out job's letter")
         assert reasons == {kept_out.id: "deliveries-exhausted"}
         [entry] = await list_dead_letters(js)
         assert entry.letter.detail.endswith("never leased; last handed back: target-busy")
         assert simulator.counts()["total"] == 1  # only the holder's request
 
 
-HOLD_S = 90.0  # far longer than 24 deliveries handed back at most 2 s apart
+HOLD_S = 150.0  # far longer than 24 deliveries handed back at most 2 s apart, on a busy machine
 
 
 async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_letter(
