@@ -307,10 +307,13 @@ def validate(settings: Settings) -> None:
         "a whole number from 1 to 1024",
     )
     _validate_consumer_count(settings)
+    # The wire bounds count characters, and a character may take 4 bytes in UTF-8: the
+    # largest lease call or quarantine command jetfleet itself sends is about 11 KiB.
     _require(
-        4096 <= settings.fleet.max_request_bytes <= 64 * 1024 * 1024,
+        16 * 1024 <= settings.fleet.max_request_bytes <= 64 * 1024 * 1024,
         "fleet.max_request_bytes",
-        "a byte count from 4096 to 67108864 (the largest lease call a leaser reads)",
+        "a byte count from 16384 to 67108864 (the largest lease call a leaser reads; "
+        "below 16 KiB it could refuse calls jetfleet itself sends)",
     )
     _require(
         1 <= settings.fleet.service_concurrency <= 100_000,

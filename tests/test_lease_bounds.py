@@ -205,7 +205,7 @@ async def _records(nc: NatsClient) -> list[QuarantineRecord]:
     return reply.records
 
 
-@pytest.mark.parametrize("value", ["100", "-1", "100000000"])
+@pytest.mark.parametrize("value", ["100", "-1", "16383", "100000000"])
 def test_item10_max_request_bytes_out_of_range_names_the_key_and_the_range(
     tmp_path: Path, value: str
 ) -> None:
@@ -214,7 +214,7 @@ def test_item10_max_request_bytes_out_of_range_names_the_key_and_the_range(
     with pytest.raises(ConfigError) as info:
         load_settings(path, {})
     assert "fleet.max_request_bytes" in str(info.value)
-    assert "4096 to 67108864" in str(info.value)
+    assert "16384 to 67108864" in str(info.value)
     assert load_settings(None, {}).fleet.max_request_bytes == 65536
 
 
@@ -236,3 +236,24 @@ async def test_item10_a_worker_whose_names_the_leaser_would_refuse_does_not_star
         Worker(settings, nc, worker_id, identity=identity)
     assert key in str(info.value) and "without control characters" in str(info.value)
     Worker(settings, nc, "w" * 256, identity="ïd.entity *")  # the longest, any text
+
+
+def test_the_largest_lease_call_jetfleet_may_send_fits_the_smallest_request_bound() -> None:
+    """The bounds count characters; at 4 bytes a character in UTF-8 the largest call the
+    wire types allow must still fit the smallest ``fleet.max_request_bytes``."""
+    from jetfleet.schemas import LeaseRequest, Versions
+
+    wide = "\U0001f600" * 256  # 4 bytes each in UTF-8, 256 characters: at the bound
+    request = LeaseRequest(
+        job_id="j" * 128,
+        target="t" * 64,
+        key="k" * 256,
+        worker=wide,
+        versions=Versions(jetfleet="0.1.0", handler="h" * 200 + "@1"),
+        identity=wide,
+        region=wide,
+        reply_subject="r" * 1024,
+        pin_identity=wide,
+    )
+    msgspec.json.decode(msgspec.json.encode(request), type=LeaseRequest)  # within bounds
+    assert len(msgspec.json.encode(request)) <= 16 * 1024
