@@ -14,6 +14,7 @@ from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.test_unrunnable import running, unrunnable_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,3 +96,22 @@ async def test_owned_answers_cache_stays_bounded_however_many_identities_are_ask
         assert "nobody-29" in presence._answers, "the newest answer is kept"
     finally:
         await nc.close()
+
+
+async def test_a_worker_drains_and_closes_its_session_even_if_its_announcing_died(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+        assert worker._announcing is not None and worker._session is not None
+        worker._announcing.cancel()
+
+        async def died() -> None:
+            raise RuntimeError("a server error announcing")
+
+        # An announcer that died of an error, whatever it was, before the drain.
+        worker._announcing = asyncio.create_task(died())
+        await asyncio.wait([worker._announcing])
+        await worker.drain(1.0)
+        assert worker._session.closed, "the drain stopped before closing the HTTP session"
