@@ -14,10 +14,8 @@ import hashlib
 import logging
 import time
 
-from nats.errors import NoRespondersError
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, NoStreamResponseError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
@@ -27,6 +25,9 @@ log = logging.getLogger(__name__)
 OWNED_TTL_S = 30
 ANNOUNCE_EVERY_S = OWNED_TTL_S / 3
 CACHE_S = 5.0
+# Answers kept at most; a reader asked about ever more identities must not grow without
+# bound (stale answers are dropped first, then the oldest).
+CACHE_MAX = 1024
 
 
 def owned_key(identity: str) -> str:
@@ -48,11 +49,22 @@ class IdentityPresence:
         missed beat is retried at the next, well inside the TTL."""
         subject = f"$KV.{subjects.BUCKET_WORKERS}.{owned_key(identity)}"
         payload = f"{identity}\n{worker_id}".encode()
+        failing = False
         while True:
             try:
                 await self.js.publish(subject, payload, msg_ttl=OWNED_TTL_S)
-            except (NatsTimeoutError, NoRespondersError, NoStreamResponseError) as exc:
-                log.warning("announcing identity %s failed (%s); trying again", identity, exc)
+            except Exception as exc:
+                # Any error (an APIError such as a 503 during a leader election or a full
+                # store, a closed connection): if this task died, the key would expire
+                # and this owner's pinned jobs would be ended as having no owner.
+                # CancelledError is not an Exception, so drain still stops it.
+                if not failing:
+                    log.warning("announcing identity %s failed (%r); retrying", identity, exc)
+                failing = True
+            else:
+                if failing:
+                    log.info("announcing identity %s works again", identity)
+                failing = False
             await asyncio.sleep(ANNOUNCE_EVERY_S)
 
     async def owned(self, identity: str) -> bool:
@@ -71,5 +83,16 @@ class IdentityPresence:
         except Exception as exc:  # an outage must not end anybody's jobs
             log.warning("cannot tell whether identity %s is owned (%s)", identity, exc)
             return True
-        self._answers[identity] = (answer, time.monotonic())
+        self._remember(identity, answer)
         return answer
+
+    def _remember(self, identity: str, answer: bool) -> None:
+        """Cache ``answer``, keeping at most ``CACHE_MAX`` answers."""
+        now = time.monotonic()
+        if len(self._answers) >= CACHE_MAX and identity not in self._answers:
+            for stale in [k for k, (_, at) in self._answers.items() if now - at >= CACHE_S]:
+                del self._answers[stale]
+            while len(self._answers) >= CACHE_MAX:  # dicts keep insertion order
+                del self._answers[next(iter(self._answers))]
+        self._answers.pop(identity, None)  # re-inserted last: the order is by age
+        self._answers[identity] = (answer, now)

@@ -40,6 +40,19 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class JobClaim:
+    """A job id's claim as admission found or made it."""
+
+    owner: int
+    """The ``JF_SUBMIT`` sequence of the submission that owns the id (0: an earlier job
+    from before claims)."""
+    revision: int
+    """The revision of the job's ``jf-fences`` entry as read or written."""
+    routed: bool
+    """The job has a work order already: marked routed, granted or sealed."""
+
+
+@dataclass(frozen=True)
 class LiveLease:
     """A lease as read from KV: its record, fence and current revision."""
 
@@ -109,20 +122,30 @@ class LeaseStore:
         old = _history_decoder.decode(entry.value) if entry.value else None
         return HistoryEntry(old, entry.revision or 0)
 
-    async def claim(self, job_id: str, submit_seq: int) -> int:
+    async def claim(self, job_id: str, submit_seq: int) -> JobClaim:
         """Claim ``job_id`` for the submission at ``submit_seq`` (put-if-absent of the
-        job's history); the submission that owns the id: ``submit_seq`` when the id is
-        new or already this submission's (a scheduler re-admitting it after a restart),
-        another one (0: one from before claims) while an earlier job's history lives."""
+        job's history). Its owner is ``submit_seq`` when the id is new or already this
+        submission's (a scheduler re-admitting it after a restart), another submission
+        (0: one from before claims) while an earlier job's history lives."""
         claim = JobLeaseHistory(fence=0, grants=0, submit_seq=submit_seq)
         for _ in range(_CAS_TRIES):
-            if await self._write_history(job_id, claim, last=0):
-                return submit_seq
+            revision = await self._write_history(job_id, claim, last=0)
+            if revision:
+                return JobClaim(submit_seq, revision, routed=False)
             read = await self.read_history(job_id)
             if read.history is not None:
-                return read.history.submit_seq
+                return JobClaim(read.history.submit_seq, read.revision, _routed(read.history))
             # Gone between the two (its age ran out): claim again.
         raise RuntimeError(f"could not claim job id {job_id}: too much contention")
+
+    async def mark_routed(self, job_id: str, claim: JobClaim, work_seq: int) -> bool:
+        """Note that the claim's job was routed as ``JF_WORK`` sequence ``work_seq``, so a
+        redelivery of its submission after the work stream's duplicate window is not
+        routed again. One compare-and-set on the claim as found; False if the entry moved
+        since, which only a grant or a seal does (or a replica marking it first): each
+        says as well that the job was routed."""
+        routed = JobLeaseHistory(fence=0, grants=0, submit_seq=claim.owner, routed_seq=work_seq)
+        return await self._write_history(job_id, routed, claim.revision) > 0
 
     async def record_grant(
         self, job_id: str, fence: int, read: HistoryEntry | None = None
@@ -161,21 +184,20 @@ class LeaseStore:
         """Write ``sealed`` as the job's terminal decision if its history is still as
         ``read`` (no grant, refund or other seal since); False if it moved."""
         old = read.history or JobLeaseHistory(fence=0, grants=0)
-        return await self._write_history(
+        written = await self._write_history(
             job_id, msgspec.structs.replace(old, settled=sealed), read.revision
         )
+        return written > 0
 
-    async def _write_history(self, job_id: str, new: JobLeaseHistory, last: int) -> bool:
-        """Compare-and-set the history on revision ``last`` (0: create); False if it
-        moved."""
+    async def _write_history(self, job_id: str, new: JobLeaseHistory, last: int) -> int:
+        """Compare-and-set the history on revision ``last`` (0: create); the new revision,
+        or 0 if it moved."""
         try:
             if last:
-                await self.history.update(job_id, _encoder.encode(new), last=last)
-            else:
-                await self.history.create(job_id, _encoder.encode(new))
+                return await self.history.update(job_id, _encoder.encode(new), last=last)
+            return await self.history.create(job_id, _encoder.encode(new))
         except KeyWrongLastSequenceError:
-            return False
-        return True
+            return 0
 
     async def refund_grant(self, job_id: str) -> None:
         """Take back one grant from the job's count (an attempt the target refused)."""
@@ -258,3 +280,10 @@ class LeaseStore:
                 )
             )
         return found
+
+
+def _routed(history: JobLeaseHistory) -> bool:
+    """Whether the job has had a work order: marked routed, or granted (a refund leaves
+    the fence), or sealed."""
+    marked = history.routed_seq or history.fence or history.grants
+    return bool(marked) or history.settled is not None

@@ -135,6 +135,9 @@ class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
     admission (0: claimed before claims existed, or by a grant)."""
     settled: Sealed | None = None
     """The job's terminal decision; once set no grant is recorded again."""
+    routed_seq: int = 0
+    """The ``JF_WORK`` sequence of the job's work order, once admission routed it (0: not
+    yet marked). A redelivered submission whose claim is routed is not routed again."""
 
 
 QuarantineScope = Literal["worker", "identity"]

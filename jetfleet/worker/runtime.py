@@ -218,7 +218,10 @@ class Worker:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
         if self._announcing is not None:
-            await _stop(self._announcing)  # its key ends by its TTL
+            # Its key ends by its TTL. An error it somehow died of must not fail the
+            # drain and skip closing the session.
+            with contextlib.suppress(Exception):
+                await _stop(self._announcing)
         if self._session is not None:
             await self._session.close()
 

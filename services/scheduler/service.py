@@ -9,7 +9,7 @@ import logging
 
 import msgspec
 from jetfleet.schemas import Rejection
-from jetfleet.services.scheduler.job_ids import claim_job_id
+from jetfleet.services.scheduler.job_ids import ClaimedOrder, claim_job_id
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -78,11 +78,14 @@ class Scheduler:
 
     async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        verdict = admit(
+        admitted = admit(
             msg.subject, msg.data, self.settings, submit_seq=seq, stored_at=msg.metadata.timestamp
         )
-        if not isinstance(verdict, Rejection):
-            verdict = await claim_job_id(store, verdict, msg.subject, msg.data, self.settings, seq)
+        verdict = (
+            admitted
+            if isinstance(admitted, Rejection)
+            else await claim_job_id(store, admitted, msg.subject, msg.data, self.settings, seq)
+        )
         if isinstance(verdict, Rejection):
             target = subjects.target_of(msg.subject)
             log.info("rejected submission %s on %s: %s", seq, msg.subject, verdict.message)
@@ -94,19 +97,28 @@ class Scheduler:
                 headers=_passthrough(msg),
             )
             self.admissions.inc(target=target, verdict="rejected", reason=verdict.reason)
+        elif verdict.claim.routed:
+            # A redelivery of a submission routed before (its ack was lost): the work
+            # order exists, or existed and was settled.
+            log.info("submission %s was routed already; acking it", seq)
         else:
-            subject = subjects.work(verdict.target, verdict.job.tier)
-            # The job id as message id: a redelivered submission (re-admitted, its claim
-            # already its own) cannot be routed twice.
-            await publish_durably(
-                self.js,
-                subject,
-                _encoder.encode(verdict),
-                msg_id=f"job-{verdict.job.id}",
-                headers=_passthrough(msg),
-            )
-            self.admissions.inc(target=verdict.target, verdict="admitted", reason="")
+            await self._route(store, verdict, msg)
         await msg.ack()
+
+    async def _route(self, store: LeaseStore, claimed: ClaimedOrder, msg: Msg) -> None:
+        """Store the work order, then mark its claim routed."""
+        order = claimed.order
+        # The job id as message id dedupes a re-admission inside the duplicate window;
+        # the routed mark, one KV write, covers the time after it.
+        ack = await publish_durably(
+            self.js,
+            subjects.work(order.target, order.job.tier),
+            _encoder.encode(order),
+            msg_id=f"job-{order.job.id}",
+            headers=_passthrough(msg),
+        )
+        await store.mark_routed(order.job.id, claimed.claim, ack.seq)
+        self.admissions.inc(target=order.target, verdict="admitted", reason="")
 
 
 def _passthrough(msg: Msg) -> dict[str, str]:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Literal
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
-from jetfleet.schemas.lease import JobLeaseHistory, SealedDeath
+from jetfleet.schemas.lease import JobLeaseHistory, Sealed, SealedCommit, SealedDeath
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -29,7 +30,7 @@ from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
 from jetfleet.last_hand_back import last_hand_back
 from jetfleet.leader_reads import last_message
-from jetfleet.lease_store import LeaseStore
+from jetfleet.lease_store import HistoryEntry, LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
@@ -153,32 +154,38 @@ class ExhaustedJobs:
         except msgspec.MsgspecError as exc:
             await self._keep_malformed(stored, str(exc))
         else:
+            # History first, then the live lease: a grant recorded between the two reads
+            # then changes the history after this read, so the fence-0 seal below fails.
+            read = await self.store.read_history(order.job.id)
             if await self.store.live(order.job.id) is not None:
                 # Someone holds the job: only the live lease's holder may end it.
                 return False
-            if not await self._settle(order, advisory, stored):
+            if not await self._settle(order, advisory, stored, read):
                 return False
         await self._delete(advisory)
         return True
 
     async def _settle(
-        self, order: WorkOrder, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg
+        self,
+        order: WorkOrder,
+        advisory: MaxDeliveriesAdvisory,
+        stored: RawStreamMsg,
+        read: HistoryEntry,
     ) -> bool:
         """Store the job's end: the decision it was sealed with (landed, in case the
         sink that sealed it died before writing it), nothing if it is dead already, a
         duplicate if its key was committed, else its dead letter, sealed first (the
         settle rule: never both committed and dead). False when a grant came first: look
         again later."""
-        read = await self.store.read_history(order.job.id)
         if read.history is not None and read.history.settled is not None:
-            await land(self.js, read.history.settled)
+            await self._land_sealed(order, read.history.settled)
             return True
         letter_subject = subjects.dead_letter(order.target, order.job.id)
         if await last_message(self.js, subjects.STREAM_DLQ, letter_subject) is not None:
             return True  # its letter is written (a sink died before the delete)
         holder = await committed_job(self.js, order.target, order.key)
         if holder is not None:
-            await self._record_duplicate(order, holder)
+            await self._record_duplicate(order, holder, "already-done")
             return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
         reason, detail = await self._why(order, advisory, stored, history, read.history)
@@ -193,6 +200,19 @@ class ExhaustedJobs:
             "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
         )
         return True
+
+    async def _land_sealed(self, order: WorkOrder, sealed: Sealed) -> None:
+        """Land the decision the job was sealed with. A commit whose key another job
+        committed first is recorded as that job's duplicate: the worker that sealed it
+        may have died before doing so, and without the record, deleting the message
+        would leave the job counted nowhere."""
+        reply = await land(self.js, sealed)
+        if (
+            isinstance(sealed, SealedCommit)
+            and reply.status == "suppressed:duplicate-key"
+            and reply.committed_by
+        ):
+            await self._record_duplicate(order, reply.committed_by, "suppressed")
 
     async def _why(
         self,
@@ -230,7 +250,12 @@ class ExhaustedJobs:
             return self.settings.max_age_s(target)
         return self.settings.fleet.max_job_age_s
 
-    async def _record_duplicate(self, order: WorkOrder, committed_by: str) -> None:
+    async def _record_duplicate(
+        self,
+        order: WorkOrder,
+        committed_by: str,
+        via: Literal["already-done", "suppressed"],
+    ) -> None:
         self.ended.inc(target=order.target, how="duplicate")
         if committed_by == order.job.id:
             return  # its own commit, whose ack was lost
@@ -239,7 +264,7 @@ class ExhaustedJobs:
             target=order.target,
             key=order.key,
             committed_by=committed_by,
-            via="already-done",
+            via=via,
         )
         await publish_durably(
             self.js,

@@ -1,0 +1,117 @@
+"""A worker's identity stays announced through server errors, and the answers a reader
+caches about other identities stay bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from jetfleet import identity_presence, subjects
+from jetfleet.connection import connect_nats
+from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.simulator import TargetSimulator
+from jetfleet.topology import declare
+from tests.conftest import make_settings, sim_target, wait_for
+from tests.test_unrunnable import running, unrunnable_settings
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def test_announce_keeps_beating_after_the_bucket_refuses_writes_with_api_errors(
+    nats_url: str,
+    redis_url: str,
+    simulator: TargetSimulator,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(identity_presence, "ANNOUNCE_EVERY_S", 0.1)
+    caplog.set_level(logging.WARNING, logger=identity_presence.__name__)
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "announce-test")
+    js = nc.jetstream()
+    task: asyncio.Task[None] | None = None
+    try:
+        await declare(js, settings)
+        kv = await js.key_value(subjects.BUCKET_WORKERS)
+        presence = IdentityPresence(js)
+        task = asyncio.create_task(presence.announce("id-x", "w-1"))
+
+        async def revision() -> int:
+            try:
+                return (await kv.get(owned_key("id-x"))).revision or 0
+            except Exception:
+                return 0
+
+        async def announced() -> bool:
+            return await revision() > 0
+
+        await wait_for(announced, 10, "the first beat")
+        # The bucket's stream refuses every write with an API error, as a store that is
+        # full or a 503 during a leader election would.
+        stream = f"KV_{subjects.BUCKET_WORKERS}"
+        cfg = (await js.stream_info(stream)).config
+        old_max = cfg.max_msg_size
+        cfg.max_msg_size = 1
+        await js.update_stream(cfg)
+
+        async def refused() -> bool:
+            assert task is not None
+            return task.done() or any("failed" in r.getMessage() for r in caplog.records)
+
+        await wait_for(refused, 10, "a beat refused by the server")
+        assert not task.done(), f"announce ended on an API error: {task.exception()!r}"
+        cfg.max_msg_size = old_max if old_max else -1
+        await js.update_stream(cfg)
+        before = await revision()
+
+        async def beat_again() -> bool:
+            return await revision() > before
+
+        await wait_for(beat_again, 10, "a beat once the store takes writes again")
+        assert await presence.owned("id-x")
+        warnings = [r for r in caplog.records if "failed" in r.getMessage()]
+        assert len(warnings) == 1, "one warning per streak of failures, not one per beat"
+    finally:
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await nc.close()
+
+
+async def test_owned_answers_cache_stays_bounded_however_many_identities_are_asked(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(identity_presence, "CACHE_MAX", 8, raising=False)
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "announce-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        for n in range(30):
+            assert not await presence.owned(f"nobody-{n}")
+        assert len(presence._answers) <= 8
+        assert "nobody-29" in presence._answers, "the newest answer is kept"
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_drains_and_closes_its_session_even_if_its_announcing_died(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+        assert worker._announcing is not None and worker._session is not None
+        worker._announcing.cancel()
+
+        async def died() -> None:
+            raise RuntimeError("a server error announcing")
+
+        # An announcer that died of an error, whatever it was, before the drain.
+        worker._announcing = asyncio.create_task(died())
+        await asyncio.wait([worker._announcing])
+        await worker.drain(1.0)
+        assert worker._session.closed, "the drain stopped before closing the HTTP session"

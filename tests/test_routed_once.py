@@ -1,0 +1,114 @@
+"""A submission is routed to the work stream once, however late it is redelivered: its
+job id's claim is marked routed once the work order is stored (docs/leases.md#job-ids)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from jetfleet.schemas import Job
+from jetfleet.services.scheduler.service import Scheduler
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from jetfleet import subjects
+from jetfleet.client import jobs_for, submit_jobs
+from jetfleet.connection import connect_nats
+from jetfleet.lease_store import LeaseStore
+from jetfleet.ops.status import fleet_status
+from jetfleet.settings import Settings
+from jetfleet.simulator import TargetSimulator
+from jetfleet.topology import declare
+from tests.conftest import make_settings, sim_target
+
+pytestmark = pytest.mark.timeout(60)
+WINDOW_S = 1.0
+
+
+@pytest.fixture
+async def fleet(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> AsyncIterator[tuple[Settings, NatsClient]]:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "routed-once")
+    await declare(nc.jetstream(), settings)
+    try:
+        yield settings, nc
+    finally:
+        await nc.close()
+
+
+async def _one_submission(settings: Settings, nc: NatsClient) -> tuple[Job, Msg]:
+    """Submit one job and take its submission as the scheduler's consumer would."""
+    js = nc.jetstream()
+    [job] = jobs_for("demo", settings, ["/page/1"])
+    await submit_jobs(js, settings, "demo", [job])
+    sub = await js.pull_subscribe(
+        subjects.submit(">"), durable="routed-once-probe", stream=subjects.STREAM_SUBMIT
+    )
+    [msg] = await sub.fetch(1, timeout=5)
+    return job, msg
+
+
+async def _shorten_duplicate_window(nc: NatsClient) -> None:
+    js = nc.jetstream()
+    cfg = (await js.stream_info(subjects.STREAM_WORK)).config
+    cfg.duplicate_window = WINDOW_S
+    await js.update_stream(cfg)
+
+
+async def _work_messages(nc: NatsClient) -> int:
+    info = await nc.jetstream().stream_info(subjects.STREAM_WORK)
+    return info.state.messages
+
+
+async def test_a_submission_redelivered_after_the_work_duplicate_window_is_not_routed_again(
+    fleet: tuple[Settings, NatsClient],
+) -> None:
+    settings, nc = fleet
+    await _shorten_duplicate_window(nc)
+    _, msg = await _one_submission(settings, nc)
+    scheduler = Scheduler(settings, nc)  # not started: only its admission step runs
+    store = await LeaseStore.open(nc.jetstream())
+    await scheduler._admit_one(store, msg)  # routed; say its ack was lost
+    assert await _work_messages(nc) == 1
+    # The scenario is time itself: no scheduler ran for longer than the window, so the
+    # stream no longer knows the work order's msg id.
+    await asyncio.sleep(WINDOW_S * 2)
+    msg._ackd = False  # the same delivery again, as a redelivery brings it
+    await scheduler._admit_one(store, msg)
+    totals = (await fleet_status(nc.jetstream(), settings)).totals
+    assert await _work_messages(nc) == 1, f"one submission routed twice: {totals}"
+    assert (totals.submitted, totals.queued) == (1, 1), totals
+
+
+async def test_a_submission_claimed_but_never_routed_is_routed_when_redelivered(
+    fleet: tuple[Settings, NatsClient],
+) -> None:
+    settings, nc = fleet
+    job, msg = await _one_submission(settings, nc)
+    store = await LeaseStore.open(nc.jetstream())
+    # A scheduler claimed the id, then died before storing the work order.
+    claim = await store.claim(job.id, msg.metadata.sequence.stream)
+    assert not claim.routed
+    await Scheduler(settings, nc)._admit_one(store, msg)
+    assert await _work_messages(nc) == 1, "the job was lost: claimed, never routed"
+    history = (await store.read_history(job.id)).history
+    assert history is not None and history.routed_seq > 0
+
+
+async def test_a_redelivered_submission_whose_job_was_granted_is_acked_not_routed_again(
+    fleet: tuple[Settings, NatsClient],
+) -> None:
+    settings, nc = fleet
+    job, msg = await _one_submission(settings, nc)
+    store = await LeaseStore.open(nc.jetstream())
+    # Routed by a scheduler that died before marking the claim; a worker took the job
+    # since, and its work order was acked away.
+    await store.claim(job.id, msg.metadata.sequence.stream)
+    await store.record_grant(job.id, fence=3)
+    await Scheduler(settings, nc)._admit_one(store, msg)
+    assert await _work_messages(nc) == 0, "a granted job was routed again"
+    info = await nc.jetstream().consumer_info(subjects.STREAM_SUBMIT, "routed-once-probe")
+    assert info.num_ack_pending == 0, "the submission was not acked"
