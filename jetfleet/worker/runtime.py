@@ -56,6 +56,7 @@ from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
+from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
@@ -158,6 +159,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
+        self.pace = HandBackPace(settings)
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
@@ -304,19 +306,15 @@ class Worker:
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
-        """How long a job handed back unrun stays away.
-
-        A target with its own lane: ``wait`` (its pull loop has stopped anyway). A
-        partitioned target: its lane keeps delivering, so a member at its cap or held
-        would have its jobs handed back over and over, and fill the partition's unacked
-        window ahead of the other members. Each hand-back of the same job doubles its
-        delay instead (with jitter), so the churn dies down and the consumer moves on to
-        the other members' jobs; the member loses nothing, since it is at its cap or
-        held, and any of its many waiting jobs can take the next free place.
+        """How long a job handed back unrun (held here, its target refused to this
+        worker) stays away: ``wait``, and at least its paced hand-back delay, which
+        doubles with each delivery (jetfleet/worker/hand_back_pace.py). Every hand-back
+        is a delivery, so a job held off for long must not use up ``max_deliver``
+        before its max age; and a partitioned target's lane keeps delivering, so the
+        churn of a held member's jobs dies down and the consumer moves on to the
+        other members' jobs.
         """
-        if not self.lane_map.is_shared(target):
-            return wait
-        return max(wait, self._growing_delay(msg))
+        return max(wait, self.pace.growing_s(target, msg.metadata.num_delivered or 1))
 
     def _growing_delay(self, msg: Msg) -> float:
         """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
@@ -494,8 +492,9 @@ class Worker:
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
-                # idle); this job just stays away for its hand-back delay.
-                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+                # idle); this job stays away as long as any other waiting job, old or
+                # fresh, so old ones get their share of the freed places.
+                delay = self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
             elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
@@ -694,11 +693,24 @@ class Worker:
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
-        requeue the job without spending its attempt budget."""
-        delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
-        delay = min(delay, self.settings.targets[order.target].max_retry_after_s)
-        self.gate.blocked(order.target, delay)
+        requeue the job without spending its attempt budget.
+
+        What the target said is a floor, never the wait itself: a ``Retry-After: 0``
+        (or a date already past) would otherwise have this worker call it again at once.
+        The hold grows with the target's blocks in a row, the job's wait with its
+        deliveries (hand_back_pace.py), so the target sees fewer and fewer requests
+        and the job does not use up ``max_deliver`` while it could still run.
+        """
+        target = order.target
+        asked = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        first = max(self.settings.fleet.retry_base_s, MIN_REFUSAL_DELAY_S)
+        streak = self.gate.block_streak(target) + 1
+        hold = max(asked, self.pace.growing_s(target, streak, first))
+        hold = min(hold, self.settings.targets[target].max_retry_after_s)
+        self.gate.blocked(target, hold)
         self.stats[f"blocked:{verdict.reason}"] += 1
+        delivered = msg.metadata.num_delivered or 1
+        delay = max(hold, self.pace.growing_s(target, delivered, first))
         if await self._give_back(order, held, refund=True):
             await msg.nak(delay=delay)
 
