@@ -273,6 +273,10 @@ def _convert_part(
         raise ConfigError(f"config ({source}): {key}: {first}; set it to {hint}") from None
 
 
+ACK_WAIT_OVER_TTL_S = 1.0
+"""How much longer than the lease's TTL (whole seconds) the ack wait must be."""
+
+
 def validate(settings: Settings) -> None:
     """Check the rules a type cannot express; raise ConfigError naming the key."""
     for name, target in settings.targets.items():
@@ -287,11 +291,16 @@ def validate(settings: Settings) -> None:
     _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
     # The server's per-key TTL is whole seconds: a 2.5 s lease lives 3 s.
     lease_lives_s = math.ceil(settings.fleet.lease_ttl_s)
+    # A worker counts its lease lost a whole TTL after its last renewal was sent (it
+    # waits no longer for an answer) and then stops the handler; the ack wait runs from
+    # the +WPI sent after that renewal, so it must outlast the TTL by that much.
     _require(
-        settings.fleet.ack_wait_s > lease_lives_s,
+        settings.fleet.ack_wait_s >= lease_lives_s + ACK_WAIT_OVER_TTL_S,
         "fleet.ack_wait_s",
-        f"more than fleet.lease_ttl_s ({lease_lives_s} s) as the server keeps it (whole "
-        "seconds, rounded up), so JetStream redelivers only after a lease is gone",
+        f"at least {ACK_WAIT_OVER_TTL_S:g} s more than fleet.lease_ttl_s ({lease_lives_s} s) "
+        f"as the server keeps it (whole seconds, rounded up), that is >= "
+        f"{lease_lives_s + ACK_WAIT_OVER_TTL_S:g} s, so JetStream redelivers only after a "
+        "lease is gone and its worker has stopped; or lower fleet.lease_ttl_s",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
     _require(

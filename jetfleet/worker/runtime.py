@@ -54,6 +54,7 @@ from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
@@ -470,8 +471,9 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
+        timer = AckTimer(self.settings.fleet.ack_wait_s)
         try:
-            reply, asked_at = await self._ask_for_lease(msg, request)
+            reply, asked_at = await self._ask_for_lease(msg, request, timer)
         except asyncio.CancelledError:
             # A drain ran out of time while the leaser did not answer: another worker
             # may ask for the job now.
@@ -508,9 +510,17 @@ class Worker:
                 delay = max(retry_after, self._growing_delay(msg))
             await self._hand_back(msg, target, reply.reason, delay)
             return None
-        return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
+        return Held(
+            fence=reply.fence,
+            ttl_s=reply.ttl_s,
+            attempt=reply.attempt,
+            asked_at=asked_at,
+            timer=timer,
+        )
 
-    async def _ask_for_lease(self, msg: Msg, request: LeaseRequest) -> tuple[LeaseReply, float]:
+    async def _ask_for_lease(
+        self, msg: Msg, request: LeaseRequest, timer: AckTimer
+    ) -> tuple[LeaseReply, float]:
         """The leaser's answer for this delivery and when it was asked (monotonic).
 
         Busy, silent or absent, the leaser is asked again for this same delivery after a
@@ -528,7 +538,7 @@ class Worker:
                 return reply, asked_at
             self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
             with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
-                await msg.in_progress()
+                await _keep_delivery(msg, timer)
             await asyncio.sleep(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
@@ -659,23 +669,29 @@ class Worker:
                 except Exception as exc:  # reconnecting: the next beat tries again
                     log.warning("in-progress for job %s failed: %s", order.job.id, exc)
         interval = held.ttl_s / 3
-        # The server's TTL ran from no earlier than when the last renewal was sent.
+        # The server's TTL ran from no earlier than when the last renewal was sent. A
+        # renewal is waited for no longer than the TTL has left: unanswered for a whole
+        # TTL, the lease has expired by the server's clock, so it counts as lost then,
+        # not a call timeout later (the ack wait, longer than the TTL, may not be).
         renewed_at = held.asked_at
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(interval, renewed_at + held.ttl_s - time.monotonic())))
             asked_at = time.monotonic()
-            try:
-                renewed = await self.leases.renew(order.job.id, held.fence)
-                if renewed:
-                    await msg.in_progress()
-            except Exception as exc:
-                log.warning("renewing the lease of job %s failed: %s", order.job.id, exc)
-                renewed = None
+            left_s = renewed_at + held.ttl_s - asked_at
+            renewed: bool | None = None
+            if left_s > 0:
+                try:
+                    renewed = await asyncio.wait_for(
+                        self.leases.renew(order.job.id, held.fence), left_s
+                    )
+                    if renewed:
+                        await _keep_delivery(msg, held.timer)
+                except Exception as exc:
+                    log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
+                    renewed = None
             if renewed:
                 renewed_at = asked_at
                 continue
-            # Refused: lost for sure. Unanswered for a whole TTL since the last renewal
-            # was sent: it has expired by the server's clock by now, so act as if lost.
             if renewed is False or time.monotonic() - renewed_at >= held.ttl_s:
                 held.lost.set()
                 if held.running is not None:
@@ -683,13 +699,20 @@ class Worker:
                 return
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
-        """Release the lease before a nak; False means it was not ours any more. When the
-        leaser cannot say, the nak goes ahead: the next delivery is refused as ``held``
-        until the lease's TTL ends, far sooner than an ack wait."""
+        """Release the lease before a nak; True only if the nak may follow.
+
+        Released: yes. Not ours any more: no. When the leaser cannot say, only if the
+        lease is not known lost and the delivery's ack wait surely has not run out
+        (``Held.may_nak_unanswered``): the next delivery is then refused as ``held``
+        until the lease's TTL ends. Otherwise the job is left to its ack wait: a nak
+        could land on a delivery JetStream already handed to another worker.
+        """
         if not held.fence:
             return True
         released = await self.leases.release(order.job.id, held.fence, refund=refund)
-        return released is not False
+        if released is None:
+            return held.may_nak_unanswered()
+        return released
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
@@ -931,6 +954,14 @@ class Worker:
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
         await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+
+
+async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
+    """Send ``+WPI`` (the delivery's ack wait restarts) and note when it was sent."""
+    sent_at = time.monotonic()
+    await msg.in_progress()
+    if timer is not None:
+        timer.restarted(sent_at)
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
