@@ -49,7 +49,13 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
+from jetfleet.schemas.lease import (
+    LeaseAlreadyDone,
+    LeaseGrant,
+    LeaseRefusal,
+    LeaseReply,
+    LeaseRequest,
+)
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
@@ -476,8 +482,9 @@ class Worker:
             reply, asked_at = await self._ask_for_lease(msg, request, timer)
         except asyncio.CancelledError:
             # A drain ran out of time while the leaser did not answer: another worker
-            # may ask for the job now.
+            # may ask for the job now, once a late grant to this delivery is undone.
             with contextlib.suppress(Exception):
+                await self._refund_late_grant(request)
                 await msg.nak()
             raise
         if isinstance(reply, LeaseAlreadyDone):
@@ -517,6 +524,19 @@ class Worker:
             asked_at=asked_at,
             timer=timer,
         )
+
+    async def _refund_late_grant(self, request: LeaseRequest) -> None:
+        """Undo a grant the leaser may still make to this delivery after we stop asking.
+
+        A stalled leaser answers the asks it holds in turn when it resumes: the one that
+        timed out creates the lease (an attempt counted), and this last one, for the same
+        worker and reply subject, gets that same lease again. Released with a refund, it
+        neither holds the next delivery off as ``held`` nor counts as an attempt that
+        never ran. A leaser still silent after this ask leaves the late grant possible.
+        """
+        reply = await self.leases.grant(request)
+        if isinstance(reply, LeaseGrant):
+            await self.leases.release(request.job_id, reply.fence, refund=True)
 
     async def _ask_for_lease(
         self, msg: Msg, request: LeaseRequest, timer: AckTimer
