@@ -138,6 +138,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
         default_factory=lambda: {"high": 0.5, "normal": 0.3, "bulk": 0.2}
     )
     """Each priority tier's guaranteed share of the worker's slots (idle ones are lent)."""
+    report_patience_s: float = 600.0
+    """How long a finished job's report is sent again while the sink is busy, silent or
+    absent (its lease, slot and pending place kept all along) before the worker gives up:
+    it releases the lease with a refund and naks the job with backoff, to run again."""
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -303,6 +307,11 @@ def validate(settings: Settings) -> None:
         "lease is gone and its worker has stopped; or lower fleet.lease_ttl_s",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    _require(
+        settings.worker.report_patience_s > 0,
+        "worker.report_patience_s",
+        "a positive number of seconds (600 by default)",
+    )
     _require(
         settings.fleet.dedicated_targets >= 0, "fleet.dedicated_targets", "a whole number >= 0"
     )

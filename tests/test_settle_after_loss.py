@@ -1,4 +1,4 @@
-"""Review findings 5 and 7: what a worker does with a delivery once it cannot know (or
+"""Review findings 5 and 7 (part): what a worker does with a delivery once it cannot know (or
 knows it does not) hold the job's lease any more.
 
 Real nats-server and redis-server; the sink and the leaser are stopped mid-job so the
@@ -17,8 +17,10 @@ from nats.aio.msg import Msg
 
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
+from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
+from jetfleet.stream_reader import count_messages
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.stack import InProcessStack
 from tests.test_lost_lease import (
@@ -126,3 +128,49 @@ async def test_finding5_a_worker_whose_leaser_goes_silent_counts_its_lease_lost_
 
 async def _swallow(msg: Msg) -> None:
     """A leaser that never answers."""
+
+
+async def test_finding7_a_report_the_sink_never_takes_is_given_back_after_the_patience(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    wire: AckWire,
+    store: LeaseStore,
+) -> None:
+    # The sink is away for good: the worker does not keep the lease, its slot and the
+    # pending place for ever, but gives the job back, its attempt refunded.
+    patient = msgspec.structs.replace(
+        settings,
+        worker=msgspec.structs.replace(settings.worker, concurrency=1, report_patience_s=2.0),
+    )
+    worker = RecordingWorker(patient, await connect_nats(settings.nats, "w-p"), "w-p")
+    await worker.start()
+    try:
+        order = await publish_job(settings, nc)
+        await wait_for(is_set(ENTERED["w-p"]), 20, "the handler to start")
+        assert services.sink is not None
+        await services.sink.drain(2.0)
+        services.sink = None
+        GATES["w-p"].set()
+        await wait_for(not_empty(worker.finished), 20, "the worker to give the job back")
+        await wire.everything_sent_by(worker)
+        [(_, reply)] = worker.deliveries[:1]
+        assert kinds(wire.on(reply))[-1] == "-NAK"
+        assert worker.stats["sink-gave-up"] == 1
+        assert (await store.highest_fence(order.job.id)).grants == 0  # refunded
+        # The sink is back: the job runs again and commits.
+        await services.start_sink()
+
+        async def committed() -> bool:
+            return (
+                await count_messages(
+                    nc.jetstream(), subjects.STREAM_RESULTS, subjects.results("demo")
+                )
+                == 1
+            )
+
+        await wait_for(committed, 30, "the job to commit once the sink is back")
+    finally:
+        GATES["w-p"].set()
+        await worker.drain(5.0)
+        await worker.nc.close()

@@ -763,8 +763,9 @@ class Worker:
         if reply is None or reply.status == "error":
             # Give the job back now rather than leave it to the ack wait. No answer: the
             # lease was lost while the sink was asked again and again (the release below
-            # then finds it gone and nothing is nakked); not the job's fault, so the
-            # attempt is refunded. An error may be this job's own (say, an
+            # then finds it gone and nothing is nakked), or the sink stayed busy or away
+            # past worker.report_patience_s; not the job's fault, so the attempt is
+            # refunded. An error may be this job's own (say, an
             # output the stream refuses), so it spends the attempt and the job ends
             # dead-lettered if it keeps failing. Either way the delay grows with each
             # delivery, and a commit that did happen is found by the next grant
@@ -837,16 +838,29 @@ class Worker:
         return await self._send_report(order, _encoder.encode(report), held)
 
     async def _send_report(self, order: WorkOrder, payload: bytes, held: Held) -> SinkReply | None:
-        """The sink's answer; None only if the lease was lost while it was asked.
+        """The sink's answer; None if the lease was lost while it was asked, or the sink
+        gave none for ``worker.report_patience_s``.
 
         Busy, silent or absent, the sink gets the same report again after a growing,
-        jittered wait for as long as the lease is ours (the keeper renews it all along).
-        The job is never given back to run again over a sink outage, so the target is
-        asked once; and a report the sink commits after we stopped waiting for it makes
-        the next one ``suppressed`` under this job's own key, which settles the job.
+        jittered wait while the lease is ours (the keeper renews it all along), so a sink
+        outage does not make the target be asked twice; and a report the sink commits
+        after we stopped waiting for it makes the next one ``suppressed`` under this job's
+        own key, which settles the job. Past the patience the job is given back (the
+        lease, the slot and the pending place are not kept for ever): it runs again, or
+        its next grant finds the commit (``already-done``).
         """
         backoff = Backoff()
+        give_up_at = time.monotonic() + self.settings.worker.report_patience_s
         while not held.lost.is_set():
+            left_s = give_up_at - time.monotonic()
+            if left_s <= 0:
+                self.stats["sink-gave-up"] += 1
+                log.warning(
+                    "sink gave no answer for job %s in %g s; giving the job back",
+                    order.job.id,
+                    self.settings.worker.report_patience_s,
+                )
+                return None
             try:
                 answer = await self.nc.request(
                     subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
@@ -866,7 +880,7 @@ class Worker:
                     )
                 floor_s = 0.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.lost.wait(), backoff.next_s(floor_s))
+                await asyncio.wait_for(held.lost.wait(), min(left_s, backoff.next_s(floor_s)))
         return None
 
     async def _record_duplicate(
