@@ -692,31 +692,40 @@ class Worker:
         # The server's TTL ran from no earlier than when the last renewal was sent. A
         # renewal is waited for no longer than the TTL has left: unanswered for a whole
         # TTL, the lease has expired by the server's clock, so it counts as lost then,
-        # not a call timeout later (the ack wait, longer than the TTL, may not be).
+        # not a call timeout later (the ack wait, only a second longer, may not be). An
+        # unanswered renewal is asked again soon (growing, jittered), not a beat later,
+        # so a leaser's passing stall or busy moment does not cost the lease.
         renewed_at = held.asked_at
+        retry = Backoff()
+        wait_s = interval
         while True:
-            await asyncio.sleep(max(0.0, min(interval, renewed_at + held.ttl_s - time.monotonic())))
+            await asyncio.sleep(max(0.0, min(wait_s, renewed_at + held.ttl_s - time.monotonic())))
             asked_at = time.monotonic()
-            left_s = renewed_at + held.ttl_s - asked_at
-            renewed: bool | None = None
-            if left_s > 0:
-                try:
-                    renewed = await asyncio.wait_for(
-                        self.leases.renew(order.job.id, held.fence), left_s
-                    )
-                    if renewed:
-                        await _keep_delivery(msg, held.timer)
-                except Exception as exc:
-                    log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
-                    renewed = None
+            renewed = await self._renew_within(msg, order, held, renewed_at + held.ttl_s - asked_at)
             if renewed:
-                renewed_at = asked_at
+                renewed_at, retry, wait_s = asked_at, Backoff(), interval
                 continue
             if renewed is False or time.monotonic() - renewed_at >= held.ttl_s:
                 held.lost.set()
                 if held.running is not None:
                     held.running.cancel()
                 return
+            wait_s = min(interval, retry.next_s())
+
+    async def _renew_within(
+        self, msg: Msg, order: WorkOrder, held: Held, left_s: float
+    ) -> bool | None:
+        """Renew (and send +WPI) if answered within ``left_s``; None if unanswered."""
+        if left_s <= 0:
+            return None
+        try:
+            renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
+            if renewed:
+                await _keep_delivery(msg, held.timer)
+        except Exception as exc:
+            log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
+            return None
+        return renewed
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
         """Release the lease before a nak; True only if the nak may follow.
