@@ -59,6 +59,36 @@ async def test_finding2_a_retry_after_of_zero_backs_off_and_never_dead_letters_t
             await stack.stop()
 
 
+async def test_finding2_many_jobs_answered_retry_after_zero_see_a_backing_off_target(
+    nats_url: str, redis_url: str
+) -> None:
+    # Ten jobs, one target that answers every request 429 with Retry-After: 0: this
+    # worker's hold on the target grows with its blocks in a row, so the requests thin
+    # out (0, 0, 0.5, 1.5, 3.5 s ...), whichever job is the probe.
+    async with TargetSimulator(SimulatorConfig()) as sim:
+        targets = {"slow": target(sim.base_url, max_attempts=1)}
+        settings = smallest_backstop(queue_settings(nats_url, redis_url, targets, concurrency=2))
+        stack = InProcessStack(settings)
+        await stack.start(workers=1)
+        js = stack.connections[0].jetstream()
+        try:
+            paths = [f"/ratelimited/{n}?retry_after=0" for n in range(10)]
+            await submit_paths(js, settings, "slow", paths, "ra0-many")
+
+            async def requests(n: int) -> bool:
+                return int(sim.counts()["total"]) >= n
+
+            await wait_for(lambda: requests(1), 30, "the first request")
+            first = asyncio.get_running_loop().time()
+            await wait_for(lambda: requests(6), 40, "the sixth request")
+            took = asyncio.get_running_loop().time() - first
+            assert took >= 3.0, f"6 requests in {took:.2f} s: the target is hammered"
+            assert sim.max_in_any_window(1.0) <= 4
+            assert await dead(js, "slow") == 0
+        finally:
+            await stack.stop()
+
+
 def pace_for(max_deliver: int, max_age_s: float, max_attempts: int = 1) -> HandBackPace:
     base = make_settings(
         "nats://127.0.0.1:1",
