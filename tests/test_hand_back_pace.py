@@ -13,6 +13,7 @@ import random
 import msgspec
 import pytest
 
+from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.settings import Settings, min_max_deliver, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.worker.hand_back_pace import TARGET_BUSY_S, HandBackPace
@@ -85,6 +86,31 @@ async def test_finding2_many_jobs_answered_retry_after_zero_see_a_backing_off_ta
             assert took >= 3.0, f"6 requests in {took:.2f} s: the target is hammered"
             assert sim.max_in_any_window(1.0) <= 4
             assert await dead(js, "slow") == 0
+        finally:
+            await stack.stop()
+
+
+async def test_finding2_a_job_blocked_for_ever_ends_expired_at_its_max_age_not_by_the_backstop(
+    nats_url: str, redis_url: str
+) -> None:
+    # max_deliver at its minimum (24) and a 20 s max age: the paced hand-backs spread the
+    # deliveries over the max age, so the job ends `expired`, as a job nobody could run
+    # for that long should. Before the fix: `deliveries-exhausted` within a second.
+    async with TargetSimulator(SimulatorConfig()) as sim:
+        targets = {"slow": target(sim.base_url, max_attempts=1, max_age_s=20.0)}
+        settings = smallest_backstop(queue_settings(nats_url, redis_url, targets, concurrency=2))
+        stack = InProcessStack(settings)
+        await stack.start(workers=1)
+        js = stack.connections[0].jetstream()
+        try:
+            await submit_paths(js, settings, "slow", ["/ratelimited/0?retry_after=0"], "aged")
+
+            async def is_dead() -> bool:
+                return await dead(js, "slow") == 1
+
+            await wait_for(is_dead, 60, "the job's dead letter")
+            [entry] = await list_dead_letters(js)
+            assert entry.letter.reason == "expired", entry.letter.detail
         finally:
             await stack.stop()
 
