@@ -134,6 +134,10 @@ class LeaseStore:
         seal written after ``read`` moves the revision, so the write fails and the
         history is read again.
 
+        A grant is counted once, whoever records it: the replica that made it, or one
+        that found it again for the same delivery first (``fence`` already recorded, or
+        superseded by a higher one, comes back unchanged).
+
         ``read`` is the history as read before the grant (saves a round trip); on a
         conflict the history is read again.
         """
@@ -142,7 +146,7 @@ class LeaseStore:
                 read = await self.read_history(job_id)
             old, last = read.history, read.revision
             read = None
-            if old is not None and old.settled is not None:
+            if old is not None and (old.settled is not None or old.fence >= fence):
                 return old
             new = (
                 msgspec.structs.replace(old, fence=max(fence, old.fence), grants=old.grants + 1)

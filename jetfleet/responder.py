@@ -1,13 +1,15 @@
 """The services' one request/reply loop: decode, refuse, bound, answer, reply, log.
 
-A ``Responder`` serves the ``Route``\\ s of one service replica in its queue group. Each
-request is decoded with its route's typed decoder; one that does not decode is answered
-with the route's ``malformed`` reply (what was wrong), never dropped. At most ``limit``
-requests are in hand at once across the replica's routes: one more is answered ``busy``
-with a retry-after at once, so a slow or just-resumed replica sheds load instead of
-queueing without bound (a request a caller gave up on would still be worked on) and
-callers back off. Every failure is logged once. ``drain`` stops taking requests (the
-queue group's other replicas get them) and waits for those in hand.
+A ``Responder`` serves the ``Route``\\ s of one service replica in its queue group. A
+request larger than its route's ``max_bytes`` is refused unread (``too_large``). Each
+other request is decoded with its route's typed decoder; one that does not decode is
+answered with the route's ``malformed`` reply (what was wrong), never dropped, and one the
+route's ``check`` objects to (a bound the type cannot express) gets that objection. At
+most ``limit`` requests are in hand at once across the replica's routes: one more is
+answered ``busy`` with a retry-after at once, so a slow or just-resumed replica sheds
+load instead of queueing without bound (a request a caller gave up on would still be
+worked on) and callers back off. Every failure is logged once. ``drain`` stops taking
+requests (the queue group's other replicas get them) and waits for those in hand.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class Refusals(Generic[Reply]):
     with the same request, and why."""
     failed: Callable[[Exception], Reply]
     """The handler raised otherwise; the caller decides what that costs."""
+    too_large: Callable[[str], Reply] | None = None
+    """The request is over the route's ``max_bytes``; gets what to fix. None words it
+    with ``malformed``."""
 
 
 @dataclass(frozen=True)
@@ -65,8 +70,14 @@ class Route(Generic[Request, Reply]):
     answer: Callable[[Request], Awaitable[Reply]]
     refusals: Refusals[Reply]
     after: Callable[[Msg, Request | None, Reply], Awaitable[None]] | None = None
-    """Run after every reply is sent, busy and malformed ones included (request None):
-    counting, or freeing what the answer settled without making the caller wait."""
+    """Run after every reply is sent, refusals included (request None): counting, or
+    freeing what the answer settled without making the caller wait."""
+    max_bytes: int = 0
+    """The largest request body read; a larger one is refused before it is decoded.
+    0: no bound but the server's ``max_payload``."""
+    check: Callable[[Msg, Request], Reply | None] | None = None
+    """What the service refuses in a request its type admits (a target it does not
+    declare, a body that disagrees with its subject): the refusal, or None to answer."""
 
 
 class Responder:
@@ -80,7 +91,7 @@ class Responder:
         self.refused = CounterFamily(
             f"jetfleet_{service}_refusals_total",
             "Requests answered without their handler's answer, by subject and reason "
-            "(busy, unavailable, malformed, failed)",
+            "(busy, unavailable, too-large, malformed, invalid, failed)",
         )
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -143,21 +154,40 @@ class Responder:
 
     async def _answer(self, route: Route[Any, Any], msg: Msg) -> None:
         try:
-            request = None
-            try:
-                request = route.decoder.decode(msg.data)
-            except msgspec.MsgspecError as exc:
-                self.refused.inc(subject=route.subject, reason="malformed")
-                log.warning("malformed request on %s: %s", msg.subject, exc)
-                reply = route.refusals.malformed(str(exc))
-            else:
+            request, reply = self._admit(route, msg)
+            if reply is None:
                 try:
                     reply = await route.answer(request)
                 except Exception as exc:  # refuse rather than crash
                     reply = self._failed(route, msg, exc)
+            else:
+                request = None
             await self._reply(route, msg, request, reply)
         finally:
             self._in_hand -= 1
+
+    def _admit(self, route: Route[Any, Reply], msg: Msg) -> tuple[Any, Reply | None]:
+        """The decoded request, and the refusal if it is not to be answered."""
+        size = len(msg.data)
+        if route.max_bytes and size > route.max_bytes:
+            self.refused.inc(subject=route.subject, reason="too-large")
+            log.warning("request on %s refused unread: %d bytes", msg.subject, size)
+            word = route.refusals.too_large or route.refusals.malformed
+            return None, word(
+                f"the request is {size} bytes, over the {route.max_bytes} bytes the "
+                f"{self.service} reads on {route.subject}: send a smaller one"
+            )
+        try:
+            request = route.decoder.decode(msg.data)
+        except msgspec.MsgspecError as exc:
+            self.refused.inc(subject=route.subject, reason="malformed")
+            log.warning("malformed request on %s: %s", msg.subject, exc)
+            return None, route.refusals.malformed(str(exc))
+        refusal = route.check(msg, request) if route.check is not None else None
+        if refusal is not None:
+            self.refused.inc(subject=route.subject, reason="invalid")
+            log.warning("request on %s refused: %s", msg.subject, _detail(refusal))
+        return request, refusal
 
     def _failed(self, route: Route[Any, Reply], msg: Msg, exc: Exception) -> Reply:
         if is_unavailable(exc):
@@ -182,3 +212,7 @@ class Responder:
                 await route.after(msg, request, reply)
         except Exception:  # a reply lost on a closing connection: the caller asks again
             log.exception("replying on %s failed", msg.subject)
+
+
+def _detail(reply: msgspec.Struct) -> str:
+    return str(getattr(reply, "detail", reply))

@@ -104,6 +104,10 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Requests each leaser or sink replica handles at once; one more is answered ``busy``
     with a retry-after (workers back off), so an overloaded or just-resumed replica sheds
     load instead of queueing it."""
+    max_request_bytes: int = 64 * 1024
+    """The largest lease call or quarantine command a leaser reads; a larger one is
+    refused unread (``request-too-large``). A sink report is bounded by the server's
+    max_payload, the size a worker keeps its reports under."""
     max_deliver: int = 1000
     """The work consumers' ``max_deliver``: the server's backstop. A job delivered this
     many times without ending (pinned to an identity no worker has, handed back for
@@ -321,6 +325,11 @@ def validate(settings: Settings) -> None:
         "a whole number from 1 to 1024",
     )
     _validate_consumer_count(settings)
+    _require(
+        4096 <= settings.fleet.max_request_bytes <= 64 * 1024 * 1024,
+        "fleet.max_request_bytes",
+        "a byte count from 4096 to 67108864 (the largest lease call a leaser reads)",
+    )
     _require(
         1 <= settings.fleet.service_concurrency <= 100_000,
         "fleet.service_concurrency",

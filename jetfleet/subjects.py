@@ -26,6 +26,7 @@ STREAM_ADVISORIES = "JF_ADVISORIES"
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
 BUCKET_FENCES = "jf-fences"  # job id -> id claim, highest fence, grant count, seal
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
+BUCKET_WORKERS = "jf-workers"  # what workers say: identities owned, last hand-backs (TTLs)
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message

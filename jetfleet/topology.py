@@ -145,13 +145,16 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
     job's history (its id claim, fences and seal) must outlive any retry of its job and
     everything else kept under its id (its dead letter and outcome events, kept for
     ``retention_s``), since admission refuses the id only while it lives. Control
-    records last until removed.
+    records last until removed. Identity announcements and hand-back notes expire by
+    their own TTL.
     """
     fleet = settings.fleet
     return {
         subjects.BUCKET_LEASES: max(3600.0, 10 * fleet.ack_wait_s),
         subjects.BUCKET_FENCES: max(fleet.dedupe_ttl_s, fleet.retention_s),
         subjects.BUCKET_CONTROL: 0.0,
+        # Keys carry their own short TTL (jetfleet/identity_presence.py).
+        subjects.BUCKET_WORKERS: 3600.0,
     }
 
 

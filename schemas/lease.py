@@ -10,36 +10,45 @@ from typing import Literal
 
 import msgspec
 from jetfleet.schemas.events import CommittedResult, DeadLetter
+from jetfleet.schemas.job import JobId, ShortText
+from jetfleet.schemas.names import (
+    IdempotencyKey,
+    Name,
+    ReplySubject,
+    RequiredName,
+    TargetName,
+)
 from jetfleet.schemas.report import Versions
 
 
 class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True):
-    """Ask for the lease on a job, for the delivery whose reply subject is given."""
+    """Ask for the lease on a job, for the delivery whose reply subject is given. The
+    target must be one the leaser declares (else ``refused: unknown-target``)."""
 
-    job_id: str
-    target: str
-    key: str
-    worker: str
+    job_id: JobId
+    target: TargetName
+    key: IdempotencyKey
+    worker: RequiredName
     versions: Versions
-    identity: str = ""
-    region: str = ""
-    reply_subject: str = ""
+    identity: Name = ""
+    region: Name = ""
+    reply_subject: ReplySubject = ""
     """The JetStream reply subject of the delivery the lease is for (used to requeue it)."""
-    pin_identity: str = ""
-    """The identity the job is pinned to, if any."""
+    pin_identity: ShortText = ""
+    """The identity the job is pinned to, if any (as long as ``Job.pin_identity``)."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):
     """Extend a held lease; refused unless ``fence`` is still the live one."""
 
-    job_id: str
+    job_id: JobId
     fence: int
 
 
 class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=True):
     """Give a lease back early; refused unless ``fence`` is still the live one."""
 
-    job_id: str
+    job_id: JobId
     fence: int
     refund: bool = False
     """The attempt does not count against the job's budget (the target blocked us)."""
@@ -152,8 +161,8 @@ class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
     """Lift a quarantine."""
 
     scope: QuarantineScope
-    name: str
-    target: str
+    name: RequiredName
+    target: TargetName
 
 
 class QuarantineList(msgspec.Struct, frozen=True, tag="list"):

@@ -5,10 +5,11 @@ Carried on ``jf.sink.report.<target>`` (request/reply, queue group ``sink``).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas.job import WorkOrder
+from jetfleet.schemas.names import Name, RequiredName
 from jetfleet.schemas.output import HandlerOutput
 
 
@@ -36,25 +37,32 @@ class Success(msgspec.Struct, frozen=True, tag="success", omit_defaults=True):
     """The handler succeeded: commit ``output`` unless this unit of work is done already."""
 
     order: WorkOrder
-    worker: str
+    worker: RequiredName
     attempt: int
     duration_s: float
     output: HandlerOutput
     versions: Versions
-    identity: str = ""
+    identity: Name = ""
     fence: int = 0
+
+
+MAX_REPORTED_ATTEMPTS = 1000
+"""The most attempts a failure report may list; a worker lists its own last one."""
+FailureReason = Annotated[str, msgspec.Meta(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]
+"""Why a job failed (``attempts-exhausted``, ``http-404``, a user handler's own): a dead
+letter's ``Jf-Reason`` header, so no line breaks; at most 1024 characters."""
 
 
 class Failure(msgspec.Struct, frozen=True, tag="failure", omit_defaults=True):
     """The job cannot succeed (permanent, or attempts exhausted): dead-letter it."""
 
     order: WorkOrder
-    worker: str
-    reason: str
-    history: list[AttemptRecord]
+    worker: RequiredName
+    reason: FailureReason
+    history: Annotated[list[AttemptRecord], msgspec.Meta(max_length=MAX_REPORTED_ATTEMPTS)]
     versions: Versions
     detail: str = ""
-    identity: str = ""
+    identity: Name = ""
     fence: int = 0
 
 
@@ -82,4 +90,5 @@ class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
     retry_after_s: float = 0.0
     """With ``busy``: how long to wait before sending the same report again. Busy means
     not settled: the replica had ``fleet.service_concurrency`` reports in hand and did not
-    look at this one, or JetStream did not answer it in time."""
+    look at this one, JetStream did not answer it in time, or the replica does not
+    declare the report's target (its settings lag the leaser's)."""

@@ -1,13 +1,18 @@
 """I1, exactly one side effect (DESIGN.md section 3): the over-apply ratio (committed
 result records in JF_RESULTS / distinct jobs) is 1.00 while workers are SIGKILLed
-mid-job, acks are lost after a commit and holders stall past their lease TTL.
+mid-job, acks are lost after a commit, worker processes freeze past their lease TTL and
+the sink and the leaser are redeployed mid-run.
 
-Real servers throughout: a fresh embedded nats-server per test, the scheduler, leaser and
-sink in this process (their answers are counted in ``Sink.counts``), and the workers as
-``tests.faults.worker_main`` processes (the product Worker with test-only overrides, see
-tests/faults/) so a kill is a real ``os.kill(pid, SIGKILL)``. Faults are chosen per job id
-by hash (reproducible); every worker logs what it saw to ``events-<id>.jsonl`` so the
-test can check that each fault really happened and was handled as the design says.
+Real servers throughout: a fresh embedded nats-server per test, the target simulator, the
+scheduler, leaser and sink in this process (their answers are counted in
+``Sink.counts``), and the workers as ``tests.faults.worker_main`` processes (the product
+Worker with test-only overrides, see tests/faults/) so a kill is a real
+``os.kill(pid, SIGKILL)``. Each attempt's side effect is a request the simulator counts;
+a stall freezes the whole worker process, which its own lease keeper must survive. Faults
+are chosen per job id by hash (reproducible); every worker logs what it saw to
+``events-<id>.jsonl``, and a watcher on ``$JS.ACK.>`` records what the workers told
+JetStream, so the test can check that each fault really happened and was handled as the
+design says.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from jetfleet.schemas import Job
+from jetfleet.services.leaser import Leaser
 from jetfleet.services.sink import Sink
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
@@ -37,6 +44,7 @@ from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import count_messages
 from jetfleet.work_lanes import LaneMap
 from tests.conftest import wait_for
+from tests.faults.ack_watch import AckWatcher
 from tests.faults.fleet import WorkerFleet
 from tests.faults.plan import TEST_HANDLERS, EventLog, FaultPlan
 from tests.faults.worker import FaultyWorker
@@ -90,15 +98,49 @@ class FaultEnv:
 
     settings: Settings
     stack: InProcessStack
-    js: JetStreamContext
+    observer: NatsClient
     fleet: WorkerFleet
     plan: FaultPlan
+    sim: TargetSimulator
     in_process: list[FaultyWorker] = field(default_factory=list)
+    retired_sink_counts: Counter[str] = field(default_factory=Counter)
+    restarts: list[str] = field(default_factory=list)
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self.observer.jetstream()
 
     @property
     def sink(self) -> Sink:
         assert self.stack.sink is not None
         return self.stack.sink
+
+    def sink_counts(self) -> dict[str, int]:
+        """The sink's answers by status, over every sink instance of the run."""
+        return dict(self.retired_sink_counts + Counter(self.sink.counts))
+
+    async def restart_sink(self) -> None:
+        """Drain the sink, then start a new one on a new connection (a redeploy)."""
+        old = self.sink
+        await old.drain(10.0)
+        self.retired_sink_counts.update(old.counts)
+        await self._retire(old.nc)
+        await self.stack.start_sink()
+        self.restarts.append("sink")
+
+    async def restart_leaser(self) -> None:
+        """Drain the leaser, then start a new one on a new connection."""
+        old = self.stack.leaser
+        assert old is not None
+        await old.drain(10.0)
+        await self._retire(old.nc)
+        self.stack.leaser = Leaser(self.settings, await self.stack._connect("leaser-2"))
+        await self.stack.leaser.start()
+        self.restarts.append("leaser")
+
+    async def _retire(self, nc: NatsClient) -> None:
+        self.stack.connections.remove(nc)
+        await nc.close()
 
     async def add_in_process_worker(self, worker_id: str) -> FaultyWorker:
         """A FaultyWorker in this process (for faults that need no SIGKILL)."""
@@ -170,7 +212,8 @@ class FaultEnv:
         lines = [
             f"committed records {sum(counts.values())}, missing {len(missing)}, "
             f"work left {await self.work_left()}, dead letters {await self.dead_count()}, "
-            f"sink {self.sink.counts}, kills {[k.worker for k in self.fleet.kills]}, "
+            f"sink {self.sink_counts()}, restarts {self.restarts}, "
+            f"kills {[k.worker for k in self.fleet.kills]}, "
             f"dead unexpectedly {self.fleet.dead_unexpectedly()}"
         ]
         for job_id in missing[:5]:
@@ -198,7 +241,7 @@ async def fault_env(
             stack = InProcessStack(settings)
             fleet = WorkerFleet(tmp_path / "fleet", config, plan)
             observer = await connect_nats(settings.nats, "i1-observer")
-            env = FaultEnv(settings, stack, observer.jetstream(), fleet, plan)
+            env = FaultEnv(settings, stack, observer, fleet, plan, sim)
             try:
                 await stack.start(workers=0)
                 yield env
@@ -263,31 +306,39 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
             fleet.spawn()
         await wait_for(lambda: _ready(fleet, workers_n), 60, f"{workers_n} workers ready")
         jobs = env.jobs(jobs_n, "i1")
+        acks = AckWatcher()
+        await acks.start(env.observer)
         await env.submit(jobs)
         # Kills spread over the run by progress (not by clock), each of a worker with
-        # jobs in its hands, each followed at once by a replacement with a new id.
+        # jobs in its hands, each followed at once by a replacement with a new id; the
+        # sink and then the leaser are redeployed in between.
         killer = asyncio.create_task(
             fleet.kill_on_progress(
                 env.committed_count, [150 * (k + 1) for k in range(kills_n)], seed=1
             )
         )
+        restarter = asyncio.create_task(_restart_services(env))
+        helpers = (killer, restarter)
         try:
 
-            async def killer_done() -> bool:
-                if killer.done():
-                    killer.result()  # raise what went wrong in the killer
-                    return True
-                return False
+            async def helpers_done() -> bool:
+                for task in helpers:
+                    if task.done():
+                        task.result()  # raise what went wrong in a helper
+                return all(task.done() for task in helpers)
 
-            await env.wait_settled(jobs, 150, also=killer_done)
+            await env.wait_settled(jobs, 150, also=helpers_done)
         finally:
-            killer.cancel()
-            await asyncio.gather(killer, return_exceptions=True)
+            for task in helpers:
+                task.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
         settled_s = time.monotonic() - began
         # Let every replacement finish starting, then drain them all: stalled attempts
         # still asleep report late now, and the sink answers them before we stop it.
         await wait_for(lambda: _ready(fleet, len(fleet.live())), 60, "replacements ready")
         await env.stop_workers()
+        await acks.stop()
+        assert env.restarts == ["sink", "leaser"], env.restarts
         assert not fleet.forced, f"workers hung on drain (SIGKILLed after 40 s): {fleet.forced}"
         bad_exits = {w: c for w, c in fleet.exit_codes.items() if c != 0}
         assert not bad_exits, f"workers exited badly on SIGTERM: {bad_exits}"
@@ -296,7 +347,7 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         records = await env.records()
         ratio = _assert_once_each(jobs, records)
         assert await env.dead_count() == 0, await env.diagnose(jobs)
-        counts = dict(env.sink.counts)
+        counts = env.sink_counts()
         # Each record was answered `committed` once (a publish retried after a lost PubAck
         # may answer its own write `suppressed`): never more `committed` than records.
         assert counts.get("committed", 0) <= jobs_n, counts
@@ -325,8 +376,15 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         assert set(dropped) <= {j.id for j in jobs if plan.drops_ack(j.id)}
         unanswered = sorted(j for j in dropped if j not in already and j not in suppressed)
         assert not unanswered, f"lost-ack jobs never met already-done/suppressed: {unanswered}"
-        rerun = sorted(j for j in dropped if any(s["attempt"] > attempt_of[j] for s in starts[j]))
-        assert not rerun, f"lost-ack jobs ran again after their commit: {rerun}"
+        grants = _by_job(events, "granted")
+        regranted = sorted(
+            j for j in dropped if any(g["attempt"] > attempt_of[j] for g in grants[j])
+        )
+        assert not regranted, f"lost-ack jobs granted again after their commit: {regranted}"
+        # At the target: never asked more often than the job was granted up to its commit.
+        asked = env.sim.requests_by_path()
+        asked_again = {j: asked[_path(j)] for j in dropped if asked[_path(j)] > attempt_of[j]}
+        assert not asked_again, f"lost-ack jobs asked for again after the commit: {asked_again}"
 
         # (c) Stalls past the TTL: the late report is rejected, another holder commits.
         stalled = _by_job(events, "stall")
@@ -348,6 +406,21 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         rejections = sum(counts.get(s, 0) for s in REJECTED)
         assert rejections >= len(late)
         assert len(already) + counts.get("suppressed:duplicate-key", 0) > 0
+        frozen = {e["worker"] for es in stalled.values() for e in es if e["how"] == "froze"}
+
+        # (d) The side effect, counted by the target: every job's page was asked for, and
+        # never more often than the job was granted (no request without a lease).
+        extra = _check_requests_at_target(env.sim, jobs, grants)
+
+        # (e) On the wire: no ack, nak or term from a delivery whose lease was superseded
+        # (a stalled, fenced-out or lost holder), although JetStream redelivered.
+        superseded = _superseded_deliveries(events)
+        assert superseded, "no delivery lost its lease"
+        spoke = acks.settled(subjects.STREAM_WORK, superseded)
+        assert not spoke, f"superseded deliveries that acked, nakked or termed: {spoke[:5]}"
+        assert acks.count("+ACK") >= jobs_n - len(dropped)
+        redelivered = acks.redelivered(subjects.STREAM_WORK)
+        assert redelivered, "JetStream redelivered nothing: the stalls superseded no delivery"
 
         reruns_after_commit = sum(
             1 for j, ss in starts.items() for s in ss if s["attempt"] > attempt_of[j]
@@ -357,15 +430,61 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
             f"{ratio:.2f}; settled in {settled_s:.1f} s, total {time.monotonic() - began:.1f} s"
             f"\n    faults: {len(fleet.kills)} SIGKILLs ({len(interrupted)} jobs cut "
             f"mid-flight), {len(dropped)} acks dropped after commit, {len(stalled)} stalls, "
-            f"{len(late)} late reports from stalled holders"
+            f"{len(late)} late reports from stalled holders, {len(frozen)} worker processes "
+            f"frozen, restarts {env.restarts}"
             f"\n    answers: sink {counts}; leaser already-done {sum(map(len, already.values()))}"
             f"; handler runs after the job's commit {reruns_after_commit}"
+            f"\n    target: {extra} requests beyond one per job; wire: {len(acks.events)} acks, "
+            f"naks, terms and beats, {len(redelivered)} messages delivered more than once"
         )
         assert ratio == 1.0
 
 
 async def _ready(fleet: WorkerFleet, n: int) -> bool:
     return len(fleet.ready()) >= n
+
+
+def _superseded_deliveries(events: list[dict[str, Any]]) -> set[tuple[int, int]]:
+    """(stream seq, delivery number) of the deliveries whose lease was superseded: the
+    sink rejected their report, or their keeper found the lease lost."""
+    return {
+        (e["sseq"], e["delivered"])
+        for e in events
+        if (e["event"] == "settle" and e["status"] in REJECTED) or e["event"] == "lost"
+    }
+
+
+def _path(job_id: str) -> str:
+    """The page a job of ``FaultEnv.jobs`` asks for (``<prefix>-<n>`` asks ``/page/<n>``)."""
+    return f"/page/{int(job_id.rsplit('-', 1)[1])}"
+
+
+def _check_requests_at_target(
+    sim: TargetSimulator, jobs: list[Job], grants: dict[str, list[dict[str, Any]]]
+) -> int:
+    """Every job's page asked for at least once and at most once per grant; returns the
+    requests beyond one per job (attempts cut by a fault and run again)."""
+    asked = sim.requests_by_path()
+    never = sorted(j.id for j in jobs if asked.get(_path(j.id), 0) == 0)
+    assert not never, f"jobs whose page the target never saw: {never[:10]}"
+    unleased = {
+        j.id: (asked[_path(j.id)], len(grants[j.id]))
+        for j in jobs
+        if asked[_path(j.id)] > len(grants[j.id])
+    }
+    assert not unleased, f"(requests, grants) of jobs asked more often than granted: {unleased}"
+    return sum(asked[_path(j.id)] for j in jobs) - len(jobs)
+
+
+async def _restart_services(env: FaultEnv) -> None:
+    """Redeploy the sink, then the leaser, at set points of progress."""
+    for threshold, restart in ((500, env.restart_sink), (1000, env.restart_leaser)):
+
+        async def reached(threshold: int = threshold) -> bool:
+            return await env.committed_count() >= threshold
+
+        await wait_for(reached, 120, f"progress {threshold} before a restart")
+        await restart()
 
 
 async def test_I1_lost_ack_after_commit_is_acked_as_already_done_without_a_second_run(
@@ -387,9 +506,9 @@ async def test_I1_lost_ack_after_commit_is_acked_as_already_done_without_a_secon
         assert set(dropped) == {j.id for j in jobs}
         # Acked only by the next holder's already-done: no second request to the target.
         assert set(already) == {j.id for j in jobs}
-        starts = _by_job(events, "start")
-        assert all(len(starts[j.id]) == 1 for j in jobs), {
-            j: len(s) for j, s in starts.items() if len(s) != 1
+        asked = env.sim.requests_by_path()
+        assert all(asked[_path(j.id)] == 1 for j in jobs), {
+            j.id: asked[_path(j.id)] for j in jobs if asked[_path(j.id)] != 1
         }
         assert env.sink.counts == {"committed": len(jobs)}
 
@@ -397,29 +516,50 @@ async def test_I1_lost_ack_after_commit_is_acked_as_already_done_without_a_secon
 async def test_I1_stalled_holder_past_its_lease_is_rejected_and_committed_once(
     tmp_path: Path,
 ) -> None:
-    plan = FaultPlan(stall_per_mille=1000, stall_s=STALL_S)  # every first attempt stalls
+    """Every first attempt stalls: the worker process freezes (tests/faults/worker.py)
+    with all its jobs in hand, and its own lease keeper finds out when it thaws."""
+    plan = FaultPlan(stall_per_mille=1000, stall_s=STALL_S)
     async with fault_env(tmp_path, plan) as env:
-        for n in range(2):
-            await env.add_in_process_worker(f"ip-{n}")
+        fleet = env.fleet
+        for _ in range(2):
+            fleet.spawn()
+        await wait_for(lambda: _ready(fleet, 2), 60, "2 workers ready")
+        acks = AckWatcher()
+        await acks.start(env.observer)
         jobs = env.jobs(20, "stall")
 
+        def stalled() -> set[str]:
+            return {e["job"] for e in fleet.events() if e["event"] == "stall"}
+
         async def late_reports_in() -> bool:
-            late = [e for e in env.fleet.events() if e["event"] == "settle" and e["stalled"]]
-            return len(late) == len(jobs)
+            late = {e["job"] for e in fleet.events() if e["event"] == "settle" and e["stalled"]}
+            return late == stalled()
 
         await env.submit(jobs)
         await env.wait_settled(jobs, 60, also=late_reports_in)
         await env.stop_workers()
+        await acks.stop()
 
         records = await env.records()
         assert _assert_once_each(jobs, records) == 1.0
-        assert all(r.attempt >= 2 for r in records), [(r.job_id, r.attempt) for r in records]
-        late = [e for e in env.fleet.events() if e["event"] == "settle" and e["stalled"]]
-        assert {e["job"] for e in late} == {j.id for j in jobs}
+        events = fleet.events()
+        froze = [e for e in events if e["event"] == "stall" and e["how"] == "froze"]
+        assert froze, "no worker process froze"
+        # Each stalled attempt reported late and was rejected; another attempt committed.
+        late = [e for e in events if e["event"] == "settle" and e["stalled"]]
+        assert {e["job"] for e in late} == stalled()
         assert all(e["status"] in REJECTED for e in late), [e["status"] for e in late]
+        attempt_of = {r.job_id: r.attempt for r in records}
+        assert all(attempt_of[j] >= 2 for j in stalled()), attempt_of
+        # The frozen holders stayed silent on the wire, though JetStream redelivered.
+        assert acks.redelivered(subjects.STREAM_WORK)
+        superseded = _superseded_deliveries(events)
+        assert len(superseded) >= len(late)
+        spoke = acks.settled(subjects.STREAM_WORK, superseded)
+        assert not spoke, f"superseded deliveries that acked, nakked or termed: {spoke[:5]}"
         counts = env.sink.counts
         assert counts.get("committed") == len(jobs)
-        assert sum(counts.get(s, 0) for s in REJECTED) == len(jobs), counts
+        assert sum(counts.get(s, 0) for s in REJECTED) >= len(late), counts
 
 
 async def test_I1_sigkilled_worker_process_leaves_its_jobs_to_be_committed_once(

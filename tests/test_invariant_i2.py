@@ -2,7 +2,8 @@
 
 A commit whose fence is not the job's current lease fence, or lower than the highest
 granted, is rejected; a commit after the lease expired by the server's clock is rejected;
-a worker's clock, skewed by any amount, decides nothing.
+a worker's clock, skewed by any amount or jumping back and forth while its jobs run,
+decides nothing.
 """
 
 from __future__ import annotations
@@ -213,10 +214,18 @@ class SkewedWorker:
     """``python -m tests.i2_worker worker`` under libfaketime, in its own process group."""
 
     def __init__(
-        self, worker_id: str, skew: str, config: Path, log_dir: Path, settings: Settings
+        self,
+        worker_id: str,
+        skew: str,
+        config: Path,
+        log_dir: Path,
+        settings: Settings,
+        clock_file: Path | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.skew = skew
+        self.clock_file = clock_file
+        """If set, the skew is read from this file at every clock read (it may move)."""
         self.config = config
         self.log_path = log_dir / f"{worker_id}.log"
         self.settings = settings
@@ -224,7 +233,7 @@ class SkewedWorker:
         self.clock = 0.0
 
     async def start(self) -> None:
-        env = skewed_env(self.skew)
+        env = skewed_env(self.skew) if self.clock_file is None else moving_env(self.clock_file)
         env.update(
             JETFLEET_CONFIG=str(self.config),
             NATS_URL=self.settings.nats.url,
@@ -275,9 +284,19 @@ def skewed_env(skew: str) -> dict[str, str]:
     return dict(os.environ, **preload, FAKETIME=skew)
 
 
-async def faked_date(skew: str) -> float:
+def moving_env(clock_file: Path) -> dict[str, str]:
+    """Like ``skewed_env``, but the offset is whatever ``clock_file`` holds when the child
+    reads its clock (``FAKETIME_NO_CACHE``): the test moves it while jobs run."""
+    _, preload = libfaketime.get_reload_information()
+    env = dict(os.environ, **preload, FAKETIME_TIMESTAMP_FILE=str(clock_file))
+    env.pop("FAKETIME", None)
+    assert env.get("FAKETIME_NO_CACHE") == "1", "the clock file would be read only once"
+    return env
+
+
+async def faked_date(skew: str, env: dict[str, str] | None = None) -> float:
     proc = await asyncio.create_subprocess_exec(
-        "date", "+%s", stdout=asyncio.subprocess.PIPE, env=skewed_env(skew)
+        "date", "+%s", stdout=asyncio.subprocess.PIPE, env=env or skewed_env(skew)
     )
     out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
     assert proc.returncode == 0
@@ -391,4 +410,100 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
     assert Counter(o.kind for o in outcomes) == {"ok": 50}
     info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
     assert info.delivered.consumer_seq == 50
+    assert (info.num_redelivered or 0) == 0
+
+
+# Where the moving clock goes while the jobs run: forward, far back, far forward.
+CLOCK_MOVES = ("+1h", "-2d", "+30d", "-10m", "+1h")
+
+
+async def move_clock(clock_file: Path, offset: str, seconds: float) -> None:
+    """Set the moving clock to ``offset`` and wait until a process reading the same
+    file sees it (within a minute of ``seconds`` from real time)."""
+    await asyncio.to_thread(clock_file.write_text, offset + "\n")
+
+    async def in_effect() -> bool:
+        seen = await faked_date(offset, moving_env(clock_file))
+        return abs(seen - time.time() - seconds) < 60
+
+    await wait_for(in_effect, 10, f"the moving clock at {offset}")
+
+
+async def test_I2_a_worker_whose_clock_jumps_back_and_forth_during_its_jobs_behaves_correctly(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    store: LeaseStore,
+    simulator: TargetSimulator,
+    tmp_path: Path,
+) -> None:
+    """The clock moves while each job runs past its lease TTL and ack_wait, so renewals,
+    the report and the commit all happen on a clock that jumped between them."""
+    js = nc.jetstream()
+    clock_file = tmp_path / "clock"
+    await move_clock(clock_file, "-1h", -3600)
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(settings))
+    worker = SkewedWorker("moving", "", config, tmp_path, settings, clock_file=clock_file)
+    jobs = jobs_for(
+        "demo",
+        settings,
+        [f"/page/{n}" for n in range(8)],
+        handler="test.slow",
+        args={"sleep_s": str(SLOW_S)},
+    )
+    try:
+        await worker.start()
+        assert abs(worker.clock + 3600) < 60, worker.clock  # its clock at start: -1h
+
+        async def pulling() -> bool:
+            assert worker.proc is not None and worker.proc.returncode is None, worker.log_tail()
+            info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
+            return (info.num_waiting or 0) >= 1
+
+        await wait_for(pulling, 15.0, "the worker process to pull")
+        submitted = await submit_jobs(js, settings, "demo", jobs)
+        assert all(s.published and s.rejection is None for s in submitted), submitted
+
+        async def all_running() -> bool:
+            return int(simulator.counts()["by_path_kind"].get("page", 0)) == len(jobs)
+
+        await wait_for(all_running, 15.0, "every job's request at the target")
+        began = time.monotonic()
+        seconds = {"+1h": 3600, "-2d": -172800, "+30d": 2592000, "-10m": -600}
+        for offset in CLOCK_MOVES:
+            await move_clock(clock_file, offset, seconds[offset])
+        moved_within_s = time.monotonic() - began
+
+        async def all_committed_and_acked() -> bool:
+            status = await services.status()
+            totals = status.totals
+            return (totals.committed, totals.queued, totals.leased) == (len(jobs), 0, 0)
+
+        try:
+            await wait_for(all_committed_and_acked, 25.0, f"{len(jobs)} commits and acks")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; {await services.status()}\n{worker.log_tail()}") from None
+    finally:
+        await worker.stop()
+
+    # The moves happened while every job was still running (each sleeps SLOW_S).
+    assert moved_within_s < SLOW_S, moved_within_s
+    results = [r async for r in iter_results(js, "demo")]
+    assert sorted(r.job_id for r in results) == sorted(j.id for j in jobs)
+    assert simulator.counts()["by_path_kind"]["page"] == len(jobs)
+    assert services.sink is not None
+    assert services.sink.counts == {"committed": len(jobs)}, services.sink.counts
+    for record in results:
+        # Produced after the moves, on the worker's clock: the last move, +1h.
+        assert isinstance(record.output, DataOutput)
+        produced_at = record.output.data["clock"]
+        assert isinstance(produced_at, float)
+        assert abs(produced_at - time.time() - 3600) < 120, produced_at
+        # A duration, not a difference of two readings of a clock that moved (+2 h net).
+        assert record.attempt == 1 and SLOW_S <= record.duration_s < SLOW_S + 30
+        history = await store.highest_fence(record.job_id)
+        assert (history.grants, history.fence) == (1, record.fence), record.job_id
+    info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
+    assert info.delivered.consumer_seq == len(jobs)
     assert (info.num_redelivered or 0) == 0

@@ -179,3 +179,57 @@ async def test_a_handler_jetstream_did_not_answer_in_time_is_answered_busy_not_f
     assert "JetStream did not answer the test in time (TimeoutError)" in reply.detail
     assert responder.refused.get(subject=SUBJECT, reason="unavailable") == 1
     await responder.drain(5.0)
+
+
+async def test_item10_a_request_over_the_routes_bound_is_refused_unread_with_its_size(
+    nc: NatsClient,
+) -> None:
+    held = HeldAnswers()
+    held.release.set()
+    responder = Responder(nc, "test", "test-queue", 4)
+    worded = Refusals[Answer](
+        malformed=REFUSALS.malformed,
+        busy=REFUSALS.busy,
+        failed=REFUSALS.failed,
+        too_large=lambda why: Answer(status="too-large", detail=why),
+    )
+    decoder = msgspec.json.Decoder(Ask)
+    await responder.serve(Route(SUBJECT, decoder, held.answer, worded, max_bytes=64))
+    # Without its own wording, a route says it with the malformed one.
+    await responder.serve(Route(SUBJECT + "2", decoder, held.answer, REFUSALS, max_bytes=64))
+    await nc.flush()
+    padded = b'{"n": 1' + b" " * 100 + b"}"  # valid, only too long
+    reply = await _ask(nc, padded)
+    assert reply.status == "too-large", reply
+    assert reply.detail == (
+        f"the request is {len(padded)} bytes, over the 64 bytes the test reads on "
+        f"{SUBJECT}: send a smaller one"
+    )
+    # Refused before it is decoded: garbage that long is not answered malformed.
+    assert (await _ask(nc, b"x" * 65)).status == "too-large"
+    assert held.started == 0
+    assert responder.refused.get(subject=SUBJECT, reason="too-large") == 2
+    answer = await nc.request(SUBJECT + "2", padded, timeout=5.0)
+    assert _decode(answer.data).status == "malformed"
+    assert await _ask(nc, b'{"n": 2}') == Answer(status="ok", n=2)
+    await responder.drain(5.0)
+
+
+async def test_item10_a_request_the_routes_check_refuses_gets_that_refusal_not_the_handler(
+    nc: NatsClient,
+) -> None:
+    held = HeldAnswers()
+    held.release.set()
+
+    def odd_only(_: object, ask: Ask) -> Answer | None:
+        return None if ask.n % 2 else Answer(status="refused", detail=f"{ask.n} is even")
+
+    responder = Responder(nc, "test", "test-queue", 4)
+    route = Route(SUBJECT, msgspec.json.Decoder(Ask), held.answer, REFUSALS, check=odd_only)
+    await responder.serve(route)
+    await nc.flush()
+    assert await _ask(nc, b'{"n": 4}') == Answer(status="refused", detail="4 is even")
+    assert held.started == 0
+    assert responder.refused.get(subject=SUBJECT, reason="invalid") == 1
+    assert await _ask(nc, b'{"n": 3}') == Answer(status="ok", n=3)
+    await responder.drain(5.0)

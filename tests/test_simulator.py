@@ -218,6 +218,23 @@ async def test_stop_drops_hanging_request_promptly(session: aiohttp.ClientSessio
 
 
 @pytest.mark.asyncio
+async def test_release_hung_answers_the_hung_requests_and_later_ones_hang_again(
+    sim: TargetSimulator, session: aiohttp.ClientSession
+) -> None:
+    hung = [asyncio.create_task(_get(session, f"{sim.base_url}/hang/{n}")) for n in range(2)]
+    await _wait_until(lambda: sim.in_flight("hang") == 2)
+    assert sim.release_hung() == 2
+    answers = await asyncio.wait_for(asyncio.gather(*hung), timeout=2.0)
+    assert [status for status, _, _ in answers] == [504, 504]
+    assert sim.in_flight() == 0
+    later = asyncio.create_task(_get(session, f"{sim.base_url}/hang/3"))
+    await _wait_until(lambda: sim.in_flight("hang") == 1)
+    assert not later.done()
+    assert sim.release_hung() == 1
+    assert (await asyncio.wait_for(later, timeout=2.0))[0] == 504
+
+
+@pytest.mark.asyncio
 async def test_robots_txt_disallows_private_only(
     sim: TargetSimulator, session: aiohttp.ClientSession
 ) -> None:
@@ -276,8 +293,10 @@ async def test_max_in_flight_counts_requests_handled_at_the_same_moment(
         asyncio.create_task(_get(session, f"{sim.base_url}/slow/{n}?delay=0.5")) for n in range(3)
     ]
     await _wait_until(lambda: sim.counts()["by_path_kind"].get("slow", 0) == 3)
+    assert (sim.in_flight("slow"), sim.in_flight()) == (3, 3)
     await _get(session, f"{sim.base_url}/page/2")
     await asyncio.gather(*slow)
+    assert sim.in_flight() == 0
     assert sim.counts()["max_in_flight"] == {"page": 1, "slow": 3, "*": 4}
     sim.reset()
     assert sim.counts()["max_in_flight"] == {}

@@ -7,6 +7,7 @@ validated minimum for one attempt) so the jobs it ends do so within seconds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import Duplicate
+from jetfleet.schemas import CommittedResult, Duplicate, NoopOutput, WorkOrder
+from jetfleet.schemas.lease import SealedCommit
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
 
@@ -23,6 +25,9 @@ from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import ConfigError
+from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.lease_client import LeaseClient
+from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus, confirmed_status
 from jetfleet.results import iter_results
@@ -31,7 +36,9 @@ from jetfleet.settings import Settings, TargetSettings, min_max_deliver, validat
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.topology import declare
+from tests import i2_worker  # noqa: F401  (registers the test.slow handler)
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.leasing import VERSIONS, grant_fence
 from tests.stack import InProcessStack
 from tests.test_invariant_i2 import SkewedWorker
 
@@ -39,6 +46,8 @@ pytestmark = pytest.mark.timeout(180)
 
 WINDOW = 4  # the target's max_in_flight: each tier consumer's max_ack_pending
 NOBODY = "identity-nobody-has"
+# Named like jetfleet's streams, so a run against a user's NATS_URL removes it too.
+FACT_STREAM = "JF_TEST_HANDED_BACK"
 _PAGES = itertools.count(1)
 
 
@@ -47,7 +56,7 @@ def unrunnable_settings(
 ) -> Settings:
     """One target with a small window, one attempt per job and the smallest backstop."""
     fields = msgspec.structs.asdict(sim_target(simulator))
-    fields.update(max_in_flight=WINDOW, max_attempts=1, **target)
+    fields.update({"max_in_flight": WINDOW, "max_attempts": 1, **target})
     settings = make_settings(nats_url, redis_url, {"demo": TargetSettings(**fields)})
     fleet = msgspec.structs.replace(settings.fleet, max_deliver=min_max_deliver(settings))
     settings = msgspec.structs.replace(settings, fleet=fleet)
@@ -245,25 +254,27 @@ async def test_item3_a_job_handed_back_with_a_delay_still_holds_its_place_in_the
     try:
         await js.add_stream(
             js_api.StreamConfig(
-                name="FACT", subjects=["fact.>"], retention=js_api.RetentionPolicy.WORK_QUEUE
+                name=FACT_STREAM,
+                subjects=["jf-test-fact.>"],
+                retention=js_api.RetentionPolicy.WORK_QUEUE,
             )
         )
         await js.add_consumer(
-            "FACT",
+            FACT_STREAM,
             js_api.ConsumerConfig(
                 durable_name="c", ack_policy=js_api.AckPolicy.EXPLICIT, max_ack_pending=2
             ),
         )
         for n in range(3):
-            await js.publish("fact.x", str(n).encode())
-        sub = await js.pull_subscribe_bind("c", stream="FACT")
+            await js.publish("jf-test-fact.x", str(n).encode())
+        sub = await js.pull_subscribe_bind("c", stream=FACT_STREAM)
         held = await sub.fetch(2, timeout=2)
         for msg in held:
             await msg.nak(delay=30)
         await nc.flush()
 
         async def counted() -> bool:
-            return bool((await js.consumer_info("FACT", "c")).num_ack_pending == 2)
+            return bool((await js.consumer_info(FACT_STREAM, "c")).num_ack_pending == 2)
 
         await wait_for(counted, 10, "both nakked messages to count as ack-pending")
         with pytest.raises(TimeoutError):
@@ -416,3 +427,189 @@ async def test_item3_jobs_pinned_to_an_identity_a_worker_owns_still_run_there_no
         assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in pinned}
         status = await conserved_status(stack)
         assert (status.totals.committed, status.totals.dead) == (len(pinned), 0)
+
+
+async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_lettered(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """An owner whose slots are all busy does not pull, so only workers without the
+    identity see its jobs for a while: long enough to pass the patience, yet the jobs can
+    run, so they must wait for it rather than be driven to the backstop."""
+    # Attempts run under the target's timeout: room for the slow ones.
+    settings = unrunnable_settings(
+        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S
+    )
+    fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
+    worker = msgspec.structs.replace(settings.worker, concurrency=2)
+    settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker)
+    async with running(settings, workers=1) as stack:
+        await stack.add_worker("w-alice", identity="alice")
+        js = stack.connections[0].jetstream()
+        # Three rounds of the owner's two slots: the last jobs wait about 2 x BUSY_S.
+        busy = jobs_for(
+            "demo",
+            settings,
+            pages(6),
+            pin_identity="alice",
+            handler="test.slow",
+            args={"sleep_s": str(BUSY_S)},
+        )
+        await submit_jobs(js, settings, "demo", busy)
+
+        async def all_ended() -> bool:
+            done = await count_messages(js, subjects.STREAM_RESULTS, "jf.results.>")
+            return done + len(await dead_reasons(stack.connections[0])) == len(busy)
+
+        await wait_for(all_ended, 90, "every job pinned to the busy owner to end")
+        assert await dead_reasons(stack.connections[0]) == {}
+        results = [r async for r in iter_results(js, "demo")]
+        assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in busy}
+
+
+BUSY_S = 8.0  # longer than the pinned patience (about 10 s over two rounds)
+
+
+async def test_item3_an_identity_is_owned_while_a_worker_announces_it_and_only_then(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    nc = await _connect(nats_url)
+    try:
+        await declare(nc.jetstream(), settings)
+        presence = IdentityPresence(nc.jetstream())
+        assert await presence.owned("alice") is False
+        announcing = asyncio.create_task(presence.announce("alice", "w-alice"))
+        try:
+            reader = IdentityPresence(nc.jetstream())  # no cached answer
+
+            async def owned() -> bool:
+                return await reader.owned("alice")
+
+            await wait_for(owned, 10, "alice to be announced")
+            assert await reader.owned("bob") is False
+            assert owned_key("alice") != owned_key("alice ")  # any identity, its own key
+        finally:
+            announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await announcing
+    finally:
+        await nc.close()
+
+
+async def test_item3_the_backstop_leaves_a_job_whose_lease_is_live_until_the_lease_ends(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """Only the live lease's holder may end a delivery: an advisory for a leased job is
+    put back, and the job is ended once the lease is given back."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    # A lease that outlives the sink's second look (LIVE_LEASE_RETRY_S) by far.
+    fleet = msgspec.structs.replace(settings.fleet, lease_ttl_s=20.0, ack_wait_s=30.0)
+    settings = msgspec.structs.replace(settings, fleet=fleet)
+    validate(settings)
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+        await wait_queued(nc, 1, "the work order")
+        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
+        leases = LeaseClient(nc)
+        fence = await grant_fence(leases, order, "w-holder")
+        await publish_advisory(nc, seq)
+
+        async def put_back_and_read_again() -> bool:
+            info = await js.consumer_info(
+                subjects.STREAM_ADVISORIES, subjects.CONSUMER_MAX_DELIVERIES
+            )
+            return (info.delivered.consumer_seq or 0) >= 2  # one advisory, read twice
+
+        await wait_for(put_back_and_read_again, 30, "the sink to put the advisory back")
+        assert await dead_reasons(nc) == {}
+        assert (await js.stream_info(subjects.STREAM_WORK)).state.messages == 1
+        assert await leases.release(order.job.id, fence) is True
+
+        reasons = await wait_dead(nc, [job.id], 30, "the letter once the lease is gone")
+        assert reasons == {job.id: "deliveries-exhausted"}
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
+        status = await conserved_status(stack)
+        assert (status.totals.dead, status.totals.queued) == (1, 0)
+
+
+async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted_and_says_why(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """A partitioned target at its cap hands its other jobs back (``target-busy``) until
+    the backstop ends them; the letter names that, not a missing worker."""
+    settings = unrunnable_settings(
+        nats_url, redis_url, simulator, max_in_flight=1, timeout_s=4 * HOLD_S
+    )
+    fleet = msgspec.structs.replace(
+        settings.fleet, handlers=("test.slow",), dedicated_targets=0, target_partitions=1
+    )
+    settings = msgspec.structs.replace(settings, fleet=fleet)
+    async with running(settings, workers=1) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        # Holds the target's one place for longer than the other job's deliveries last.
+        [holder] = jobs_for(
+            "demo", settings, pages(1), handler="test.slow", args={"sleep_s": str(HOLD_S)}
+        )
+        await submit_jobs(js, settings, "demo", [holder])
+
+        async def holding() -> bool:
+            return bool(simulator.counts()["total"] == 1)
+
+        await wait_for(holding, 30, "the first job to take the target's place")
+        [kept_out] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [kept_out])
+
+        reasons = await wait_dead(nc, [kept_out.id], 120, "the kept-out job's letter")
+        assert reasons == {kept_out.id: "deliveries-exhausted"}
+        [entry] = await list_dead_letters(js)
+        assert entry.letter.detail.endswith("never leased; last handed back: target-busy")
+        assert simulator.counts()["total"] == 1  # only the holder's request
+
+
+HOLD_S = 150.0  # far longer than 24 deliveries handed back at most 2 s apart, on a busy machine
+
+
+async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_letter(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """One terminal decision per job: a commit sealed by a holder whose sink died before
+    writing the result is what the backstop lands when the deliveries run out."""
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+        await wait_queued(nc, 1, "the work order")
+        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
+        result = CommittedResult(
+            job_id=order.job.id,
+            target=order.target,
+            url=order.job.url,
+            key=order.key,
+            handler=order.job.handler,
+            worker="w-gone",
+            attempt=1,
+            duration_s=0.01,
+            output=NoopOutput(),
+            versions=VERSIONS,
+            fence=7,
+        )
+        store = await LeaseStore.open(js)
+        sealed = SealedCommit(fence=7, result=result)
+        assert await store.seal(order.job.id, sealed, await store.read_history(order.job.id))
+        await publish_advisory(nc, seq)
+
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
+        assert await dead_reasons(nc) == {}
+        assert [r.job_id async for r in iter_results(js, "demo")] == [order.job.id]
+        status = await conserved_status(stack)
+        assert (status.totals.committed, status.totals.dead) == (1, 0)

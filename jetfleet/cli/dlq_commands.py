@@ -37,8 +37,10 @@ def register(commands: Any) -> None:
         "dlq",
         help="list, inspect, replay or purge dead letters",
         description="Dead letters are jobs that will not be retried: a permanent failure "
-        "(at once) or a retryable one whose attempts ran out. Each keeps the original "
-        "job, the reason and every attempt. Ids are JF_DLQ stream sequences.",
+        "(at once), a retryable one whose attempts ran out, a job past its max age "
+        "(expired), or one the max_deliver backstop ended (no-eligible-worker, "
+        "deliveries-exhausted). Each keeps the original job, the reason and every attempt. "
+        "Ids are JF_DLQ stream sequences.",
     )
     actions = parser.add_subparsers(dest="dlq_action", metavar="ACTION", required=True)
 
@@ -51,7 +53,7 @@ def register(commands: Any) -> None:
     listing.add_argument(
         "--reason",
         default=None,
-        help="only letters with this reason (or with it before a ':', e.g. 'blocked')",
+        help="only letters with this reason (or with it before a ':', e.g. 'http-404')",
     )
     listing.add_argument(
         "--json", action="store_true", help="print a JSON list, with every attempt"

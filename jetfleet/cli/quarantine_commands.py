@@ -62,11 +62,18 @@ def register(commands: Any) -> None:
 def _command(args: argparse.Namespace, settings: Settings) -> QuarantineCommand:
     if args.quarantine_action == "list":
         return QuarantineList()
-    settings.target(args.target)
     scope: QuarantineScope = "worker" if args.worker else "identity"
     name = args.worker or args.identity
     if args.quarantine_action == "release":
+        # A target since dropped from the settings may still hold records to lift: the
+        # leaser takes any valid name here, so the CLI must not refuse it first.
+        if not subjects.TARGET_NAME_RE.match(args.target):
+            raise JetfleetError(
+                f"--target {args.target!r} is not a target name (lowercase letters, digits, "
+                "'-' or '_', at most 64)"
+            )
         return QuarantineRelease(scope=scope, name=name, target=args.target)
+    settings.target(args.target)
     if args.for_s < 0:
         raise JetfleetError("--for must be >= 0 seconds")
     return QuarantineSet(

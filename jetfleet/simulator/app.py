@@ -112,6 +112,15 @@ class TargetSimulator:
         """
         return self._counters.snapshot()
 
+    def release_hung(self) -> int:
+        """Answers every ``/hang/N`` request waiting now with its 504 at once (later ones
+        hang again); returns how many were released."""
+        return self._routes.release_hung()
+
+    def in_flight(self, kind: str = "*") -> int:
+        """Returns how many requests of route ``kind`` (default: any) are being handled."""
+        return self._counters.in_flight(kind)
+
     def requests_by_path(self) -> dict[str, int]:
         """Returns requests per path (query left out) since the last reset.
 

@@ -83,6 +83,10 @@ class RequestCounters:
         self._in_flight[kind] -= 1
         self._in_flight[ALL_KINDS] -= 1
 
+    def in_flight(self, kind: str = ALL_KINDS) -> int:
+        """Requests of ``kind`` (default: any) being handled now."""
+        return self._in_flight[kind]
+
     def reset(self) -> None:
         """Zeroes every counter; the most in flight starts again from those in flight now."""
         self._total = 0

@@ -149,6 +149,7 @@ class TargetRoutes:
         self._config = config
         self._counters = counters
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._hung: set[asyncio.Future[None]] = set()
 
     @property
     def config(self) -> SimulatorConfig:
@@ -238,8 +239,23 @@ class TargetRoutes:
         return _html(page_html(_page_number(request), self._config.pages))
 
     async def _hang(self, request: web.Request) -> web.Response:
-        await asyncio.sleep(HANG_CAP_S)
+        released = asyncio.get_running_loop().create_future()
+        self._hung.add(released)
+        try:
+            await asyncio.wait_for(released, HANG_CAP_S)
+        except TimeoutError:
+            pass
+        finally:
+            self._hung.discard(released)
         return _html(error_html(504), status=504)
+
+    def release_hung(self) -> int:
+        """Lets every ``/hang/N`` request waiting now answer its 504; how many."""
+        hung, self._hung = self._hung, set()
+        for released in hung:
+            if not released.done():
+                released.set_result(None)
+        return len(hung)
 
     async def _ratelimited(self, request: web.Request) -> web.Response:
         try:

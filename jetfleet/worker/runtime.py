@@ -33,6 +33,8 @@ import jetfleet
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
+from jetfleet.identity_presence import IdentityPresence
+from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.publish import publish_durably
@@ -71,7 +73,8 @@ from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
 from jetfleet.worker.tier_slots import TierSlots
-from jetfleet.worker.verdict import Held, Verdict, target_answered
+from jetfleet.worker.verdict import Held, Verdict, fit_reason, target_answered
+from jetfleet.worker.worker_names import check_worker_names
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +107,11 @@ MIN_REFUSAL_DELAY_S = 0.25
 # The longest a partitioned target's job is handed back for (see _hand_back_delay).
 HAND_BACK_MAX_S = 2.0
 # Deliveries a job pinned to another identity is handed back with a growing delay (about
-# 10 s in all), time for a worker owning the identity to take it, even one restarting.
-# After that it goes back at once, without asking the leaser, so it uses up the
-# consumer's max_deliver (the backstop) in moments and leaves the pending window to
-# runnable jobs; a worker owning the identity still gets its share of those deliveries.
+# 10 s in all), time for a worker owning the identity to take it, even one starting.
+# After that, if no running worker owns the identity (jetfleet/identity_presence.py), it
+# goes back at once without asking the leaser, so it uses up the consumer's max_deliver
+# (the backstop) in moments and leaves the pending window to runnable jobs. A job whose
+# owner is running but busy keeps the growing delay and waits for it.
 PINNED_PATIENCE = 8
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
@@ -125,6 +129,7 @@ class Worker:
         targets: Iterable[str] = (),
         identity: str = "",
     ) -> None:
+        check_worker_names(worker_id, identity, settings.worker.region)
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -170,6 +175,8 @@ class Worker:
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
+        self.identities = IdentityPresence(self.js)
+        self._announcing: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
 
@@ -187,6 +194,11 @@ class Worker:
             # connections.
             connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
         )
+        if self.identity:
+            # So workers without it know that jobs pinned to it have an owner to wait for.
+            self._announcing = asyncio.create_task(
+                self.identities.announce(self.identity, self.worker_id)
+            )
         for lane in self.lanes:
             for tier in subjects.TIERS:
                 self._loops.append(asyncio.create_task(self._pull_loop(lane, tier)))
@@ -214,6 +226,8 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._announcing is not None:
+            await _stop(self._announcing)  # its key ends by its TTL
         if self._session is not None:
             await self._session.close()
 
@@ -308,8 +322,13 @@ class Worker:
         self, msg: Msg, target: str, reason: str, delay: float | None = None
     ) -> None:
         """Give a job back unrun (no lease held, nothing spent), and count it: a target
-        whose jobs keep coming back shows on ``/metrics``."""
+        whose jobs keep coming back shows on ``/metrics``. On the job's last delivery
+        the reason is noted for the dead letter the backstop will write."""
         self.hand_backs.inc(worker=self.worker_id, target=target, reason=reason)
+        if (msg.metadata.num_delivered or 0) >= self.settings.fleet.max_deliver:
+            job_id = _job_id_of(msg)
+            if job_id:
+                await note_last_hand_back(self.js, job_id, reason)
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
@@ -460,11 +479,10 @@ class Worker:
         """The lease for this delivery, or None after acking/nakking it."""
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
-        pin = order.job.pin_identity
-        if pin and pin != self.identity and (msg.metadata.num_delivered or 0) > PINNED_PATIENCE:
-            # The leaser would refuse it (wrong-identity); past the patience no worker that
-            # owns the identity has taken it, so it goes straight back towards the backstop.
-            await self._hand_back(msg, target, "wrong-identity", 0.0)
+        if await self._nobody_owns_pin(msg, order):
+            # The leaser would refuse it (wrong-identity), and no running worker owns the
+            # identity: straight back, towards the backstop (no-eligible-worker).
+            await self._hand_back(msg, target, "no-eligible-worker", 0.0)
             return None
         request = LeaseRequest(
             job_id=order.job.id,
@@ -512,8 +530,9 @@ class Worker:
                 delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
-                # each delivery, so a job nobody may run (pinned to an identity no worker
-                # has) settles at one lease request per HAND_BACK_MAX_S, not four a second.
+                # each delivery, to one lease request per HAND_BACK_MAX_S; a job pinned to
+                # an identity nobody owns goes to the backstop after its patience
+                # (_nobody_owns_pin).
                 delay = max(retry_after, self._growing_delay(msg))
             await self._hand_back(msg, target, reply.reason, delay)
             return None
@@ -537,6 +556,17 @@ class Worker:
         reply = await self.leases.grant(request)
         if isinstance(reply, LeaseGrant):
             await self.leases.release(request.job_id, reply.fence, refund=True)
+
+    async def _nobody_owns_pin(self, msg: Msg, order: WorkOrder) -> bool:
+        """Whether the job is pinned to an identity this worker lacks, has had its
+        patience, and no running worker announces the identity (one busy elsewhere does,
+        and its jobs wait for it)."""
+        pin = order.job.pin_identity
+        if not pin or pin == self.identity:
+            return False
+        if (msg.metadata.num_delivered or 0) <= PINNED_PATIENCE:
+            return False
+        return not await self.identities.owned(pin)
 
     async def _ask_for_lease(
         self, msg: Msg, request: LeaseRequest, timer: AckTimer
@@ -634,11 +664,14 @@ class Worker:
         try:
             output = await self._deadline.run(fn(ctx), budget_s, what)
         except PermanentFailure as exc:
-            return Verdict("permanent", reason=exc.reason, detail=exc.detail)
+            reason, cut = fit_reason(exc.reason)
+            detail = "; ".join(filter(None, (exc.detail, cut)))
+            return Verdict("permanent", reason=reason, detail=detail)
         except RetryLater as exc:
             delay, note = self._bound_wait(order.target, exc.delay_s)
-            detail = "; ".join(filter(None, (exc.detail, note)))
-            return Verdict("retryable", reason=exc.reason, detail=detail, delay_s=delay)
+            reason, cut = fit_reason(exc.reason)
+            detail = "; ".join(filter(None, (exc.detail, note, cut)))
+            return Verdict("retryable", reason=reason, detail=detail, delay_s=delay)
         except Blocked as exc:
             delay, note = self._bound_wait(order.target, exc.retry_after_s)
             detail = "; ".join(filter(None, (exc.detail, note)))
@@ -1005,6 +1038,14 @@ async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
     await msg.in_progress()
     if timer is not None:
         timer.restarted(sent_at)
+
+
+def _job_id_of(msg: Msg) -> str:
+    """The job id of a delivery ("" if its work order does not decode)."""
+    try:
+        return _order_decoder.decode(msg.data).job.id
+    except msgspec.MsgspecError:
+        return ""
 
 
 async def _stop(task: asyncio.Task[None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 
 from jetfleet.schemas import HandlerOutput
@@ -26,6 +27,28 @@ class Verdict:
     """The attempt's own reason when ``reason`` is about the job (attempts-exhausted)."""
     called: bool = True
     """Whether the target was called (False: judged without running the handler)."""
+
+
+MAX_REASON_CHARS = 1024
+"""The longest reason the wire takes (``schemas.report.FailureReason``)."""
+_CONTROL_RUN = re.compile(r"[\x00-\x1f\x7f]+")
+
+
+def fit_reason(reason: str) -> tuple[str, str]:
+    """A handler's own reason as the wire takes it, and a note when it had to change.
+
+    A reason becomes a dead letter's ``Jf-Reason`` header, so the sink refuses line
+    breaks and more than ``MAX_REASON_CHARS``. Sent as raised, such a reason would make
+    every report of its job an ``error``: the job would run again until its attempts
+    were spent, for want of a shorter word.
+    """
+    fitted = _CONTROL_RUN.sub(" ", reason).strip()
+    if len(fitted) > MAX_REASON_CHARS:
+        fitted = fitted[: MAX_REASON_CHARS - 3].rstrip() + "..."
+    fitted = fitted or "handler-failed"
+    if fitted == reason:
+        return reason, ""
+    return fitted, f"the handler's reason was cut to fit ({len(reason)} characters, no line breaks)"
 
 
 def target_answered(verdict: Verdict | None) -> bool:

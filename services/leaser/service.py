@@ -26,7 +26,9 @@ from jetfleet.schemas.lease import (
     QuarantineRelease,
     QuarantineReply,
     QuarantineSet,
+    Sealed,
 )
+from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
@@ -52,6 +54,9 @@ LEASE_REFUSALS = Refusals[LeaseReply](
         reason="busy", retry_after_s=wait, detail=f"{why}: ask again later"
     ),
     failed=lambda exc: LeaseRefusal(reason="leaser-error", retry_after_s=1.0, detail=str(exc)),
+    too_large=lambda why: LeaseRefusal(
+        reason="request-too-large", detail=f"{why} (fleet.max_request_bytes)"
+    ),
 )
 QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     malformed=lambda error: QuarantineReply(ok=False, detail=f"malformed command: {error}"),
@@ -59,6 +64,7 @@ QUARANTINE_REFUSALS = Refusals[QuarantineReply](
         ok=False, detail=f"{why}: send the command again in {wait:g} s"
     ),
     failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
+    too_large=lambda why: QuarantineReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -97,11 +103,26 @@ class Leaser:
             )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
+        limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
-            Route(subjects.LEASE, _call_decoder, self.handle, LEASE_REFUSALS)
+            Route(
+                subjects.LEASE,
+                _call_decoder,
+                self.handle,
+                LEASE_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, call: refuse_lease_call(self.settings, call),
+            )
         )
         await self.responder.serve(
-            Route(subjects.QUARANTINE, _command_decoder, self.command, QUARANTINE_REFUSALS)
+            Route(
+                subjects.QUARANTINE,
+                _command_decoder,
+                self.command,
+                QUARANTINE_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: refuse_command(self.settings, command),
+            )
         )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
@@ -169,11 +190,8 @@ class Leaser:
             except Exception:  # the early read failed: record_grant reads it again
                 read = None
             recorded = await self.store.record_grant(request.job_id, fence, read)
-            if recorded.settled is not None:
-                # Sealed since the checks read it: the lease just made is nobody's.
-                await self.store.release(request.job_id, fence)
-                await self.places.free(request.target, request.job_id)
-                return await answer_settled(self.js, request, recorded.settled)
+            if recorded.settled is not None:  # sealed since the checks read it
+                return await self._nobodys(request, fence, recorded.settled)
         finally:
             if not history.done():
                 history.cancel()
@@ -183,10 +201,15 @@ class Leaser:
 
     async def _grant_again(
         self, request: LeaseRequest, live: LiveLease | None
-    ) -> LeaseGrant | None:
+    ) -> LeaseReply | None:
         """The live lease again, renewed, if it was granted to this very delivery (same
         worker, same reply subject) whose answer was lost or late: asking again must not
-        leave the job waiting out its own lease as ``held`` and spend an attempt."""
+        leave the job waiting out its own lease as ``held`` and spend an attempt.
+
+        The replica that made the grant may not have recorded it yet (it is slow, or died
+        after its create): the grant is recorded here, which counts it once whoever is
+        first, so the attempt number includes it. Read instead, the count could miss this
+        grant and let a job granted past its last attempt run once more."""
         if (
             live is None
             or not request.reply_subject
@@ -196,8 +219,17 @@ class Leaser:
             return None
         if await self.store.renew(request.job_id, live.fence, self.ttl_s) is None:
             return None
-        grants = (await self.store.highest_fence(request.job_id)).grants
-        return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=max(1, grants))
+        recorded = await self.store.record_grant(request.job_id, live.fence)
+        if recorded.settled is not None:
+            return await self._nobodys(request, live.fence, recorded.settled)
+        return LeaseGrant(fence=live.fence, ttl_s=self.ttl_s, attempt=recorded.grants)
+
+    async def _nobodys(self, request: LeaseRequest, fence: int, sealed: Sealed) -> LeaseReply:
+        """A lease made for a job sealed meanwhile is nobody's: delete it, free its place,
+        and answer from the seal."""
+        await self.store.release(request.job_id, fence)
+        await self.places.free(request.target, request.job_id)
+        return await answer_settled(self.js, request, sealed)
 
     async def command(
         self, command: QuarantineSet | QuarantineRelease | QuarantineList

@@ -17,7 +17,7 @@ import logging
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
-from jetfleet.schemas.lease import SealedDeath
+from jetfleet.schemas.lease import JobLeaseHistory, SealedDeath
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -27,6 +27,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
+from jetfleet.last_hand_back import last_hand_back
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
@@ -44,6 +45,8 @@ FETCH_WAIT_S = 1.0
 # its holder stalled) is looked at again after this; its lease ends within its TTL.
 LIVE_LEASE_RETRY_S = 5.0
 ERROR_RETRY_S = 2.0
+# Last hand-backs that mean no worker may run the job (None: no note, nobody said).
+NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "no-eligible-worker"})
 
 _encoder = msgspec.json.Encoder()
 _order_decoder = msgspec.json.Decoder(WorkOrder)
@@ -80,10 +83,12 @@ class ExhaustedJobs:
 
     async def start(self) -> None:
         """Bind to the advisories' durable consumer and start reading."""
-        sub = await self.js.pull_subscribe_bind(
+        self._loop = asyncio.create_task(self._read(await self._bind()))
+
+    async def _bind(self) -> JetStreamContext.PullSubscription:
+        return await self.js.pull_subscribe_bind(
             subjects.CONSUMER_MAX_DELIVERIES, stream=subjects.STREAM_ADVISORIES
         )
-        self._loop = asyncio.create_task(self._read(sub))
 
     async def drain(self, timeout_s: float = 5.0) -> None:
         """Stop reading once the advisories in hand are done."""
@@ -92,17 +97,22 @@ class ExhaustedJobs:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
                 await asyncio.wait_for(self._loop, FETCH_WAIT_S + timeout_s)
 
-    async def _read(self, sub: JetStreamContext.PullSubscription) -> None:
+    async def _read(self, sub: JetStreamContext.PullSubscription | None) -> None:
         while not self._stopping.is_set():
             try:
+                if sub is None:
+                    sub = await self._bind()
                 msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                await asyncio.gather(*(self._answer(msg) for msg in msgs))
             except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                 continue
-            except Exception:  # a reconnect or leader change: try again shortly
-                log.exception("reading %s failed", subjects.STREAM_ADVISORIES)
+            except Exception:  # a reconnect or leader change: bind again shortly
+                log.exception("reading %s failed; rebinding", subjects.STREAM_ADVISORIES)
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                sub = None
                 await asyncio.sleep(ERROR_RETRY_S)
-                continue
-            await asyncio.gather(*(self._answer(msg) for msg in msgs))
 
     async def _answer(self, msg: Msg) -> None:
         try:
@@ -171,7 +181,7 @@ class ExhaustedJobs:
             await self._record_duplicate(order, holder)
             return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
-        reason, detail = await self._why(order, advisory, stored, history)
+        reason, detail = await self._why(order, advisory, stored, history, read.history)
         letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
         # Fence 0: no holder decided. A grant recorded since the read makes the seal fail.
         death = SealedDeath(fence=0, letter=letter)
@@ -190,24 +200,30 @@ class ExhaustedJobs:
         advisory: MaxDeliveriesAdvisory,
         stored: RawStreamMsg,
         history: list[AttemptRecord],
+        ledger: JobLeaseHistory | None,
     ) -> tuple[str, str]:
-        """The dead letter's reason and detail, from what the job went through."""
-        deliveries = f"{advisory.deliveries} deliveries"
+        """The dead letter's reason and detail, from what the job went through: its age,
+        its attempts, whether it was ever leased, and why its last delivery was handed
+        back (noted by the worker, when known)."""
         age = _age_s(advisory, stored)
         max_age = self._max_age_s(order.target)
         if age is not None and age > max_age:
             return "expired", f"queued {age:.0f} s, more than the {max_age:g} s max age"
+        handed_back = await last_hand_back(self.js, order.job.id)
+        told = f"; last handed back: {handed_back}" if handed_back else ""
+        deliveries = f"{advisory.deliveries} deliveries"
         if history:
             last = history[-1]
-            return (
-                "deliveries-exhausted",
-                f"{deliveries} and {len(history)} attempt(s); last: {last.outcome} {last.reason}",
-            )
-        if (await self.store.highest_fence(order.job.id)).fence == 0:
+            attempts = f"{len(history)} attempt(s); last: {last.outcome} {last.reason}"
+            return "deliveries-exhausted", f"{deliveries} and {attempts}{told}"
+        if ledger is not None and ledger.fence:
+            return "deliveries-exhausted", f"{deliveries}; leased, but no verdict{told}"
+        if handed_back in NOBODY_MAY_RUN:
             pin = order.job.pin_identity
             whom = f"a worker owning identity {pin}" if pin else "a worker"
-            return "no-eligible-worker", f"{deliveries}, and {whom} never took it"
-        return "deliveries-exhausted", f"{deliveries}; leased, but no attempt reached a verdict"
+            return "no-eligible-worker", f"{deliveries}, and {whom} never took it{told}"
+        # Runnable, but kept out all along: its target at its cap, held or quarantined.
+        return "deliveries-exhausted", f"{deliveries}, never leased{told}"
 
     def _max_age_s(self, target: str) -> float:
         if target in self.settings.targets:

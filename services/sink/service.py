@@ -10,6 +10,7 @@ from jetfleet.schemas import Failure, Report, SinkReply, Success
 from jetfleet.services.sink.commit import CommitPolicy, commit
 from jetfleet.services.sink.dead_letter import dead_letter
 from jetfleet.services.sink.exhausted import ExhaustedJobs
+from jetfleet.services.sink.report_checks import refuse_report
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -76,8 +77,17 @@ class Sink:
         self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
         self.metrics.append(self.exhausted.ended)
         await self.exhausted.start()
+        # No max_bytes: a report is bounded by the server's max_payload, which is what a
+        # worker keeps its reports under (a user handler's output may come near it).
         await self.responder.serve(
-            Route(f"{subjects.SINK_REPORT}.*", _decoder, self._handle, REPORT_REFUSALS, self._after)
+            Route(
+                f"{subjects.SINK_REPORT}.*",
+                _decoder,
+                self._handle,
+                REPORT_REFUSALS,
+                self._after,
+                check=lambda msg, report: refuse_report(self.settings, msg.subject, report),
+            )
         )
         # Started means answering: make sure the server has the subscription.
         await self.nc.flush()

@@ -16,10 +16,11 @@ from pathlib import Path
 from typing import Any
 
 EFFECT_HANDLER = "test.effect"
-"""Returns quickly (after a short, job-dependent piece of work); the commit is its effect."""
+"""One request to the job's URL (the side effect the target counts), then a short,
+job-dependent piece of work."""
 STALL_HANDLER = "test.stall"
-"""On a job's first grant: stops renewing and sleeps past the TTL and ack_wait; later
-grants behave like ``test.effect``."""
+"""On a job's first grant: the request, then its whole worker process freezes past the
+TTL and ack_wait; later grants behave like ``test.effect``."""
 TEST_HANDLERS = (EFFECT_HANDLER, STALL_HANDLER)
 
 
@@ -35,7 +36,7 @@ class FaultPlan:
     stall_per_mille: int = 0
     drop_ack_per_mille: int = 0
     stall_s: float = 0.0
-    """How long a stalled attempt sleeps (pick more than ack_wait_s)."""
+    """How long a stalled attempt freezes its worker process (pick more than ack_wait_s)."""
     effect_min_s: float = 0.05
     effect_max_s: float = 0.35
 

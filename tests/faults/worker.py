@@ -3,8 +3,15 @@
 - lost ack: after the sink answers ``committed`` for a job the plan picks, the worker
   gives its lease back as usual but never acks, so JetStream redelivers the job after
   ack_wait; the next holder must hear ``already-done`` from the leaser.
-- stall: on a stalled job's first grant the lease is not renewed (nor +WPI sent) and the
-  handler sleeps past the TTL and ack_wait, then reports late with its old fence.
+- stall: a stalled job's first attempt, after its request to the target, freezes its
+  whole worker process (a blocking sleep: the event loop stops, as in a long GC pause or a
+  SIGSTOP) past the TTL and ack_wait. The worker's own lease keeper is left as it is: it
+  cannot renew while frozen, finds the lease lost when the process runs again, and the
+  attempts that still report do so late with their old fences. An attempt whose lease was
+  asked for before the process last froze was caught by that freeze: it has stalled
+  already. A process freezes at most once per ``FREEZE_GAP_S``; a stall that would
+  freeze it sooner is skipped (the attempt runs like ``test.effect``), so a run's stalls
+  cost a bounded time.
 
 Everything it sees is written to its ``EventLog``. Importing this module registers the
 test handlers.
@@ -13,9 +20,10 @@ test handlers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 
-from jetfleet.schemas import DataOutput, HandlerOutput, SinkReply, Versions, WorkOrder
+from jetfleet.schemas import DataOutput, HandlerOutput, HttpFetch, SinkReply, Versions, WorkOrder
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseGrant, LeaseReply, LeaseRequest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -23,10 +31,12 @@ from nats.aio.msg import Msg
 from jetfleet.lease_client import LeaseClient
 from jetfleet.settings import Settings
 from jetfleet.worker import HandlerContext, Worker, handler
+from jetfleet.worker.builtin import http_get
 from jetfleet.worker.verdict import Held, Verdict
 from tests.faults.plan import EFFECT_HANDLER, STALL_HANDLER, EventLog, FaultPlan
 
 # Handlers are process-global functions; they find their worker by ctx.worker_id.
+FREEZE_GAP_S = 15.0
 _WORKERS: dict[str, FaultyWorker] = {}
 
 
@@ -36,12 +46,16 @@ class _RecordingLeases(LeaseClient):
     def __init__(self, nc: NatsClient, events: EventLog) -> None:
         super().__init__(nc)
         self.events = events
+        self.asked_at: dict[tuple[str, int], float] = {}
+        """When the lease of each granted (job, attempt) was asked for (monotonic)."""
 
     async def grant(self, request: LeaseRequest) -> LeaseReply | None:
+        asked_at = time.monotonic()
         reply = await super().grant(request)
         if isinstance(reply, LeaseAlreadyDone):
             self.events.write("already-done", job=request.job_id)
         elif isinstance(reply, LeaseGrant):
+            self.asked_at[(request.job_id, reply.attempt)] = asked_at
             self.events.write(
                 "granted", job=request.job_id, fence=reply.fence, attempt=reply.attempt
             )
@@ -64,20 +78,34 @@ class FaultyWorker(Worker):
         super().__init__(settings, nc, worker_id, targets, identity=identity)
         self.plan = plan
         self.events = events
-        self.leases = _RecordingLeases(nc, events)
+        self.recording = _RecordingLeases(nc, events)
+        self.leases = self.recording
+        self.froze_at = -FREEZE_GAP_S
+        """When the process last froze (monotonic)."""
+        self.stalled: set[tuple[str, int]] = set()
+        """(job, attempt) that stalled past their lease."""
         _WORKERS[worker_id] = self
 
     def stalls(self, order: WorkOrder, attempt: int) -> bool:
-        """Whether this attempt of ``order`` is one the plan stalls (first grants only)."""
-        return order.job.handler == STALL_HANDLER and attempt == 1
+        """Whether this attempt of ``order`` stalled past its lease (see ``stall``)."""
+        return (order.job.id, attempt) in self.stalled
 
-    async def _keep_lease(self, msg: Msg, order: WorkOrder, held: Held) -> None:
-        if self.stalls(order, held.attempt or msg.metadata.num_delivered):
-            # No renewal and no +WPI: the lease expires by the server's clock and
-            # JetStream redelivers after ack_wait. The worker cancels us before it settles.
-            self.events.write("renewal-suppressed", job=order.job.id, fence=held.fence)
-            await asyncio.Event().wait()
-        await super()._keep_lease(msg, order, held)
+    def stall(self, job_id: str, attempt: int) -> str:
+        """Stall a stalled job's attempt: ``froze`` (the whole process, now), ``caught``
+        (its lease was asked for before the last freeze began) or ``skipped``."""
+        now = time.monotonic()
+        if self.recording.asked_at.get((job_id, attempt), now) < self.froze_at:
+            # Its lease was asked for (and renewed at the latest) before the last freeze
+            # began, which outlasted the TTL: it has expired.
+            how = "caught"
+        elif now - self.froze_at < FREEZE_GAP_S:
+            return "skipped"
+        else:
+            self.froze_at = now
+            time.sleep(self.plan.stall_s)  # blocking on purpose: nothing in the process runs
+            how = "froze"
+        self.stalled.add((job_id, attempt))
+        return how
 
     async def _publish_outcome(
         self,
@@ -93,6 +121,13 @@ class FaultyWorker(Worker):
         )
         await super()._publish_outcome(order, attempt, verdict, duration, versions, fence)
 
+    async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
+        verdict = await super()._process_order(msg, order, target)
+        if verdict is not None and verdict.kind == "lost":
+            # The lease keeper found the lease lost and cancelled the handler.
+            self.events.write("lost", job=order.job.id, **_delivery(msg))
+        return verdict
+
     async def _settle(
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None
     ) -> None:
@@ -105,6 +140,7 @@ class FaultyWorker(Worker):
             status=status,
             stalled=self.stalls(order, held.attempt),
             detail=reply.detail if reply is not None else "",
+            **_delivery(msg),
         )
         if status == "committed" and self.plan.drops_ack(order.job.id):
             # As if the +ACK were lost on the wire: everything else goes on as usual.
@@ -118,21 +154,32 @@ class FaultyWorker(Worker):
         await super()._settle(msg, order, held, verdict, reply)
 
 
+def _delivery(msg: Msg) -> dict[str, int]:
+    """Which delivery of which work message ``msg`` is, as ``$JS.ACK`` names it."""
+    meta = msg.metadata
+    return {"sseq": meta.sequence.stream, "delivered": meta.num_delivered}
+
+
 async def _work(ctx: HandlerContext) -> HandlerOutput:
     worker = _WORKERS[ctx.worker_id]
     job_id = ctx.order.job.id
     worker.events.write("start", job=job_id, attempt=ctx.attempt)
-    if worker.stalls(ctx.order, ctx.attempt):
-        worker.events.write("stall", job=job_id, attempt=ctx.attempt, for_s=worker.plan.stall_s)
-        await asyncio.sleep(worker.plan.stall_s)
-    else:
+    # The side effect: one request to the target, which counts it.
+    fetched = await http_get(ctx)
+    status = fetched.status if isinstance(fetched, HttpFetch) else 0
+    how = "no"
+    if ctx.order.job.handler == STALL_HANDLER and ctx.attempt == 1:
+        how = worker.stall(job_id, ctx.attempt)
+        kind = "stall-skipped" if how == "skipped" else "stall"
+        worker.events.write(kind, job=job_id, attempt=ctx.attempt, how=how)
+    if how in ("no", "skipped"):
         await asyncio.sleep(worker.plan.effect_s(job_id))
-    return DataOutput(data={"job": job_id, "attempt": ctx.attempt})
+    return DataOutput(data={"job": job_id, "attempt": ctx.attempt, "status": status})
 
 
 @handler(EFFECT_HANDLER)
 async def effect(ctx: HandlerContext) -> HandlerOutput:
-    """Short work; its one side effect is the commit the worker then asks for."""
+    """One request to the target (its side effect), then short work."""
     return await _work(ctx)
 
 

@@ -1,0 +1,37 @@
+"""``jetfleet quarantine``: what the CLI itself refuses before asking the leaser."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from jetfleet.schemas.lease import QuarantineRelease
+
+from jetfleet.cli.quarantine_commands import _command
+from jetfleet.errors import JetfleetError
+from tests.conftest import make_settings
+from tests.queueing.helpers import target
+
+
+def _args(action: str, target_name: str) -> argparse.Namespace:
+    return argparse.Namespace(
+        quarantine_action=action,
+        target=target_name,
+        worker="w1",
+        identity=None,
+        reason="r",
+        for_s=0.0,
+    )
+
+
+def test_the_cli_releases_a_quarantine_on_a_target_the_settings_no_longer_declare() -> None:
+    """The leaser lifts records of a dropped target; the CLI must not refuse it first."""
+    settings = make_settings(
+        "nats://127.0.0.1:1", "redis://127.0.0.1:1", {"demo": target("http://127.0.0.1:1/")}
+    )
+    release = _command(_args("release", "gone"), settings)
+    assert release == QuarantineRelease(scope="worker", name="w1", target="gone")
+    with pytest.raises(JetfleetError, match="not a target name"):
+        _command(_args("release", "Not A Target"), settings)
+    with pytest.raises(JetfleetError):
+        _command(_args("set", "gone"), settings)
