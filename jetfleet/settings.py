@@ -142,6 +142,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
         default_factory=lambda: {"high": 0.5, "normal": 0.3, "bulk": 0.2}
     )
     """Each priority tier's guaranteed share of the worker's slots (idle ones are lent)."""
+    report_patience_s: float = 600.0
+    """How long a finished job's report is sent again while the sink is busy, silent or
+    absent (its lease, slot and pending place kept all along) before the worker gives up:
+    it releases the lease with a refund and naks the job with backoff, to run again."""
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -277,6 +281,10 @@ def _convert_part(
         raise ConfigError(f"config ({source}): {key}: {first}; set it to {hint}") from None
 
 
+ACK_WAIT_OVER_TTL_S = 1.0
+"""How much longer than the lease's TTL (whole seconds) the ack wait must be."""
+
+
 def validate(settings: Settings) -> None:
     """Check the rules a type cannot express; raise ConfigError naming the key."""
     for name, target in settings.targets.items():
@@ -291,13 +299,23 @@ def validate(settings: Settings) -> None:
     _require(settings.fleet.lease_ttl_s >= 1, "fleet.lease_ttl_s", "at least 1 second")
     # The server's per-key TTL is whole seconds: a 2.5 s lease lives 3 s.
     lease_lives_s = math.ceil(settings.fleet.lease_ttl_s)
+    # A worker counts its lease lost a whole TTL after its last renewal was sent (it
+    # waits no longer for an answer) and then stops the handler; the ack wait runs from
+    # the +WPI sent after that renewal, so it must outlast the TTL by that much.
     _require(
-        settings.fleet.ack_wait_s > lease_lives_s,
+        settings.fleet.ack_wait_s >= lease_lives_s + ACK_WAIT_OVER_TTL_S,
         "fleet.ack_wait_s",
-        f"more than fleet.lease_ttl_s ({lease_lives_s} s) as the server keeps it (whole "
-        "seconds, rounded up), so JetStream redelivers only after a lease is gone",
+        f"at least {ACK_WAIT_OVER_TTL_S:g} s more than fleet.lease_ttl_s ({lease_lives_s} s) "
+        f"as the server keeps it (whole seconds, rounded up), that is >= "
+        f"{lease_lives_s + ACK_WAIT_OVER_TTL_S:g} s, so JetStream redelivers only after a "
+        "lease is gone and its worker has stopped; or lower fleet.lease_ttl_s",
     )
     _require(settings.worker.concurrency >= 1, "worker.concurrency", "at least 1")
+    _require(
+        settings.worker.report_patience_s > 0,
+        "worker.report_patience_s",
+        "a positive number of seconds (600 by default)",
+    )
     _require(
         settings.fleet.dedicated_targets >= 0, "fleet.dedicated_targets", "a whole number >= 0"
     )

@@ -148,9 +148,18 @@ def test_ack_wait_must_exceed_the_lease_ttl_as_the_server_rounds_it(tmp_path: Pa
     assert "more than fleet.lease_ttl_s (3 s)" in message
 
 
-def test_ack_wait_just_above_the_lease_ttl_is_accepted(tmp_path: Path) -> None:
-    settings = load_text(tmp_path, "[fleet]\nack_wait_s = 30.5\nlease_ttl_s = 30\n" + TARGET)
-    assert settings.fleet.ack_wait_s == 30.5
+def test_ack_wait_a_second_above_the_lease_ttl_is_accepted(tmp_path: Path) -> None:
+    settings = load_text(tmp_path, "[fleet]\nack_wait_s = 31\nlease_ttl_s = 30\n" + TARGET)
+    assert settings.fleet.ack_wait_s == 31
+
+
+def test_finding5_ack_wait_less_than_a_second_above_the_lease_ttl_is_refused(
+    tmp_path: Path,
+) -> None:
+    # The worker counts its lease lost a TTL after its last renewal, then stops.
+    message = config_error(tmp_path, "[fleet]\nack_wait_s = 30.5\nlease_ttl_s = 30\n" + TARGET)
+    assert "fleet.ack_wait_s" in message and ">= 31 s" in message
+    assert "fleet.lease_ttl_s" in message
 
 
 def test_a_dedupe_ttl_shorter_than_retry_horizon_plus_visibility_shows_the_arithmetic(

@@ -537,13 +537,16 @@ async def test_item3_the_backstop_leaves_a_job_whose_lease_is_live_until_the_lea
         assert (status.totals.dead, status.totals.queued) == (1, 0)
 
 
-async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted_and_says_why(
+async def test_item3_a_job_kept_out_by_its_targets_cap_waits_out_its_max_age_then_ends_expired(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
-    """A partitioned target at its cap hands its other jobs back (``target-busy``) until
-    the backstop ends them; the letter names that, not a missing worker."""
+    """A partitioned target at its cap hands its other jobs back (``target-busy``) with
+    waits paced against their deliveries (review finding 2): the backstop cannot end
+    a job that could still run before its max age, so it ends ``expired``, not
+    ``deliveries-exhausted`` within a minute (its deliveries would have run out in about
+    24 x 2 s before the pacing)."""
     settings = unrunnable_settings(
-        nats_url, redis_url, simulator, max_in_flight=1, timeout_s=4 * HOLD_S
+        nats_url, redis_url, simulator, max_in_flight=1, timeout_s=4 * HOLD_S, max_age_s=20.0
     )
     fleet = msgspec.structs.replace(
         settings.fleet, handlers=("test.slow",), dedicated_targets=0, target_partitions=1
@@ -566,13 +569,13 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_ends_deliveries_exhausted
         await submit_jobs(js, settings, "demo", [kept_out])
 
         reasons = await wait_dead(nc, [kept_out.id], 120, "the kept-out job's letter")
-        assert reasons == {kept_out.id: "deliveries-exhausted"}
+        assert reasons == {kept_out.id: "expired"}
         [entry] = await list_dead_letters(js)
-        assert entry.letter.detail.endswith("never leased; last handed back: target-busy")
+        assert entry.letter.detail.endswith("more than the 20 s max age"), entry.letter.detail
         assert simulator.counts()["total"] == 1  # only the holder's request
 
 
-HOLD_S = 150.0  # far longer than 24 deliveries handed back at most 2 s apart, on a busy machine
+HOLD_S = 150.0  # far longer than the kept-out job's 24 paced deliveries (about a minute)
 
 
 async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_letter(

@@ -51,13 +51,21 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
-from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
+from jetfleet.schemas.lease import (
+    LeaseAlreadyDone,
+    LeaseGrant,
+    LeaseRefusal,
+    LeaseReply,
+    LeaseRequest,
+)
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
+from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
+from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
@@ -163,6 +171,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
+        self.pace = HandBackPace(settings)
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
@@ -326,19 +335,15 @@ class Worker:
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:
-        """How long a job handed back unrun stays away.
-
-        A target with its own lane: ``wait`` (its pull loop has stopped anyway). A
-        partitioned target: its lane keeps delivering, so a member at its cap or held
-        would have its jobs handed back over and over, and fill the partition's unacked
-        window ahead of the other members. Each hand-back of the same job doubles its
-        delay instead (with jitter), so the churn dies down and the consumer moves on to
-        the other members' jobs; the member loses nothing, since it is at its cap or
-        held, and any of its many waiting jobs can take the next free place.
+        """How long a job handed back unrun (held here, its target refused to this
+        worker) stays away: ``wait``, and at least its paced hand-back delay, which
+        doubles with each delivery (jetfleet/worker/hand_back_pace.py). Every hand-back
+        is a delivery, so a job held off for long must not use up ``max_deliver``
+        before its max age; and a partitioned target's lane keeps delivering, so the
+        churn of a held member's jobs dies down and the consumer moves on to the
+        other members' jobs.
         """
-        if not self.lane_map.is_shared(target):
-            return wait
-        return max(wait, self._growing_delay(msg))
+        return max(wait, self.pace.growing_s(target, msg.metadata.num_delivered or 1))
 
     def _growing_delay(self, msg: Msg) -> float:
         """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
@@ -493,12 +498,14 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
         )
+        timer = AckTimer(self.settings.fleet.ack_wait_s)
         try:
-            reply, asked_at = await self._ask_for_lease(msg, request)
+            reply, asked_at = await self._ask_for_lease(msg, request, timer)
         except asyncio.CancelledError:
             # A drain ran out of time while the leaser did not answer: another worker
-            # may ask for the job now.
+            # may ask for the job now, once a late grant to this delivery is undone.
             with contextlib.suppress(Exception):
+                await self._refund_late_grant(request)
                 await msg.nak()
             raise
         if isinstance(reply, LeaseAlreadyDone):
@@ -515,8 +522,9 @@ class Worker:
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
-                # idle); this job just stays away for its hand-back delay.
-                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+                # idle); this job stays away as long as any other waiting job, old or
+                # fresh, so old ones get their share of the freed places.
+                delay = self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
             elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
@@ -531,7 +539,26 @@ class Worker:
                 delay = max(retry_after, self._growing_delay(msg))
             await self._hand_back(msg, target, reply.reason, delay)
             return None
-        return Held(fence=reply.fence, ttl_s=reply.ttl_s, attempt=reply.attempt, asked_at=asked_at)
+        return Held(
+            fence=reply.fence,
+            ttl_s=reply.ttl_s,
+            attempt=reply.attempt,
+            asked_at=asked_at,
+            timer=timer,
+        )
+
+    async def _refund_late_grant(self, request: LeaseRequest) -> None:
+        """Undo a grant the leaser may still make to this delivery after we stop asking.
+
+        A stalled leaser answers the asks it holds in turn when it resumes: the one that
+        timed out creates the lease (an attempt counted), and this last one, for the same
+        worker and reply subject, gets that same lease again. Released with a refund, it
+        neither holds the next delivery off as ``held`` nor counts as an attempt that
+        never ran. A leaser still silent after this ask leaves the late grant possible.
+        """
+        reply = await self.leases.grant(request)
+        if isinstance(reply, LeaseGrant):
+            await self.leases.release(request.job_id, reply.fence, refund=True)
 
     async def _nobody_owns_pin(self, msg: Msg, order: WorkOrder) -> bool:
         """Whether the job is pinned to an identity this worker lacks, has had its
@@ -544,7 +571,9 @@ class Worker:
             return False
         return not await self.identities.owned(pin)
 
-    async def _ask_for_lease(self, msg: Msg, request: LeaseRequest) -> tuple[LeaseReply, float]:
+    async def _ask_for_lease(
+        self, msg: Msg, request: LeaseRequest, timer: AckTimer
+    ) -> tuple[LeaseReply, float]:
         """The leaser's answer for this delivery and when it was asked (monotonic).
 
         Busy, silent or absent, the leaser is asked again for this same delivery after a
@@ -562,7 +591,7 @@ class Worker:
                 return reply, asked_at
             self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
             with contextlib.suppress(Exception):  # reconnecting: the next ask tries again
-                await msg.in_progress()
+                await _keep_delivery(msg, timer)
             await asyncio.sleep(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
@@ -696,45 +725,80 @@ class Worker:
                 except Exception as exc:  # reconnecting: the next beat tries again
                     log.warning("in-progress for job %s failed: %s", order.job.id, exc)
         interval = held.ttl_s / 3
-        # The server's TTL ran from no earlier than when the last renewal was sent.
+        # The server's TTL ran from no earlier than when the last renewal was sent. A
+        # renewal is waited for no longer than the TTL has left: unanswered for a whole
+        # TTL, the lease has expired by the server's clock, so it counts as lost then,
+        # not a call timeout later (the ack wait, only a second longer, may not be). An
+        # unanswered renewal is asked again soon (growing, jittered), not a beat later,
+        # so a leaser's passing stall or busy moment does not cost the lease.
         renewed_at = held.asked_at
+        retry = Backoff()
+        wait_s = interval
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(max(0.0, min(wait_s, renewed_at + held.ttl_s - time.monotonic())))
             asked_at = time.monotonic()
-            try:
-                renewed = await self.leases.renew(order.job.id, held.fence)
-                if renewed:
-                    await msg.in_progress()
-            except Exception as exc:
-                log.warning("renewing the lease of job %s failed: %s", order.job.id, exc)
-                renewed = None
+            renewed = await self._renew_within(msg, order, held, renewed_at + held.ttl_s - asked_at)
             if renewed:
-                renewed_at = asked_at
+                renewed_at, retry, wait_s = asked_at, Backoff(), interval
                 continue
-            # Refused: lost for sure. Unanswered for a whole TTL since the last renewal
-            # was sent: it has expired by the server's clock by now, so act as if lost.
             if renewed is False or time.monotonic() - renewed_at >= held.ttl_s:
                 held.lost.set()
                 if held.running is not None:
                     held.running.cancel()
                 return
+            wait_s = min(interval, retry.next_s())
+
+    async def _renew_within(
+        self, msg: Msg, order: WorkOrder, held: Held, left_s: float
+    ) -> bool | None:
+        """Renew (and send +WPI) if answered within ``left_s``; None if unanswered."""
+        if left_s <= 0:
+            return None
+        try:
+            renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
+            if renewed:
+                await _keep_delivery(msg, held.timer)
+        except Exception as exc:
+            log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
+            return None
+        return renewed
 
     async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
-        """Release the lease before a nak; False means it was not ours any more. When the
-        leaser cannot say, the nak goes ahead: the next delivery is refused as ``held``
-        until the lease's TTL ends, far sooner than an ack wait."""
+        """Release the lease before a nak; True only if the nak may follow.
+
+        Released: yes. Not ours any more: no. When the leaser cannot say, only if the
+        lease is not known lost and the delivery's ack wait surely has not run out
+        (``Held.may_nak_unanswered``): the next delivery is then refused as ``held``
+        until the lease's TTL ends. Otherwise the job is left to its ack wait: a nak
+        could land on a delivery JetStream already handed to another worker.
+        """
         if not held.fence:
             return True
         released = await self.leases.release(order.job.id, held.fence, refund=refund)
-        return released is not False
+        if released is None:
+            return held.may_nak_unanswered()
+        return released
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and
-        requeue the job without spending its attempt budget."""
-        delay = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
-        delay = min(delay, self.settings.targets[order.target].max_retry_after_s)
-        self.gate.blocked(order.target, delay)
+        requeue the job without spending its attempt budget.
+
+        What the target said is a floor, never the wait itself: a ``Retry-After: 0``
+        (or a date already past) would otherwise have this worker call it again at once.
+        The hold grows with the target's blocks in a row, the job's wait with its
+        deliveries (hand_back_pace.py), so the target sees fewer and fewer requests
+        and the job does not use up ``max_deliver`` while it could still run.
+        """
+        target = order.target
+        asked = verdict.delay_s if verdict.delay_s is not None else self.policy.max_backoff_s
+        first = max(self.settings.fleet.retry_base_s, MIN_REFUSAL_DELAY_S)
+        streak = self.gate.block_streak(target) + 1
+        hold = max(asked, self.pace.growing_s(target, streak, first))
+        hold = min(hold, self.settings.targets[target].max_retry_after_s)
+        self.gate.blocked(target, hold)
         self.stats[f"blocked:{verdict.reason}"] += 1
+        delivered = msg.metadata.num_delivered or 1
+        delay = max(hold, self.pace.growing_s(target, delivered, first))
         if await self._give_back(order, held, refund=True):
             await msg.nak(delay=delay)
 
@@ -744,8 +808,9 @@ class Worker:
         if reply is None or reply.status == "error":
             # Give the job back now rather than leave it to the ack wait. No answer: the
             # lease was lost while the sink was asked again and again (the release below
-            # then finds it gone and nothing is nakked); not the job's fault, so the
-            # attempt is refunded. An error may be this job's own (say, an
+            # then finds it gone and nothing is nakked), or the sink stayed busy or away
+            # past worker.report_patience_s; not the job's fault, so the attempt is
+            # refunded. An error may be this job's own (say, an
             # output the stream refuses), so it spends the attempt and the job ends
             # dead-lettered if it keeps failing. Either way the delay grows with each
             # delivery, and a commit that did happen is found by the next grant
@@ -818,16 +883,29 @@ class Worker:
         return await self._send_report(order, _encoder.encode(report), held)
 
     async def _send_report(self, order: WorkOrder, payload: bytes, held: Held) -> SinkReply | None:
-        """The sink's answer; None only if the lease was lost while it was asked.
+        """The sink's answer; None if the lease was lost while it was asked, or the sink
+        gave none for ``worker.report_patience_s``.
 
         Busy, silent or absent, the sink gets the same report again after a growing,
-        jittered wait for as long as the lease is ours (the keeper renews it all along).
-        The job is never given back to run again over a sink outage, so the target is
-        asked once; and a report the sink commits after we stopped waiting for it makes
-        the next one ``suppressed`` under this job's own key, which settles the job.
+        jittered wait while the lease is ours (the keeper renews it all along), so a sink
+        outage does not make the target be asked twice; and a report the sink commits
+        after we stopped waiting for it makes the next one ``suppressed`` under this job's
+        own key, which settles the job. Past the patience the job is given back (the
+        lease, the slot and the pending place are not kept for ever): it runs again, or
+        its next grant finds the commit (``already-done``).
         """
         backoff = Backoff()
+        give_up_at = time.monotonic() + self.settings.worker.report_patience_s
         while not held.lost.is_set():
+            left_s = give_up_at - time.monotonic()
+            if left_s <= 0:
+                self.stats["sink-gave-up"] += 1
+                log.warning(
+                    "sink gave no answer for job %s in %g s; giving the job back",
+                    order.job.id,
+                    self.settings.worker.report_patience_s,
+                )
+                return None
             try:
                 answer = await self.nc.request(
                     subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
@@ -847,7 +925,7 @@ class Worker:
                     )
                 floor_s = 0.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.lost.wait(), backoff.next_s(floor_s))
+                await asyncio.wait_for(held.lost.wait(), min(left_s, backoff.next_s(floor_s)))
         return None
 
     async def _record_duplicate(
@@ -955,6 +1033,14 @@ class Worker:
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
         await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+
+
+async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
+    """Send ``+WPI`` (the delivery's ack wait restarts) and note when it was sent."""
+    sent_at = time.monotonic()
+    await msg.in_progress()
+    if timer is not None:
+        timer.restarted(sent_at)
 
 
 def _job_id_of(msg: Msg) -> str:

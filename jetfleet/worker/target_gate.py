@@ -20,6 +20,12 @@ class TargetGate:
         self._target_said: dict[str, float] = {}
         self._suspect: set[str] = set()
         self._probing: set[str] = set()
+        self._blocks: dict[str, int] = {}
+
+    def block_streak(self, target: str) -> int:
+        """How many blocks in a row ``target`` answered this worker (0 once it answers
+        normally): the hold after the next block grows with it."""
+        return self._blocks.get(target, 0)
 
     def held_for(self, target: str) -> float:
         """Seconds this worker must still leave ``target`` alone (0 when free)."""
@@ -35,6 +41,7 @@ class TargetGate:
         until = time.monotonic() + seconds
         self._target_said[target] = max(self._target_said.get(target, 0.0), until)
         self._suspect.add(target)
+        self._blocks[target] = self._blocks.get(target, 0) + 1
 
     def admit(self, target: str) -> float | None:
         """None when a job may call the target now (perhaps as the probe); otherwise how
@@ -55,3 +62,4 @@ class TargetGate:
         self._probing.discard(target)
         if answered and not blocked:
             self._suspect.discard(target)
+            self._blocks.pop(target, None)

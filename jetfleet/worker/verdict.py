@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass, field
 
 from jetfleet.schemas import HandlerOutput
+from jetfleet.worker.ack_timer import AckTimer
 
 
 @dataclass(frozen=True)
@@ -69,3 +70,11 @@ class Held:
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     running: asyncio.Task[Verdict] | None = None
     """The handler's task while it runs: cancelled if the lease is lost."""
+    timer: AckTimer | None = None
+    """The delivery's ack wait (None: not tracked, leases off)."""
+
+    def may_nak_unanswered(self) -> bool:
+        """Whether a nak may follow a release the leaser did not answer: only while the
+        lease is not known lost and the delivery's ack wait surely has not run out, or
+        the nak could land on a delivery already handed to another worker."""
+        return not self.lost.is_set() and self.timer is not None and self.timer.still_ours()
