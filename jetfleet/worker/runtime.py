@@ -32,6 +32,7 @@ from nats.js.errors import FetchTimeoutError
 import jetfleet
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
+from jetfleet.duplicates import record_duplicate
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
 from jetfleet.identity_presence import IdentityPresence
 from jetfleet.last_hand_back import note_last_hand_back
@@ -41,7 +42,6 @@ from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
     AttemptRecord,
-    Duplicate,
     Failure,
     HandlerOutput,
     Outcome,
@@ -932,23 +932,8 @@ class Worker:
         self, order: WorkOrder, committed_by: str, via: Literal["already-done", "suppressed"]
     ) -> None:
         """Record, before acking, that another job's commit settled this one, so status
-        still adds up (it counts as committed, with no second side effect). Nothing to
-        record when the commit is this job's own (an ack that was lost)."""
-        if committed_by == order.job.id:
-            return
-        record = Duplicate(
-            job_id=order.job.id,
-            target=order.target,
-            key=order.key,
-            committed_by=committed_by,
-            via=via,
-        )
-        await publish_durably(
-            self.js,
-            subjects.duplicates(order.target),
-            _encoder.encode(record),
-            msg_id=f"dup-{order.job.id}",
-        )
+        still adds up (it counts as committed, with no second side effect)."""
+        await record_duplicate(self.js, order, committed_by, via)
 
     def _versions(self, order: WorkOrder) -> Versions:
         try:

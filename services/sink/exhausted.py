@@ -17,7 +17,7 @@ import logging
 from typing import Literal
 
 import msgspec
-from jetfleet.schemas import AttemptRecord, DeadLetter, Duplicate, Rejection, WorkOrder
+from jetfleet.schemas import AttemptRecord, DeadLetter, Rejection, WorkOrder
 from jetfleet.schemas.lease import JobLeaseHistory, Sealed, SealedCommit, SealedDeath
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -28,6 +28,7 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import subjects
 from jetfleet.attempt_history import attempt_history
+from jetfleet.duplicates import record_duplicate
 from jetfleet.last_hand_back import last_hand_back
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry, LeaseStore
@@ -257,21 +258,7 @@ class ExhaustedJobs:
         via: Literal["already-done", "suppressed"],
     ) -> None:
         self.ended.inc(target=order.target, how="duplicate")
-        if committed_by == order.job.id:
-            return  # its own commit, whose ack was lost
-        record = Duplicate(
-            job_id=order.job.id,
-            target=order.target,
-            key=order.key,
-            committed_by=committed_by,
-            via=via,
-        )
-        await publish_durably(
-            self.js,
-            subjects.duplicates(order.target),
-            _encoder.encode(record),
-            msg_id=f"dup-{order.job.id}",
-        )
+        await record_duplicate(self.js, order, committed_by, via)
 
     async def _keep_malformed(self, stored: RawStreamMsg, error: str) -> None:
         subject = stored.subject or ""
