@@ -57,6 +57,20 @@ STALL_S = ACK_WAIT_S + 2.0  # past the TTL and ack_wait: redelivered while still
 REJECTED = ("rejected:fenced-out", "rejected:lease-expired")
 
 
+def _stopped_or_rejected(settle: dict[str, Any]) -> bool:
+    """A stalled holder's end: the sink rejected its late report, or its own lease keeper
+    found the lease lost when it thawed, so it sent no report at all (and, the ack
+    watcher checks, touched the delivery no more). Both leave the job to the new holder."""
+    return settle["status"] in REJECTED or (settle["status"] == "no-reply" and settle["lost"])
+
+
+def _ended_by_their_holders(events: list[dict[str, Any]]) -> set[str]:
+    """Jobs whose stalled holder ended its attempt: a late settle, or the keeper
+    cancelling the handler (event ``lost``)."""
+    late = {e["job"] for e in events if e["event"] == "settle" and e["stalled"]}
+    return late | {e["job"] for e in events if e["event"] == "lost"}
+
+
 def _write_config(
     path: Path, nats_url: str, base_url: str, redis_url: str = "", partitioned: bool = False
 ) -> Path:
@@ -391,11 +405,12 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         late = [e for e in events if e["event"] == "settle" and e["stalled"]]
         assert stalled, "no attempt stalled past its lease"
         assert late, "no stalled attempt reported late"
-        not_rejected = [e for e in late if e["status"] not in REJECTED]
+        not_rejected = [e for e in late if not _stopped_or_rejected(e)]
         assert not not_rejected, f"late reports of stalled holders not rejected: {not_rejected}"
         assert all(attempt_of[j] > 1 for j in stalled), "a stalled attempt's result committed"
         # A stalled attempt that never reported late died with its SIGKILLed worker.
         reported = {(e["worker"], e["job"]) for e in late}
+        reported |= {(e["worker"], e["job"]) for e in events if e["event"] == "lost"}
         silent = [
             (e["worker"], j)
             for j, es in stalled.items()
@@ -404,7 +419,7 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         ]
         assert not silent, f"stalled attempts that never reported, in live workers: {silent}"
         rejections = sum(counts.get(s, 0) for s in REJECTED)
-        assert rejections >= len(late)
+        assert rejections >= len([e for e in late if e["status"] in REJECTED])
         assert len(already) + counts.get("suppressed:duplicate-key", 0) > 0
         frozen = {e["worker"] for es in stalled.values() for e in es if e["how"] == "froze"}
 
@@ -532,8 +547,7 @@ async def test_I1_stalled_holder_past_its_lease_is_rejected_and_committed_once(
             return {e["job"] for e in fleet.events() if e["event"] == "stall"}
 
         async def late_reports_in() -> bool:
-            late = {e["job"] for e in fleet.events() if e["event"] == "settle" and e["stalled"]}
-            return late == stalled()
+            return _ended_by_their_holders(fleet.events()) >= stalled()
 
         await env.submit(jobs)
         await env.wait_settled(jobs, 60, also=late_reports_in)
@@ -547,8 +561,8 @@ async def test_I1_stalled_holder_past_its_lease_is_rejected_and_committed_once(
         assert froze, "no worker process froze"
         # Each stalled attempt reported late and was rejected; another attempt committed.
         late = [e for e in events if e["event"] == "settle" and e["stalled"]]
-        assert {e["job"] for e in late} == stalled()
-        assert all(e["status"] in REJECTED for e in late), [e["status"] for e in late]
+        assert _ended_by_their_holders(events) >= stalled()
+        assert all(_stopped_or_rejected(e) for e in late), [e["status"] for e in late]
         attempt_of = {r.job_id: r.attempt for r in records}
         assert all(attempt_of[j] >= 2 for j in stalled()), attempt_of
         # The frozen holders stayed silent on the wire, though JetStream redelivered.
@@ -559,7 +573,8 @@ async def test_I1_stalled_holder_past_its_lease_is_rejected_and_committed_once(
         assert not spoke, f"superseded deliveries that acked, nakked or termed: {spoke[:5]}"
         counts = env.sink.counts
         assert counts.get("committed") == len(jobs)
-        assert sum(counts.get(s, 0) for s in REJECTED) >= len(late), counts
+        reported = [e for e in late if e["status"] in REJECTED]
+        assert sum(counts.get(s, 0) for s in REJECTED) >= len(reported), counts
 
 
 async def test_I1_sigkilled_worker_process_leaves_its_jobs_to_be_committed_once(

@@ -139,6 +139,9 @@ class FaultyWorker(Worker):
             fence=held.fence,
             status=status,
             stalled=self.stalls(order, held.attempt),
+            # No reply because the worker's own keeper found the lease lost (it then
+            # reports no more), not because the sink was silent.
+            lost=held.lost.is_set(),
             detail=reply.detail if reply is not None else "",
             **_delivery(msg),
         )
