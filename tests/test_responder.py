@@ -135,10 +135,12 @@ async def test_drain_answers_the_requests_in_hand_and_takes_no_new_one(nc: NatsC
 
     async def unsubscribed() -> bool:
         # A probe the drain's unsubscribe has not yet overtaken is answered malformed at
-        # once, without reaching the handler; after it, nobody answers.
+        # once, without reaching the handler; after it, nobody answers. A probe the
+        # server delivered just as the subscription went (nats-py drops a message that
+        # arrives after the drain's flush) goes unanswered: not taken either.
         try:
-            await nc.request(SUBJECT, b"probe", timeout=5.0)
-        except NoRespondersError:
+            await nc.request(SUBJECT, b"probe", timeout=1.0)
+        except (NoRespondersError, NatsTimeoutError):
             return True
         return False
 
