@@ -57,11 +57,15 @@ class Blocked(ControlSignal):
     target for ``retry_after_s`` (or the policy's backoff).
     """
 
-    def __init__(self, kind: str, retry_after_s: float | None = None, detail: str = "") -> None:
+    def __init__(
+        self, kind: str, retry_after_s: float | None = None, detail: str = "", status: int = 0
+    ) -> None:
         super().__init__(kind)
         self.kind = kind
         self.retry_after_s = retry_after_s
         self.detail = detail
+        self.status = status
+        """The HTTP status the target answered (0 when not HTTP)."""
 
 
 class LeaseLost(ControlSignal):

@@ -1,10 +1,11 @@
-"""Fleet-wide in-flight caps for partitioned targets, kept in Redis.
+"""Fleet-wide in-flight caps of targets, kept in Redis.
 
-A target with consumers of its own is capped by the server (``max_ack_pending``). A
-partitioned target shares its consumers, so the leaser caps it: one sorted set per
-target, ``jf:inflight:<target>``, holding the job ids with a live lease, each scored by
-when that lease runs out by Redis's clock. Taking and keeping a place are Lua scripts and
-dropping one is a ZREM, each atomic, so any number of leaser and sink replicas agree.
+A target's ``max_in_flight`` counts across all its tiers (and its partition's shared
+consumers), which no single consumer's ``max_ack_pending`` can enforce, so the leaser
+caps it: one sorted set per target, ``jf:inflight:<target>``, holding the job ids with a
+live lease, each scored by when that lease runs out by Redis's clock. Taking and
+keeping a place are Lua scripts and dropping one is a ZREM, each atomic, so any number
+of leaser and sink replicas agree.
 The leaser takes and keeps places and drops them on release or revoke; the sink drops a
 job's place when it settles the job. Entries expire with their lease, so a worker that
 dies frees its places by itself; losing Redis loses only the counts, and the leaser
@@ -13,7 +14,7 @@ refuses (fails closed) while Redis is unreachable.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -32,22 +33,25 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 """
 
-# ARGV: job id, cap, ttl in ms. 1 when the job holds a place, 0 when the target is full.
+# ARGV: job id, cap, ttl in ms. 2 when the job took a new place, 1 when it held one
+# already (its place is lengthened), 0 when the target is full.
 # The key itself expires once idle (twice the longest lease seen); its expiry only ever
 # grows, so a shorter lease cannot take other jobs' places with it.
 _TAKE = (
     _NOW_MS
     + """
+local taken = 1
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+  taken = 2
 else
   redis.call('ZADD', KEYS[1], 'GT', now + tonumber(ARGV[3]), ARGV[1])
 end
 if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[3]))
 end
-return 1
+return taken
 """
 )
 
@@ -122,11 +126,14 @@ class InFlightCaps:
         """Close the connection pool (a pool given to the client is not closed with it)."""
         await self.client.aclose(close_connection_pool=True)
 
-    async def take(self, target: str, job_id: str, cap: int, ttl_s: float) -> bool:
-        """Give ``job_id`` a place under ``cap``; False when the target is full. A job
-        that already holds a place keeps it (a renewed grant never counts twice)."""
+    async def take(
+        self, target: str, job_id: str, cap: int, ttl_s: float
+    ) -> Literal["full", "kept", "taken"]:
+        """Give ``job_id`` a place under ``cap``: ``full`` when the target is. A job
+        that already holds a place keeps it (``kept``: a grant made again never counts
+        twice); ``taken`` is a new place."""
         taken = await self._call(self._take, target, job_id, cap, _ms(ttl_s))
-        return bool(taken)
+        return "taken" if taken == 2 else "kept" if taken == 1 else "full"
 
     async def keep(self, target: str, job_id: str, ttl_s: float) -> None:
         """Extend the job's place with its renewed lease, if it still holds one (a freed

@@ -30,10 +30,20 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
 
     base_url: str
     rate: float = 1.0
-    """Fleet-wide requests per second to this target (validated; not enforced until the
-    rate limiter service lands: see docs/architecture.md)."""
+    """Fleet-wide requests per second to this target, whatever the number of workers,
+    retries or requeues: every request takes a permit from the ``ratelimit`` service
+    (docs/rate-limits.md). A robots.txt Crawl-delay lowers it; ``jetfleet target set``
+    changes it at run time."""
     burst: int = 1
     """How many requests may go at once after an idle spell."""
+    daily: int = 0
+    """Requests per UTC day (Redis's clock); 0: no daily budget."""
+    egress_rate: float = 0.0
+    """Requests per second from one egress (``worker.egress``) to this target; 0: none."""
+    egress_burst: int = 1
+    identity_rate: float = 0.0
+    """Requests per second from one identity to this target; 0: none."""
+    identity_burst: int = 1
     max_in_flight: int = 16
     """Cap on jobs of this target in flight at once across the fleet. A target with
     consumers of its own: enforced by the server per priority tier (its three tiers
@@ -47,6 +57,9 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     target. A longer ask is cut to this and shown as a target hold on ``/metrics``."""
     user_agent: str = ""
     obey_robots: bool = True
+    """Fetch, cache and obey this target's robots.txt (Protego), Crawl-delay included."""
+    robots_off_reason: str = ""
+    """Why robots.txt is not obeyed; required (and logged) when ``obey_robots`` is false."""
     redirect_hosts: tuple[str, ...] = ()
     """Hosts (``host`` or ``host:port``) beyond ``base_url`` that ``http.get`` may follow
     a redirect to; a redirect anywhere else fails the job as ``redirect-off-target``."""
@@ -112,6 +125,22 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """The work consumers' ``max_deliver``: the server's backstop. A job delivered this
     many times without ending (pinned to an identity no worker has, handed back for
     ever) is no longer delivered, and the sink dead-letters it (docs/commit.md)."""
+    rate: float = 0.0
+    """Fleet aggregate: requests per second over every target together; 0: no
+    aggregate cap (each target's own still holds)."""
+    burst: int = 1
+    """The aggregate cap's burst."""
+    hold_base_s: float = 1.0
+    """A target's first fleet-wide hold after a 429/503 without Retry-After; doubles with
+    each such answer in a row (jittered), up to the target's ``max_retry_after_s``."""
+    hold_forgive_s: float = 60.0
+    """Quiet seconds after which a target's backoff streak is forgiven."""
+    robots_ttl_s: float = 3600.0
+    """How long a fetched robots.txt is used before it is fetched again (RFC 9309 asks
+    for at most a day)."""
+    robots_error_hold_s: float = 60.0
+    """After a robots.txt fetch failed or answered 5xx, the target is held (nothing is
+    requested, jobs wait) this long before robots.txt is tried again."""
     max_job_age_s: float = 7 * 24 * 3600.0
     """How old a job may grow (server clock, from when its work order was stored) before
     it is dead-lettered ``expired`` instead of run; a target's ``max_age_s`` overrides."""
@@ -132,6 +161,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     id: str = ""
     identity: str = ""
     region: str = ""
+    egress: str = ""
+    """The egress (network exit) this worker's requests leave by: the key of each
+    target's ``egress_rate``."""
     concurrency: int = 8
     """Jobs at once per work lane: per target with consumers of its own, per partition for
     the others (each lane has its own slots, so a target that hangs cannot take another
@@ -325,6 +357,7 @@ def validate(settings: Settings) -> None:
         "a whole number from 1 to 1024",
     )
     _validate_consumer_count(settings)
+    _validate_rate_settings(settings)
     # The wire bounds count characters, and a character may take 4 bytes in UTF-8: the
     # largest lease call or quarantine command jetfleet itself sends is about 11 KiB.
     _require(
@@ -354,6 +387,28 @@ def validate(settings: Settings) -> None:
     _validate_job_ends(settings)
 
 
+def _validate_rate_settings(settings: Settings) -> None:
+    fleet = settings.fleet
+    _require(
+        fleet.rate >= 0 and math.isfinite(fleet.rate),
+        "fleet.rate",
+        "a number of requests per second >= 0 (0: no aggregate cap)",
+    )
+    _require(fleet.burst >= 1, "fleet.burst", _HINTS["burst"])
+    _require(fleet.hold_base_s > 0, "fleet.hold_base_s", "a positive number of seconds")
+    _require(fleet.hold_forgive_s > 0, "fleet.hold_forgive_s", "a positive number of seconds")
+    _require(
+        60 <= fleet.robots_ttl_s <= 86400,
+        "fleet.robots_ttl_s",
+        "a number of seconds from 60 to 86400 (RFC 9309: a robots.txt is cached at most a day)",
+    )
+    _require(
+        1 <= fleet.robots_error_hold_s <= 86400,
+        "fleet.robots_error_hold_s",
+        "a number of seconds from 1 to 86400",
+    )
+
+
 def _validate_target(name: str, target: TargetSettings) -> None:
     key = f"targets.{name}"
     _require(
@@ -367,7 +422,7 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         f"{key}.base_url",
         _HINTS["base_url"],
     )
-    _require(target.rate > 0, f"{key}.rate", _HINTS["rate"])
+    _require(target.rate > 0 and math.isfinite(target.rate), f"{key}.rate", _HINTS["rate"])
     _require(target.burst >= 1, f"{key}.burst", _HINTS["burst"])
     _require(target.max_in_flight >= 1, f"{key}.max_in_flight", _HINTS["max_in_flight"])
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
@@ -379,6 +434,21 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         1 <= target.max_retry_after_s <= 86400,
         f"{key}.max_retry_after_s",
         _HINTS["max_retry_after_s"],
+    )
+    _require(target.daily >= 0, f"{key}.daily", "a whole number >= 0 (0: no daily budget)")
+    for kind in ("egress", "identity"):
+        rate = getattr(target, f"{kind}_rate")
+        burst = getattr(target, f"{kind}_burst")
+        _require(
+            rate >= 0 and math.isfinite(rate),
+            f"{key}.{kind}_rate",
+            "a number of requests per second >= 0 (0: no such limit)",
+        )
+        _require(burst >= 1, f"{key}.{kind}_burst", _HINTS["burst"])
+    _require(
+        target.obey_robots or bool(target.robots_off_reason.strip()),
+        f"{key}.robots_off_reason",
+        "why robots.txt is not obeyed (required with obey_robots = false; it is logged)",
     )
     _validate_redirect_hosts(key, target.redirect_hosts)
     _require(

@@ -27,6 +27,8 @@ BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by 
 BUCKET_FENCES = "jf-fences"  # job id -> id claim, highest fence, grant count, seal
 BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved versions
 BUCKET_WORKERS = "jf-workers"  # what workers say: identities owned, last hand-backs (TTLs)
+BUCKET_TARGETS = "jf-targets"  # target -> limits set at run time (jetfleet target set)
+BUCKET_ROBOTS = "jf-robots"  # target -> its robots.txt as fetched (max age: the cache TTL)
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
@@ -41,6 +43,8 @@ QUEUE_SINK = "sink"
 LEASE = f"{PREFIX}.lease"
 QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
 QUEUE_LEASER = "leaser"
+RATELIMIT = f"{PREFIX}.ratelimit"  # permits and holds, served by the ratelimit service
+QUEUE_RATELIMIT = "ratelimit"
 
 TIERS = ("high", "normal", "bulk")
 DEFAULT_TIER = "normal"

@@ -155,6 +155,9 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
         subjects.BUCKET_CONTROL: 0.0,
         # Keys carry their own short TTL (jetfleet/identity_presence.py).
         subjects.BUCKET_WORKERS: 3600.0,
+        subjects.BUCKET_TARGETS: 0.0,
+        # The bucket's max age is the robots.txt cache's expiry.
+        subjects.BUCKET_ROBOTS: fleet.robots_ttl_s,
     }
 
 

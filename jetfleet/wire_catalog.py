@@ -36,6 +36,8 @@ from jetfleet.schemas.lease import (
     QuarantineRecord,
     QuarantineReply,
 )
+from jetfleet.schemas.permit import PermitCall, RatelimitReply
+from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 
 ChannelKind = Literal["stream", "request", "reply", "kv"]
 Payload = type[msgspec.Struct] | UnionType
@@ -251,6 +253,40 @@ CHANNELS: tuple[Channel, ...] = (
             "Per job: the submission that claimed its id, the highest fence ever granted, "
             "the number of grants and, once settled, its one terminal decision (the seal)."
         ),
+    ),
+    Channel(
+        name="ratelimit",
+        address=subjects.RATELIMIT,
+        kind="request",
+        payload=PermitCall,
+        description=(
+            "The leaser asks for a job's rate permit just before granting its lease (a "
+            "worker asks for a robots.txt fetch's); a worker asks to hold a target that "
+            "answered 429 or 503 for the whole fleet."
+        ),
+        queue_group=subjects.QUEUE_RATELIMIT,
+        reply="ratelimit-reply",
+    ),
+    Channel(
+        name="ratelimit-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=RatelimitReply,
+        description="allowed, wait (retry_after_s and the limit), held, or refused.",
+    ),
+    Channel(
+        name="target-limits",
+        address=f"$KV.{subjects.BUCKET_TARGETS}.{{target}}",
+        kind="kv",
+        payload=TargetLimits,
+        description="A target's rate, burst and daily budget set at run time.",
+    ),
+    Channel(
+        name="robots",
+        address=f"$KV.{subjects.BUCKET_ROBOTS}.{{target}}",
+        kind="kv",
+        payload=RobotsRecord,
+        description="A target's robots.txt as last fetched (kept for fleet.robots_ttl_s).",
     ),
     Channel(
         name="quarantine-records",

@@ -36,6 +36,8 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     """The JetStream reply subject of the delivery the lease is for (used to requeue it)."""
     pin_identity: ShortText = ""
     """The identity the job is pinned to, if any (as long as ``Job.pin_identity``)."""
+    egress: Name = ""
+    """The egress the worker's requests leave by (its per-egress rate limit)."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):

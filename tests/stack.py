@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from jetfleet.services.leaser import Leaser
+from jetfleet.services.ratelimit import RateLimiter
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from nats.aio.client import Client as NatsClient
@@ -14,6 +15,20 @@ from jetfleet.topology import declare
 from jetfleet.worker import Worker
 
 
+class LeaserWithPermits(Leaser):
+    """A leaser and the ratelimit replica its grants ask, on one connection: for tests
+    that call a leaser directly."""
+
+    async def start(self) -> None:
+        self.limiter = RateLimiter(self.settings, self.nc)
+        await self.limiter.start()
+        await super().start()
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        await super().drain(timeout_s)
+        await self.limiter.drain(timeout_s)
+
+
 class InProcessStack:
     """Scheduler, sink and N workers, each on its own NATS connection as in production."""
 
@@ -23,6 +38,7 @@ class InProcessStack:
         self.scheduler: Scheduler | None = None
         self.sink: Sink | None = None
         self.leaser: Leaser | None = None
+        self.ratelimit: RateLimiter | None = None
         self.workers: list[Worker] = []
 
     async def _connect(self, name: str) -> NatsClient:
@@ -34,8 +50,9 @@ class InProcessStack:
         control = await self._connect("test-control")
         await declare(control.jetstream(), self.settings)
         self.scheduler = Scheduler(self.settings, await self._connect("scheduler"))
-        self.leaser = Leaser(self.settings, await self._connect("leaser"))
         await self.scheduler.start()
+        await self.start_ratelimit()
+        self.leaser = Leaser(self.settings, await self._connect("leaser"))
         await self.leaser.start()
         await self.start_sink()
         for n in range(workers):
@@ -45,6 +62,12 @@ class InProcessStack:
         """Start a sink (again, after a test drained the first one)."""
         self.sink = Sink(self.settings, await self._connect("sink"))
         await self.sink.start()
+
+    async def start_ratelimit(self) -> RateLimiter:
+        """Start a ratelimit replica (again, after a test drained the first one)."""
+        self.ratelimit = RateLimiter(self.settings, await self._connect("ratelimit"))
+        await self.ratelimit.start()
+        return self.ratelimit
 
     async def start_leaser(self) -> None:
         """Start a leaser (again, after a test drained the first one)."""
@@ -69,5 +92,7 @@ class InProcessStack:
             await self.sink.drain(5.0)
         if self.leaser is not None:
             await self.leaser.drain(5.0)
+        if self.ratelimit is not None:
+            await self.ratelimit.drain(5.0)
         for nc in self.connections:
             await nc.close()

@@ -48,7 +48,7 @@ from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.leasing import ask, granted, order_for, refused, report, report_failure
-from tests.stack import InProcessStack
+from tests.stack import InProcessStack, LeaserWithPermits
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -333,7 +333,7 @@ async def test_leaser_replicas_agree_on_exactly_one_grant_among_twenty_concurren
         for n in range(2):
             conn = await connect_nats(settings.nats, f"leaser-{n}")
             connections.append(conn)
-            leaser = Leaser(settings, conn)
+            leaser = LeaserWithPermits(settings, conn)
             await leaser.start()
             await conn.flush()  # the subscriptions are registered at the server now
             replicas.append(leaser)

@@ -44,7 +44,7 @@ from tests.queueing.helpers import (
     submit_paths,
     target,
 )
-from tests.stack import InProcessStack
+from tests.stack import InProcessStack, LeaserWithPermits
 
 # Distinct pages for every batch: the targets share one simulator, and the same URL is
 # the same work (one idempotency key).
@@ -415,7 +415,7 @@ async def test_a_worker_of_one_partitioned_target_serves_its_whole_partition(
 async def _leaser(settings: Settings) -> tuple[Leaser, NatsClient]:
     nc = await connect_nats(settings.nats, "leaser")
     await declare(nc.jetstream(), settings)
-    leaser = Leaser(settings, nc)
+    leaser = LeaserWithPermits(settings, nc)
     await leaser.start()
     return leaser, nc
 
@@ -446,7 +446,7 @@ async def test_the_leaser_gives_a_partitioned_target_max_in_flight_places_exactl
         await nc.close()
 
 
-async def test_without_redis_a_partitioned_target_gets_no_grant(
+async def test_without_redis_no_target_gets_a_grant(
     nats_url: str, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     unreachable = f"redis://127.0.0.1:{free_port()}/0"
@@ -455,19 +455,18 @@ async def test_without_redis_a_partitioned_target_gets_no_grant(
     settings = make_settings(nats_url, unreachable, targets, dedicated_targets=1)
     with caplog.at_level(logging.WARNING, logger="jetfleet.services.leaser.service"):
         leaser, nc = await _leaser(settings)
-    assert "get no lease until it does" in caplog.text
+    assert "no lease is granted until it does" in caplog.text
     store = await LeaseStore.open(nc.jetstream())
     try:
-        # "big" is dedicated (capped by the server): Redis plays no part in its grant.
-        big = await leaser.handle(ask(order_for(settings, "/page/1", target="big")))
-        assert isinstance(big, LeaseGrant), big
-        order = order_for(settings, "/page/2", target="small")
-        reply = await leaser.handle(ask(order))
-        # Fails closed: the cap cannot be checked, so no lease (and the worker hands the
-        # job back, to ask again in a second).
-        assert isinstance(reply, LeaseRefusal) and reply.reason == "caps-unavailable", reply
-        assert reply.retry_after_s >= 1.0
-        assert await store.live(order.job.id) is None
+        # Fails closed for every target, its own lane or a partition's: the in-flight
+        # cap counts across tiers in Redis, so without Redis no lease (and the worker
+        # hands the job back, to ask again in a second).
+        for name, page in (("big", "/page/1"), ("small", "/page/2")):
+            order = order_for(settings, page, target=name)
+            reply = await leaser.handle(ask(order))
+            assert isinstance(reply, LeaseRefusal) and reply.reason == "caps-unavailable", reply
+            assert reply.retry_after_s >= 1.0
+            assert await store.live(order.job.id) is None
     finally:
         await leaser.drain(5.0)
         await nc.close()

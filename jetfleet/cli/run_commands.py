@@ -177,6 +177,10 @@ def _make_service(name: str, settings: Settings, nc: NatsClient) -> Service:
         from jetfleet.services.scheduler import Scheduler
 
         return Scheduler(settings, nc)
+    if name == "ratelimit":
+        from jetfleet.services.ratelimit import RateLimiter
+
+        return RateLimiter(settings, nc)
     if name == "leaser":
         from jetfleet.services.leaser import Leaser
 

@@ -15,9 +15,9 @@ from nats.js.errors import NotFoundError
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.ops.dead_letters import purged_counts
-from jetfleet.partition_places import PartitionPlaces
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
+from jetfleet.target_places import TargetPlaces
 from jetfleet.work_lanes import LaneMap
 
 # Reads of one kind in flight at once: enough to hide round trips at thousands of
@@ -118,7 +118,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(declared, lambda t: count_messages(js, subjects.STREAM_RESULTS, subjects.results(t))),
         _each(declared, lambda t: count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))),
         _each(dedicated, lambda t: _leased(js, t)),
-        _shared_leased(settings),
+        _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
     )
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
@@ -198,15 +198,17 @@ async def _leased(js: JetStreamContext, target: str) -> int:
     return leased
 
 
-async def _shared_leased(settings: Settings) -> dict[str, int]:
+async def _shared_leased(settings: Settings, shared: list[str]) -> dict[str, int]:
     """Leased jobs of each partitioned target: its places under the in-flight cap (a
     shared consumer's unacked count cannot be split by target). Unknown while Redis is
     unreachable: then they count as queued, and the total still adds up."""
-    places = PartitionPlaces(settings)
+    if not shared:
+        return {}
+    places = TargetPlaces(settings)
     try:
-        return await places.counts()
+        return await places.caps.counts(shared)
     except CapsUnavailable:
-        return dict.fromkeys(places.targets, 0)
+        return dict.fromkeys(shared, 0)
     finally:
         await places.close()
 

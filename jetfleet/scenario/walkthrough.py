@@ -28,6 +28,7 @@ from jetfleet.schemas import DeadLetter, Job, NoopOutput
 from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
 from jetfleet.service import Service
 from jetfleet.services.leaser import Leaser
+from jetfleet.services.ratelimit import RateLimiter
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from jetfleet.services.sink.commit import CommitPolicy
@@ -107,6 +108,7 @@ async def _run(settings: Settings, base_url: str, dedupe: bool) -> Run:
     await declare(control.jetstream(), settings)
     services: list[Service] = [
         Scheduler(settings, await connect("scheduler")),
+        RateLimiter(settings, await connect("ratelimit")),
         Leaser(settings, await connect("leaser")),
         Sink(settings, await connect("sink"), CommitPolicy(dedupe=dedupe)),
     ]

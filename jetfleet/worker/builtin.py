@@ -95,7 +95,9 @@ def _classify(
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
     if status in _BLOCK_STATUS:
         # Blocks and challenges are signals to back off (docs/scope.md).
-        raise Blocked(_block_kind(status, body), retry_after, detail=f"HTTP {status}")
+        raise Blocked(
+            _block_kind(status, body), retry_after, detail=f"HTTP {status}", status=status
+        )
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
     if over_cap:

@@ -38,6 +38,7 @@ from jetfleet.identity_presence import IdentityPresence
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
+from jetfleet.permit_client import PermitClient
 from jetfleet.publish import publish_durably
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
@@ -58,6 +59,7 @@ from jetfleet.schemas.lease import (
     LeaseReply,
     LeaseRequest,
 )
+from jetfleet.schemas.permit import HoldPlaced, HoldRequest
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
@@ -93,11 +95,16 @@ TARGET_WIDE_REFUSALS = frozenset(
         "quarantined",
         "paused",
         "rate-limited",
+        "target-held",
+        "ratelimit-unavailable",
         "outside-window",
         "version-not-approved",
         "caps-unavailable",
     }
 )
+# Refusals whose retry-after is the moment the target's next permit frees.
+RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
+MIN_RATE_WAIT_S = 0.01
 # How long drain waits for the pull loops to notice it before cancelling them (a fetch
 # in flight ends within FETCH_WAIT_S).
 LOOP_STOP_S = FETCH_WAIT_S + 1.0
@@ -129,7 +136,7 @@ class Worker:
         targets: Iterable[str] = (),
         identity: str = "",
     ) -> None:
-        check_worker_names(worker_id, identity, settings.worker.region)
+        check_worker_names(worker_id, identity, settings.worker.region, settings.worker.egress)
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -143,6 +150,7 @@ class Worker:
         self.targets = tuple(t for lane in self.lanes for t in lane.targets)
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
+        self.permits = PermitClient(nc)
         self.stats: Counter[str] = Counter()
         self.attempts = CounterFamily(
             "jetfleet_worker_attempts_total",
@@ -497,6 +505,7 @@ class Worker:
             region=self.settings.worker.region,
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
+            egress=self.settings.worker.egress,
         )
         timer = AckTimer(self.settings.fleet.ack_wait_s)
         try:
@@ -519,6 +528,10 @@ class Worker:
                 await self._term(msg, "dead-lettered")  # a term that was lost, sent again
                 return None
             retry_after = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
+            if reply.reason in RATE_REFUSALS:
+                # The permit says exactly when the next request may go: waiting longer
+                # would leave the target's rate unused.
+                retry_after = max(MIN_RATE_WAIT_S, reply.retry_after_s)
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
@@ -678,7 +691,14 @@ class Worker:
         except Blocked as exc:
             delay, note = self._bound_wait(order.target, exc.retry_after_s)
             detail = "; ".join(filter(None, (exc.detail, note)))
-            return Verdict("blocked", reason=exc.kind, detail=detail, delay_s=delay)
+            return Verdict(
+                "blocked",
+                reason=exc.kind,
+                detail=detail,
+                delay_s=delay,
+                status=exc.status,
+                asked_s=delay,
+            )
         except Exception as exc:  # a handler bug: retried, and logged as the crash it is
             log.exception("handler %s crashed on job %s", order.job.handler, order.job.id)
             return Verdict(
@@ -794,6 +814,10 @@ class Worker:
         first = max(self.settings.fleet.retry_base_s, MIN_REFUSAL_DELAY_S)
         streak = self.gate.block_streak(target) + 1
         hold = max(asked, self.pace.growing_s(target, streak, first))
+        if verdict.reason == "rate-limited":
+            # A slow-down answer is about the target, not this worker: hold it for the
+            # whole fleet (the ratelimit service refuses its permits until then).
+            hold = max(hold, await self._hold_fleet_wide(target, verdict))
         hold = min(hold, self.settings.targets[target].max_retry_after_s)
         self.gate.blocked(target, hold)
         self.stats[f"blocked:{verdict.reason}"] += 1
@@ -801,6 +825,23 @@ class Worker:
         delay = max(hold, self.pace.growing_s(target, delivered, first))
         if await self._give_back(order, held, refund=True):
             await msg.nak(delay=delay)
+
+    async def _hold_fleet_wide(self, target: str, verdict: Verdict) -> float:
+        """Ask the ratelimit service to hold ``target`` for everyone: for what its
+        Retry-After said, else for the target's adaptive backoff. The hold in force
+        (0 when the service could not be asked: this worker's own hold still stands)."""
+        reply = await self.permits.hold(
+            HoldRequest(
+                target=target,
+                status=verdict.status or 429,
+                retry_after_s=verdict.asked_s,
+                worker=self.worker_id,
+            )
+        )
+        if isinstance(reply, HoldPlaced):
+            return reply.hold_s
+        log.warning("could not hold %s for the fleet: %s %s", target, reply.reason, reply.detail)
+        return 0.0
 
     async def _settle(
         self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict, reply: SinkReply | None

@@ -27,6 +27,11 @@ class Verdict:
     """The attempt's own reason when ``reason`` is about the job (attempts-exhausted)."""
     called: bool = True
     """Whether the target was called (False: judged without running the handler)."""
+    status: int = 0
+    """The HTTP status of a blocked answer (0 when not known)."""
+    asked_s: float | None = None
+    """What a blocked answer's Retry-After asked for (cut to the target's maximum);
+    None when it gave none."""
 
 
 MAX_REASON_CHARS = 1024

@@ -10,17 +10,18 @@ from jetfleet.errors import ConfigError
 from jetfleet.schemas.names import Name, RequiredName
 
 
-def check_worker_names(worker_id: str, identity: str, region: str) -> None:
+def check_worker_names(worker_id: str, identity: str, region: str, egress: str = "") -> None:
     """Raise ConfigError naming the setting whose value the services would refuse."""
     for key, value, bound in (
         ("worker.id (or --id)", worker_id, RequiredName),
         ("worker.identity (or --identity)", identity, Name),
         ("worker.region", region, Name),
+        ("worker.egress", egress, Name),
     ):
         try:
             msgspec.convert(value, bound)
         except msgspec.ValidationError:
             raise ConfigError(
                 f"config: {key} is {value[:80]!r}: set it to 1 to 256 characters (the "
-                "identity and region may be empty) without control characters"
+                "identity, region and egress may be empty) without control characters"
             ) from None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from jetfleet.schemas.lease import (
     LeaseAlreadyDone,
@@ -23,6 +23,7 @@ from jetfleet.schemas.lease import (
     Sealed,
     SealedDeath,
 )
+from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
@@ -30,17 +31,19 @@ from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
-from jetfleet.partition_places import PartitionPlaces
+from jetfleet.permit_client import PermitClient
 from jetfleet.results import committed_job
 from jetfleet.settings import Settings
 from jetfleet.settlement import land
+from jetfleet.target_places import TargetPlaces
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
 # worker never holds off longer than this, whatever the quarantine's duration.
 QUARANTINE_RETRY_S = 30.0
-# A partitioned target at its cap: ask again soon, a place frees when any job ends.
+# A target at its in-flight cap: ask again soon, a place frees when any job ends.
 TARGET_BUSY_RETRY_S = 0.25
 CAPS_UNAVAILABLE_RETRY_S = 1.0
+RATELIMIT_UNAVAILABLE = "ratelimit-unavailable"
 
 
 @dataclass(frozen=True)
@@ -51,9 +54,12 @@ class GrantContext:
     settings: Settings
     js: JetStreamContext
     quarantine: QuarantineBook
-    places: PartitionPlaces
+    places: TargetPlaces
     history: asyncio.Future[HistoryEntry]
     """The job's history, read once for every check and for the grant's record."""
+    permits: PermitClient
+    took_place: list[bool] = field(default_factory=lambda: [False])
+    """Whether ``in_flight_cap`` took a new place (a refused permit frees it)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -130,26 +136,54 @@ async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
 
 
 async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
-    """A partitioned target shares its consumers, so the server cannot cap it: take one
-    of its ``max_in_flight`` places (in Redis), or refuse. Last, so a place is only taken
-    for a grant nothing else objects to."""
+    """Take one of the target's ``max_in_flight`` places (in Redis: they count across
+    its tiers and partition), or refuse. After every reading check, so a place is only
+    taken for a grant nothing else objects to."""
     req = ctx.request
-    if not ctx.places.applies(req.target):
-        return None
     cap = ctx.settings.targets[req.target].max_in_flight
     try:
-        if await ctx.places.take(req.target, req.job_id, cap):
-            return None
+        taken = await ctx.places.take(req.target, req.job_id, cap)
     except CapsUnavailable as exc:
         return LeaseRefusal(
             reason="caps-unavailable",
             retry_after_s=CAPS_UNAVAILABLE_RETRY_S,
             detail=f"the in-flight cap of {req.target} cannot be checked ({exc})",
         )
+    if taken != "full":
+        ctx.took_place[0] = taken == "taken"
+        return None
     return LeaseRefusal(
         reason="target-busy",
         retry_after_s=TARGET_BUSY_RETRY_S,
         detail=f"{req.target} has {cap} jobs in flight (targets.{req.target}.max_in_flight)",
+    )
+
+
+async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
+    """The request this grant leads to takes its permit from the ratelimit service now,
+    just before it is made: every attempt, retry and requeue pays for one. Last, so no
+    permit is spent on a grant something else refuses; a refusal frees the place the
+    grant took."""
+    req = ctx.request
+    reply = await ctx.permits.permit(
+        PermitRequest(
+            target=req.target, worker=req.worker, identity=req.identity, egress=req.egress
+        )
+    )
+    if isinstance(reply, PermitAllowed):
+        return None
+    if ctx.took_place[0]:
+        await ctx.places.free(req.target, req.job_id)
+    if isinstance(reply, PermitWait):
+        return LeaseRefusal(
+            reason="target-held" if reply.limit == "hold" else "rate-limited",
+            retry_after_s=reply.retry_after_s,
+            detail=reply.detail,
+        )
+    return LeaseRefusal(
+        reason=RATELIMIT_UNAVAILABLE,
+        retry_after_s=reply.retry_after_s,
+        detail=f"no rate permit for {req.target} ({reply.reason}: {reply.detail})",
     )
 
 
@@ -161,7 +195,7 @@ ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
 """Read-only checks answered from memory (the quarantine watch): run in line, since a
 task each would cost more than the check."""
-TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap,)
+TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 

@@ -36,9 +36,10 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
-from jetfleet.partition_places import PartitionPlaces
+from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
+from jetfleet.target_places import TargetPlaces
 
 log = logging.getLogger(__name__)
 
@@ -90,16 +91,15 @@ class Leaser:
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
-        self.places = PartitionPlaces(self.settings)
+        self.places = TargetPlaces(self.settings)
+        self.permits = PermitClient(self.nc)
         if not await self.places.reachable():
             # Not fatal (Redis may come up later), but say it loudly: until then every
-            # grant for these targets is refused (caps-unavailable).
+            # grant is refused (caps-unavailable).
             log.warning(
-                "redis at %s does not answer: the %d partitioned targets (beyond "
-                "fleet.dedicated_targets = %d) get no lease until it does",
+                "redis at %s does not answer: no lease is granted until it does "
+                "(the in-flight caps cannot be checked)",
                 self.settings.redis.url,
-                len(self.places.targets),
-                self.settings.fleet.dedicated_targets,
             )
         self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
         await self.quarantine.start()
@@ -163,7 +163,9 @@ class Leaser:
         # The history (grant count and seal) is read while the checks run: one round
         # trip less per grant.
         history = asyncio.create_task(self.store.read_history(request.job_id))
-        ctx = GrantContext(request, self.settings, self.js, self.quarantine, self.places, history)
+        ctx = GrantContext(
+            request, self.settings, self.js, self.quarantine, self.places, history, self.permits
+        )
         try:
             verdict = await first_objection(ctx)
             if verdict is not None:

@@ -17,9 +17,9 @@ from nats.aio.msg import Msg
 from jetfleet import subjects
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
-from jetfleet.partition_places import PartitionPlaces
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
+from jetfleet.target_places import TargetPlaces
 
 log = logging.getLogger(__name__)
 # Answers after which the job is done for good (the worker acks or terminates it).
@@ -72,7 +72,7 @@ class Sink:
     async def start(self) -> None:
         """Bind to the lease buckets and start answering reports."""
         self.store = await LeaseStore.open(self.js)
-        self.places = PartitionPlaces(self.settings)
+        self.places = TargetPlaces(self.settings)
         # The backstop's dead letters: jobs whose max_deliver ran out.
         self.exhausted = ExhaustedJobs(self.settings, self.nc, self.store)
         self.metrics.append(self.exhausted.ended)

@@ -1,0 +1,66 @@
+"""The in-flight places of every target, as the services keep them.
+
+A target's ``max_in_flight`` counts its jobs in flight across all its priority tiers
+(and, for a partitioned target, across the members of its partition): the server's
+``max_ack_pending`` bounds each consumer, but a target's three tiers together could hold
+three times the cap. So the leaser takes a place in Redis for every grant
+(``InFlightCaps``), keeps it with each renewal and frees it on release or revoke; the
+sink frees it when it settles the job. Keeping and freeing are best effort, since a place
+also expires with its lease; only taking one can refuse (docs/rate-limits.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
+from jetfleet.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Taken = Literal["full", "kept", "taken"]
+"""What taking a place did: refused (the target is full), found the job's place already
+held (a grant made again), or took a new one."""
+
+
+class TargetPlaces:
+    """Take, keep, free and count the places of the fleet's targets."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.ttl_s = settings.fleet.lease_ttl_s
+        self.targets = list(settings.targets)
+        """Every declared target, in declaration order."""
+        self.caps = InFlightCaps.connect(settings.redis.url)
+
+    async def take(self, target: str, job_id: str, cap: int) -> Taken:
+        """A place for ``job_id`` under ``cap``; raises CapsUnavailable when Redis
+        cannot say."""
+        return await self.caps.take(target, job_id, cap, self.ttl_s)
+
+    async def keep(self, target: str, job_id: str) -> None:
+        """Extend the job's place with its renewed lease."""
+        try:
+            await self.caps.keep(target, job_id, self.ttl_s)
+        except CapsUnavailable as exc:
+            # The lease itself was renewed: the job goes on; only the count may lag.
+            log.warning("could not extend %s's place under its cap: %s", job_id, exc)
+
+    async def free(self, target: str, job_id: str) -> None:
+        """Free the job's place now (released, revoked or settled)."""
+        try:
+            await self.caps.drop(target, job_id)
+        except CapsUnavailable as exc:
+            log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
+
+    async def counts(self) -> dict[str, int]:
+        """Places held now by each target (raises CapsUnavailable)."""
+        return await self.caps.counts(self.targets)
+
+    async def reachable(self) -> bool:
+        """Whether Redis answers."""
+        return await self.caps.reachable()
+
+    async def close(self) -> None:
+        """Close the Redis connections."""
+        await self.caps.close()
