@@ -385,8 +385,8 @@ async def test_leaser_replicas_agree_on_exactly_one_grant_among_twenty_concurren
         assert answered[0] > 0 and answered[1] > 0, f"one replica answered all: {answered}"
         assert sum(answered.values()) == 40
     finally:
-        for leaser in replicas:
-            await leaser.drain(5.0)
+        for replica in replicas:
+            await replica.drain(5.0)
         for conn in connections:
             await conn.close()
 
