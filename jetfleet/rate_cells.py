@@ -196,8 +196,19 @@ class RateCells:
 
     @classmethod
     def connect(cls, url: str) -> RateCells:
-        """Cells over the Redis at ``url`` (connects lazily, on the first call)."""
-        return cls(aioredis.from_url(url, max_connections=POOL_SIZE, socket_timeout=2.0))
+        """Cells over the Redis at ``url`` (connects lazily, on the first call).
+
+        The pool blocks (up to a second) for a free connection: the default pool refuses
+        at once past its size, which under a burst of permits would fail them closed
+        (and restart the no-burst span) for want of a connection, not of Redis."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=POOL_SIZE,
+            timeout=1.0,
+            socket_timeout=1.0,
+            socket_connect_timeout=1.0,
+        )
+        return cls(aioredis.Redis(connection_pool=pool))
 
     async def permit(self, target: str, cells: list[Cell], daily: int) -> Decision:
         """Take one permit from every cell (and the daily budget), or none.
@@ -277,8 +288,8 @@ class RateCells:
             return False
 
     async def close(self) -> None:
-        """Close the connection pool."""
-        await self.client.aclose()
+        """Close the connection pool (a pool given to the client is not closed with it)."""
+        await self.client.aclose(close_connection_pool=True)
 
     async def _now_us(self) -> int:
         seconds, micros = await self.client.time()

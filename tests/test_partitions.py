@@ -544,7 +544,8 @@ async def test_a_burst_of_grants_waits_for_redis_connections_instead_of_refusing
     # More grants at once than the leaser keeps Redis connections: each waits its turn
     # (never "caps-unavailable", which would also leave places to expire).
     burst = 4 * POOL_SIZE
-    targets = {"wide": target("http://127.0.0.1:9/", max_in_flight=burst)}
+    # A rate no burst of grants can reach: this is about connections, not permits.
+    targets = {"wide": target("http://127.0.0.1:9/", max_in_flight=burst, rate=1e6)}
     settings = make_settings(nats_url, redis_url, targets, dedicated_targets=0)
     leaser, nc = await _leaser(settings)
     try:
