@@ -27,6 +27,12 @@ async def _settled_state(client: aioredis.Redis) -> None:
     await client.set(KEY_BORN, (int(seconds) - 3600) * US + int(micros))
 
 
+async def _int(client: aioredis.Redis, key: str) -> int:
+    value = await client.get(key)
+    assert value is not None, f"{key} is not set"
+    return int(value)
+
+
 def _target(rate: float, burst: int) -> Cell:
     return Cell("target", cell_key("target", TARGET), rate, burst)
 
@@ -83,7 +89,7 @@ async def test_a_lost_state_allows_no_burst_for_the_recovery_span(
     assert await redis_client.get(KEY_BORN) is None
     cell = _target(rate=10, burst=5)
     assert await _allowed_in_a_row(cells, [cell]) == 1
-    born = int(await redis_client.get(KEY_BORN))
+    born = await _int(redis_client, KEY_BORN)
     seconds, micros = await redis_client.time()
     assert 0 <= int(seconds) * US + int(micros) - born < RECOVERY_S * US
 
@@ -111,8 +117,8 @@ async def test_a_hold_refuses_every_permit_for_its_time_then_resumes_without_a_b
     again, _ = await cells.hold(TARGET, cell, 1.0, 1.0, 300.0, 60.0, 1.0)
     assert again > 2.9
     # The cell was pushed past the hold's end: when it ends, one at a time.
-    tat = int(await redis_client.get(cell.key))
-    hold_ends = int(await redis_client.get(f"{{jf-rate}}:hold:{TARGET}"))
+    tat = await _int(redis_client, cell.key)
+    hold_ends = await _int(redis_client, f"{{jf-rate}}:hold:{TARGET}")
     assert tat >= hold_ends + cell.tau_us
 
 
