@@ -55,17 +55,23 @@ return taken
 """
 )
 
-# ARGV: job id, ttl in ms. Only a place still held is kept (XX): a renewal that lands
-# after the job's release or settle must not bring back a freed place (and so take one
-# beyond the cap). GT: a place is only ever lengthened, never cut short.
+# ARGV: job id, ttl in ms, restore (1/0). Without restore only a place still held is
+# kept (XX): a renewal that lands after the job's release or settle must not bring back a
+# freed place (a ghost that would keep a small target's cap full for a whole TTL). With
+# restore the place is put back even if missing: the caller has checked that the job is
+# still running (Redis lost its places). GT: a place is only ever lengthened, never cut
+# short. Returns 1 when the job held its place, 0 when it was missing.
 _KEEP = (
     _NOW_MS
     + """
-redis.call('ZADD', KEYS[1], 'XX', 'GT', now + tonumber(ARGV[2]), ARGV[1])
-if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
-  redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
+if held == 1 or ARGV[3] == '1' then
+  redis.call('ZADD', KEYS[1], 'GT', now + tonumber(ARGV[2]), ARGV[1])
+  if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[2]) then
+    redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[2]))
+  end
 end
-return 1
+return held
 """
 )
 
@@ -135,10 +141,12 @@ class InFlightCaps:
         taken = await self._call(self._take, target, job_id, cap, _ms(ttl_s))
         return "taken" if taken == 2 else "kept" if taken == 1 else "full"
 
-    async def keep(self, target: str, job_id: str, ttl_s: float) -> None:
+    async def keep(self, target: str, job_id: str, ttl_s: float, restore: bool = False) -> bool:
         """Extend the job's place with its renewed lease, if it still holds one (a freed
-        place is never brought back, nor a place ever shortened)."""
-        await self._call(self._keep, target, job_id, _ms(ttl_s))
+        place is not brought back unless ``restore``, nor a place ever shortened).
+        Whether the job held its place."""
+        held = await self._call(self._keep, target, job_id, _ms(ttl_s), 1 if restore else 0)
+        return bool(held)
 
     async def drop(self, target: str, job_id: str) -> None:
         """Free the job's place (its lease was released or revoked)."""

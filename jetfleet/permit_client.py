@@ -65,7 +65,16 @@ class PermitClient:
                 detail=f"no ratelimit service answered ({type(exc).__name__}): "
                 "start `jetfleet serve ratelimit`",
             )
-        return _decoder.decode(answer.data)
+        except Exception as exc:  # a closed or reconnecting connection: no permit either
+            return PermitRefused(
+                reason=UNREACHABLE,
+                retry_after_s=UNREACHABLE_RETRY_S,
+                detail=f"the ratelimit service could not be asked: {type(exc).__name__}: {exc}",
+            )
+        try:
+            return _decoder.decode(answer.data)
+        except msgspec.MsgspecError as exc:
+            return PermitRefused(reason="ratelimit-error", detail=f"undecodable answer: {exc}")
 
 
 def _unexpected(reply: RatelimitReply) -> PermitRefused:

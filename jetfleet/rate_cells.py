@@ -12,11 +12,12 @@ when ``now >= TAT - tau``, and then ``TAT = max(TAT, now) + T``: at most ``burst
 after an idle spell, ``rate`` per second after that, so any window of ``w`` seconds sees
 at most ``rate * w + burst``.
 
-No burst after trouble. Losing Redis's state, or the limiter having been cut off from it,
-must not let a burst through on top of the traffic sent just before. So the state has a
-birth time (``KEY_BORN``, set when the script finds it missing, and again by a replica
-that reconnects after failing closed): for ``RECOVERY_S`` after it every cell starts full
-(``TAT >= now + tau``), so traffic resumes at the rate with no burst.
+No burst after trouble. Losing Redis's state, or the limiter having been cut off from it
+for a while, must not let a burst through on top of the traffic sent just before. So the
+state has a birth time (``KEY_BORN``, set when the script finds it missing, and again by
+a replica that reconnects after failing closed for ``OUTAGE_S`` or more): for
+``RECOVERY_S`` after it, and for a slow cell as long as it remembers (``tau + T``), every
+cell starts full (``TAT >= now + tau``), so traffic resumes at the rate with no burst.
 
 Every key shares the hash tag ``{jf-rate}``, so the one script runs on one shard of a
 Redis Cluster.
@@ -35,8 +36,13 @@ from jetfleet.errors import JetfleetError
 
 TAG = "{jf-rate}"
 KEY_BORN = f"{TAG}:born"
+KEY_HOLDS = f"{TAG}:holds"
+"""Every target's hold by when it ends (microseconds): status reads it, no SCAN."""
 RECOVERY_S = 10.0
 """How long after the state's birth (or a replica's recovery) cells start full."""
+OUTAGE_S = 2.0
+"""How long a replica must have failed closed before its recovery restarts the span: a
+passing error (a pool wait, one slow answer) must not slow the whole fleet for 10 s."""
 POOL_SIZE = 32
 US = 1_000_000
 
@@ -54,7 +60,8 @@ if not born then
 else
   born = tonumber(born)
 end
-local recovering = (now - born) < tonumber(ARGV[1])
+local age = now - born
+local span = tonumber(ARGV[1])
 """
 
 # KEYS: born, hold, daily (hash: day, used), then one key per cell.
@@ -86,7 +93,9 @@ for i = 1, cells do
   local interval = tonumber(ARGV[1 + 2 * i])
   local tau = tonumber(ARGV[2 + 2 * i])
   local tat = tonumber(redis.call('GET', KEYS[3 + i]) or '0')
-  if recovering and tat < now + tau then tat = now + tau end
+  -- A cell remembers its last requests for up to tau + interval: as long as that, at
+  -- least, after a loss it must start full (a slow cell would otherwise burst later).
+  if age < math.max(span, tau + interval) and tat < now + tau then tat = now + tau end
   local at = tat - tau
   if now < at and at - now > wait then
     wait = at - now
@@ -107,15 +116,22 @@ return {1}
 """
 )
 
-# KEYS: born, hold, streak, the target's cell.
+# KEYS: born, hold, streak, the target's cell, the index of holds (a sorted set).
 # ARGV: recovery_us, asked_us (-1: the target gave no Retry-After), base_us, cap_us,
-# forgive_ms, jitter (a factor drawn by the caller), the target cell's tau_us.
+# forgive_ms, jitter (a factor drawn by the caller), the target cell's tau_us, target.
 # Returns {hold_us, streak}: the hold in force after this one (a longer one stays).
 _HOLD = (
     _PRELUDE
     + """
-local streak = redis.call('INCR', KEYS[3])
-redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[5]))
+local old = tonumber(redis.call('GET', KEYS[2]) or '0')
+-- One slow-down episode counts once: the answers of requests already in flight when
+-- the hold began (and any during it) do not grow the backoff.
+local streak
+if old > now then
+  streak = tonumber(redis.call('GET', KEYS[3]) or '1')
+else
+  streak = redis.call('INCR', KEYS[3])
+end
 local asked = tonumber(ARGV[2])
 local cap = tonumber(ARGV[4])
 local wait
@@ -128,12 +144,15 @@ else
 end
 wait = math.min(math.floor(wait), cap)
 local ends = now + wait
-local old = tonumber(redis.call('GET', KEYS[2]) or '0')
 if ends > old then
   redis.call('SET', KEYS[2], string.format('%d', ends), 'PX', math.ceil(wait / 1000) + 1)
+  redis.call('ZADD', KEYS[5], ends, ARGV[8])
 else
   ends = old
 end
+-- Forgiven only after a quiet spell counted from when the hold ends.
+redis.call('PEXPIRE', KEYS[3], math.ceil((ends - now) / 1000) + tonumber(ARGV[5]))
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 -- No burst when the hold ends: the target's cell resumes full, at its rate.
 local tau = tonumber(ARGV[7])
 local tat = tonumber(redis.call('GET', KEYS[4]) or '0')
@@ -162,7 +181,8 @@ class Cell:
 
     @property
     def interval_us(self) -> int:
-        return max(1, round(US / self.rate))
+        # Rounded up: never a hair faster than the rate asked for.
+        return max(1, math.ceil(US / self.rate))
 
     @property
     def tau_us(self) -> int:
@@ -247,7 +267,13 @@ class RateCells:
         Raises:
             RateUnavailable: Redis did not answer.
         """
-        keys = [KEY_BORN, hold_key(target), f"{TAG}:streak:{target}", target_cell.key]
+        keys = [
+            KEY_BORN,
+            hold_key(target),
+            f"{TAG}:streak:{target}",
+            target_cell.key,
+            KEY_HOLDS,
+        ]
         asked = -1 if asked_s is None else round(asked_s * US)
         args = [
             round(RECOVERY_S * US),
@@ -257,6 +283,7 @@ class RateCells:
             max(1, round(forgive_s * 1000)),
             repr(jitter),
             target_cell.tau_us,
+            target,
         ]
         reply = await self._call(self._hold, keys, args)
         return int(reply[0]) / US, int(reply[1])
@@ -269,19 +296,20 @@ class RateCells:
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
 
-    async def holds(self) -> dict[str, float]:
-        """Every target held now and for how many more seconds (status)."""
+    async def holds(self, limit: int = 1000) -> dict[str, float]:
+        """The targets held now (the ``limit`` ending last) and the seconds left."""
         try:
             now = await self._now_us()
-            found: dict[str, float] = {}
-            async for key in self.client.scan_iter(match=hold_key("*"), count=500):
-                name = key.decode() if isinstance(key, bytes) else str(key)
-                ends = await self.client.get(name)
-                if ends is not None and int(ends) > now:
-                    found[name.rsplit(":", 1)[1]] = (int(ends) - now) / US
-            return found
+            found = await self.client.zrevrangebyscore(
+                KEY_HOLDS, "+inf", f"({now}", start=0, num=limit, withscores=True
+            )
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
+        pairs = cast(list[tuple[bytes | str, float]], found)
+        return {
+            (name.decode() if isinstance(name, bytes) else name): (int(ends) - now) / US
+            for name, ends in pairs
+        }
 
     async def ping(self) -> bool:
         """Whether Redis answers now."""

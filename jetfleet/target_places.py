@@ -38,13 +38,16 @@ class TargetPlaces:
         cannot say."""
         return await self.caps.take(target, job_id, cap, self.ttl_s)
 
-    async def keep(self, target: str, job_id: str) -> None:
-        """Extend the job's place with its renewed lease."""
+    async def keep(self, target: str, job_id: str, restore: bool = False) -> bool:
+        """Extend the job's place with its renewed lease; with ``restore``, put it back
+        if it is missing. False when the place was missing (True when Redis could not
+        say: there is nothing to restore then)."""
         try:
-            await self.caps.keep(target, job_id, self.ttl_s)
+            return await self.caps.keep(target, job_id, self.ttl_s, restore)
         except CapsUnavailable as exc:
             # The lease itself was renewed: the job goes on; only the count may lag.
             log.warning("could not extend %s's place under its cap: %s", job_id, exc)
+            return True
 
     async def free(self, target: str, job_id: str) -> None:
         """Free the job's place now (released, revoked or settled)."""

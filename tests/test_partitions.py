@@ -606,17 +606,48 @@ async def test_a_late_renewal_does_not_bring_back_a_freed_place_or_cut_one_short
 ) -> None:
     caps = InFlightCaps.connect(redis_url)
     try:
-        assert await caps.take("late", "done", cap=1, ttl_s=30.0)
+        assert await caps.take("late", "done", cap=1, ttl_s=30.0) == "taken"
         await caps.drop("late", "done")
         # A renewal that was in flight when the job settled lands after the free.
-        await caps.keep("late", "done", ttl_s=30.0)
+        assert await caps.keep("late", "done", ttl_s=30.0) is False
         assert (await caps.counts(["late"]))["late"] == 0
-        assert await caps.take("late", "next", cap=1, ttl_s=30.0)  # the place is free
+        assert await caps.take("late", "next", cap=1, ttl_s=30.0) == "taken"  # it is free
         # A keep (or take) with a shorter lease never shortens a place.
         await caps.keep("late", "next", ttl_s=0.05)
-        assert not await caps.take("late", "other", cap=1, ttl_s=0.05)
-        assert await caps.take("late", "next", cap=1, ttl_s=0.05)
+        assert await caps.take("late", "other", cap=1, ttl_s=0.05) == "full"
+        assert await caps.take("late", "next", cap=1, ttl_s=0.05) == "kept"
         await wait_for(_redis_time_passed(redis_client, 0.2), 5, "Redis's clock to move on")
         assert (await caps.counts(["late"]))["late"] == 1
     finally:
         await caps.close()
+
+
+async def test_a_running_jobs_place_lost_with_redis_comes_back_with_its_next_renewal(
+    nats_url: str, redis_url: str, redis_client: aioredis.Redis
+) -> None:
+    # Redis restarted empty: the places of jobs still running are gone. Their renewals
+    # put them back, so new grants cannot fill the cap again beside them; a settled or
+    # released job's place stays freed.
+    targets = {"small": target("http://127.0.0.1:9/", max_in_flight=2)}
+    settings = make_settings(nats_url, redis_url, targets)
+    leaser, nc = await _leaser(settings)
+    try:
+        orders = [order_for(settings, f"/page/{n}", target="small") for n in range(3)]
+        grants = [await leaser.handle(ask(o)) for o in orders[:2]]
+        assert all(isinstance(g, LeaseGrant) for g in grants), grants
+        await redis_client.delete("jf:inflight:small")  # as after a restart that lost it
+        first = grants[0]
+        assert isinstance(first, LeaseGrant)
+        renewed = await leaser.handle(LeaseRenew(job_id=orders[0].job.id, fence=first.fence))
+        assert isinstance(renewed, LeaseGrant)
+
+        async def restored() -> bool:
+            return await redis_client.zscore("jf:inflight:small", orders[0].job.id) is not None
+
+        await wait_for(restored, 5, "the renewed job's place to come back")
+        # Released, the job's place goes, and a renewal arriving late does not restore it.
+        await leaser.handle(LeaseRelease(job_id=orders[0].job.id, fence=first.fence))
+        assert await redis_client.zscore("jf:inflight:small", orders[0].job.id) is None
+    finally:
+        await leaser.drain(5.0)
+        await nc.close()

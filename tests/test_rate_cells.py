@@ -24,7 +24,7 @@ async def cells(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[R
 async def _settled_state(client: aioredis.Redis) -> None:
     """A limiter state born long ago (not in its no-burst span after a loss)."""
     seconds, micros = await client.time()
-    await client.set(KEY_BORN, (int(seconds) - 3600) * US + int(micros))
+    await client.set(KEY_BORN, (int(seconds) - 30 * 86400) * US + int(micros))
 
 
 async def _int(client: aioredis.Redis, key: str) -> int:
@@ -127,8 +127,12 @@ async def test_without_retry_after_the_hold_doubles_with_the_streak_up_to_the_ca
 ) -> None:
     await _settled_state(redis_client)
     cell = _target(rate=10, burst=1)
-    holds = [(await cells.hold(TARGET, cell, None, 1.0, 5.0, 60.0, 1.0))[0] for _ in range(5)]
-    # Each hold is the longest in force: 1, 2, 4, then the 5 s cap.
+    holds = []
+    for _ in range(5):
+        holds.append((await cells.hold(TARGET, cell, None, 1.0, 5.0, 60.0, 1.0))[0])
+        # The hold has passed (as if its time ran out) before the target says 429 again.
+        await redis_client.delete(f"{{jf-rate}}:hold:{TARGET}")
+    # Each episode doubles the hold: 1, 2, 4, then the 5 s cap.
     assert [round(h) for h in holds[:3]] == [1, 2, 4]
     assert all(h <= 5.0 for h in holds) and round(holds[-1]) == 5
     # Retry-After: 0 still holds for the first backoff.
@@ -144,3 +148,29 @@ async def test_holds_lists_the_held_targets_with_the_time_left(
     await cells.hold(TARGET, _target(10, 1), 30.0, 1.0, 300.0, 60.0, 1.0)
     held = await cells.holds()
     assert set(held) == {TARGET} and 29 < held[TARGET] <= 30
+
+
+async def test_a_slow_cell_starts_full_for_as_long_as_it_remembers_after_a_loss(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    # State born 60 s ago (past RECOVERY_S), but a cell at 0.05/s with burst 5 remembers
+    # 100 s: used for the first time now, after the loss, it must not burst.
+    seconds, micros = await redis_client.time()
+    await redis_client.set(KEY_BORN, (int(seconds) - 60) * US + int(micros))
+    slow = _target(rate=0.05, burst=5)
+    assert await _allowed_in_a_row(cells, [slow]) == 1
+
+
+async def test_one_slow_down_episode_grows_the_backoff_once_and_is_remembered_past_it(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=10, burst=1)
+    # Sixteen answers of one episode (the requests in flight when the target said 429).
+    first = [await cells.hold(TARGET, cell, None, 1.0, 300.0, 0.5, 1.0) for _ in range(16)]
+    assert {streak for _, streak in first} == {1}
+    assert all(round(hold) == 1 for hold, _ in first)
+    # The streak outlives the hold by the quiet spell (0.5 s here), not 0.5 s from when
+    # the hold began: so the backoff can grow.
+    ttl_ms = await redis_client.pttl(f"{{jf-rate}}:streak:{TARGET}")
+    assert ttl_ms > 1000, ttl_ms

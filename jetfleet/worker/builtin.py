@@ -55,7 +55,9 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
     headers = {"User-Agent": ctx.user_agent, "X-Jetfleet-Worker": ctx.worker_id}
     url = ctx.order.job.url
     try:
-        for _ in range(MAX_REDIRECTS + 1):
+        for hop in range(MAX_REDIRECTS + 1):
+            if hop and ctx.another_request is not None:
+                await ctx.another_request()  # each hop is a request: it takes a permit
             # Hop by hop, so each Location is checked before anything is sent there.
             async with ctx.session.get(
                 url, headers=headers, timeout=timeout, allow_redirects=False

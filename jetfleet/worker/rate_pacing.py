@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Iterable
 
 RATE_BOUND_S = 5.0
@@ -23,11 +22,14 @@ ANSWER_WAIT_S = 5.0
 
 
 class RatePacing:
-    """Which targets are rate-bound, and the lease questions in flight for each."""
+    """Which targets are rate-bound, and the deliveries of each still waiting for their
+    lease answer (counted from when they are fetched, so a fetch loop that has not yet
+    let its job run cannot overtake it)."""
 
     def __init__(self) -> None:
         self._bound_until: dict[str, float] = {}
-        self._asking: Counter[str] = Counter()
+        self._waiting: dict[str, str] = {}
+        """Delivery (reply subject) -> target, from fetch to lease answer."""
         self._answered = asyncio.Condition()
 
     def rate_bound(self, target: str) -> None:
@@ -39,24 +41,27 @@ class RatePacing:
         now = time.monotonic()
         return all(self._bound_until.get(t, 0.0) > now for t in targets)
 
-    def asking(self, target: str) -> None:
-        """A lease question for a job of ``target`` is about to be asked."""
-        self._asking[target] += 1
+    def fetched(self, delivery: str, target: str) -> None:
+        """A delivery of ``target`` was fetched; its lease answer is awaited."""
+        if delivery:
+            self._waiting[delivery] = target
 
-    async def answered(self, target: str) -> None:
-        """The question ``asking`` announced has its answer (or was given up)."""
-        self._asking[target] -= 1
-        if self._asking[target] <= 0:
-            del self._asking[target]
+    async def answered(self, delivery: str) -> None:
+        """The delivery's lease question has its answer, or it will ask none (the job
+        ended before, or was handed back). Idempotent."""
+        if self._waiting.pop(delivery, None) is None:
+            return
         async with self._answered:
             self._answered.notify_all()
 
     async def wait_answers(self, targets: Iterable[str]) -> None:
-        """Until no lease question of ``targets`` is in flight (ANSWER_WAIT_S at most)."""
-        names = tuple(targets)
+        """Until no delivery of ``targets`` awaits its lease answer (ANSWER_WAIT_S at
+        most)."""
+        names = frozenset(targets)
+
+        def settled() -> bool:
+            return not any(t in names for t in self._waiting.values())
+
         async with self._answered:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._answered.wait_for(lambda: not any(self._asking[t] for t in names)),
-                    ANSWER_WAIT_S,
-                )
+                await asyncio.wait_for(self._answered.wait_for(settled), ANSWER_WAIT_S)

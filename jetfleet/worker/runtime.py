@@ -59,7 +59,13 @@ from jetfleet.schemas.lease import (
     LeaseReply,
     LeaseRequest,
 )
-from jetfleet.schemas.permit import HoldPlaced, HoldRequest
+from jetfleet.schemas.permit import (
+    HoldPlaced,
+    HoldRequest,
+    PermitAllowed,
+    PermitRefused,
+    PermitRequest,
+)
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
@@ -198,6 +204,11 @@ class Worker:
             ConfigError: a result with an inline body could exceed the server's max_payload.
         """
         self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
+        if not self.settings.fleet.leases:
+            log.warning(
+                "fleet.leases = false: no lease, no fence and no rate permit for any job; "
+                "a benchmark baseline only, never for traffic to a real target"
+            )
         concurrency = self.settings.worker.concurrency
         self._session = aiohttp.ClientSession(
             # Room for every lane's slots, so a lane that hangs cannot take the others'
@@ -283,7 +294,7 @@ class Worker:
                 # an idle tier never keeps slots another tier could use.
                 for msg in await self._fetch(sub, 1, FETCH_WAIT_S):
                     if await self._wait_for_slot(slots, tier):
-                        self._spawn(self._run_and_release(msg, lane, tier))
+                        self._start_job(msg, lane, tier)
                     else:
                         # Every slot stays busy: hand it to another worker at once.
                         await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
@@ -321,7 +332,7 @@ class Worker:
             raise
         slots.release(tier, taken - len(msgs))
         for msg in msgs:
-            self._spawn(self._run_and_release(msg, lane, tier))
+            self._start_job(msg, lane, tier)
         return bool(msgs)
 
     async def _wait_for_slot(self, slots: TierSlots, tier: str) -> bool:
@@ -387,6 +398,11 @@ class Worker:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _start_job(self, msg: Msg, lane: WorkLane, tier: str) -> None:
+        """Run a fetched delivery (its slot is held) in a task of its own."""
+        self.rate_pacing.fetched(msg.reply or "", subjects.target_of(msg.subject))
+        self._spawn(self._run_and_release(msg, lane, tier))  # the one place jobs start
+
     async def _run_and_release(self, msg: Msg, lane: WorkLane, tier: str) -> None:
         try:
             await self._process(msg, subjects.target_of(msg.subject))
@@ -399,6 +415,8 @@ class Worker:
                 await msg.nak(delay=self.policy.delay_s(msg.metadata.num_delivered or 1))
         finally:
             self._slots[lane.name].release(tier)
+            # Ended without asking for a lease (handed back, malformed, ...): answered.
+            await self.rate_pacing.answered(msg.reply or "")
 
     # The one long core path of the worker. Every branch ends in exactly one of: ack,
     # term, nak (only while holding the live lease, or before taking one), or nothing
@@ -497,11 +515,10 @@ class Worker:
     async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         """The lease for this delivery, or None after acking/nakking it. A rate-bound
         target's pull loop waits for this answer before it fetches the next job."""
-        self.rate_pacing.asking(target)
         try:
             return await self._ask_and_decide(msg, order, target)
         finally:
-            await self.rate_pacing.answered(target)
+            await self.rate_pacing.answered(msg.reply or "")
 
     async def _ask_and_decide(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         if not self.settings.fleet.leases:
@@ -549,12 +566,20 @@ class Worker:
                 # would leave the target's rate unused.
                 retry_after = max(MIN_RATE_WAIT_S, reply.retry_after_s)
                 self.rate_pacing.rate_bound(target)
+            delivered = msg.metadata.num_delivered or 1
             if reply.reason == "target-busy":
-                # A partitioned target at its cap: a place frees whenever one of its jobs
+                # A target at its in-flight cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
                 # idle); this job stays away as long as any other waiting job, old or
                 # fresh, so old ones get their share of the freed places.
-                delay = self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
+                delay = self.pace.target_busy_s(target, delivered)
+            elif reply.reason in RATE_REFUSALS:
+                # Waiting for a permit is waiting for capacity, like target-busy: the
+                # worker stops pulling until the next permit, and the job waits the same
+                # for every delivery (not a delay growing to minutes while permits go
+                # unused), still paced against max_deliver once it has few to spare.
+                self.gate.hold(target, retry_after)
+                delay = max(retry_after, self.pace.target_busy_s(target, delivered))
             elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
@@ -689,6 +714,7 @@ class Worker:
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
             objects=self._objects,
+            another_request=lambda: self._permit_for(order.target),
         )
         # The budget of every attempt (the order carries the target's when the job set
         # none): a handler that never returns must not hold its lease for ever.
@@ -722,6 +748,27 @@ class Worker:
                 "retryable", reason="handler-crashed", detail=f"{type(exc).__name__}: {exc}"
             )
         return self._ok_if_it_fits(order, output)
+
+    async def _permit_for(self, target: str) -> None:
+        """A permit for one more request of a running attempt (a redirect hop), waited
+        for as long as the target's limit says (the attempt's deadline bounds it).
+
+        Raises:
+            RetryLater: no permit can be had (the rate limiter is unreachable).
+        """
+        request = PermitRequest(
+            target=target,
+            worker=self.worker_id,
+            identity=self.identity,
+            egress=self.settings.worker.egress,
+        )
+        while True:
+            reply = await self.permits.permit(request)
+            if isinstance(reply, PermitAllowed):
+                return
+            if isinstance(reply, PermitRefused):
+                raise RetryLater(reply.reason, delay_s=reply.retry_after_s, detail=reply.detail)
+            await asyncio.sleep(max(MIN_RATE_WAIT_S, reply.retry_after_s))
 
     def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:
         """``ok``, unless the output cannot travel in one message: sent, it would fail

@@ -2,12 +2,13 @@
 
 Three kinds. ``ASKING_CHECKS`` read from the server, so the leaser runs them at once (a
 grant waits for one round trip, not one each); ``settled`` writes only for a job that is
-settled already, to land its record. ``LOCAL_CHECKS`` only read, from
-memory. ``TAKING_CHECKS`` take something (a place under a cap, a rate permit), so they
-run one after another, and only once nothing else objects. The first objection in
-``GRANT_CHECKS`` order wins. Later capabilities (pause, approved
-versions, activity windows, rate permits) add their check to the right tuple; order
-matters: the most final answers come first.
+settled already, to land its record. ``LOCAL_CHECKS`` only read, from memory. Between
+them and the last kind the leaser looks for a live lease of the job (its holder has its
+place and permit; the same delivery asking again gets its lease again). ``TAKING_CHECKS``
+take something (an in-flight place, then a rate permit), so they run one after another,
+and only once nothing else objects. The first objection in ``GRANT_CHECKS`` order wins.
+Later capabilities (pause, approved versions, activity windows) add their check to the
+right tuple; order matters: the most final answers come first.
 """
 
 from __future__ import annotations
@@ -200,7 +201,8 @@ GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHE
 
 
 async def first_objection(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
-    """The first objection of the grant checks, in ``GRANT_CHECKS`` order, or None."""
+    """The first objection of the reading checks (asking, then local), or None. The
+    leaser then looks for a live lease, and only then runs ``taking_objection``."""
     # The first asking check runs in this task, the others beside it.
     others = [asyncio.ensure_future(check(ctx)) for check in ASKING_CHECKS[1:]]
     try:
@@ -212,8 +214,17 @@ async def first_objection(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone 
     for verdict in verdicts:
         if verdict is not None:
             return verdict
-    for check in LOCAL_CHECKS + TAKING_CHECKS:
+    for check in LOCAL_CHECKS:
         verdict = await check(ctx)
         if verdict is not None:
             return verdict
+    return None
+
+
+async def taking_objection(ctx: GrantContext) -> LeaseRefusal | None:
+    """The first objection of the taking checks (a place, then a permit), or None."""
+    for check in TAKING_CHECKS:
+        verdict = await check(ctx)
+        if verdict is not None:
+            return verdict  # type: ignore[return-value]
     return None

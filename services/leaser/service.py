@@ -29,7 +29,12 @@ from jetfleet.schemas.lease import (
     Sealed,
 )
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
-from jetfleet.services.leaser.checks import GrantContext, answer_settled, first_objection
+from jetfleet.services.leaser.checks import (
+    GrantContext,
+    answer_settled,
+    first_objection,
+    taking_objection,
+)
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
@@ -142,7 +147,8 @@ class Leaser:
         if isinstance(call, LeaseRenew):
             record = await self.store.renew(call.job_id, call.fence, self.ttl_s)
             if record is not None:
-                await self.places.keep(record.target, record.job_id)
+                # Beside the answer: a renewal must not wait on Redis.
+                self.responder.spawn(self._keep_place(record))
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
             return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
@@ -152,6 +158,22 @@ class Leaser:
                 await self.store.refund_grant(call.job_id)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
+
+    async def _keep_place(self, record: LeaseRecord) -> None:
+        """Extend a renewed job's in-flight place. A place found missing was freed when
+        the job settled (a renewal that raced the commit) or lost with Redis's state; the
+        job's seal tells which, and a running job gets its place back, or new grants
+        would fill the cap again beside it."""
+        if await self.places.keep(record.target, record.job_id):
+            return
+        # Freed by a release (the lease is gone) or a settle (the job is sealed; its
+        # lease is left to expire): a place put back then would be a ghost for a TTL.
+        read = await self.store.read_history(record.job_id)
+        if read.history is not None and read.history.settled is not None:
+            return
+        if await self.store.live(record.job_id) is None:
+            return
+        await self.places.keep(record.target, record.job_id, restore=True)
 
     def _count(self, request: LeaseRequest, reply: LeaseReply) -> None:
         answer = {LeaseGrant: "granted", LeaseRefusal: "refused"}.get(type(reply), "already-done")
@@ -163,11 +185,20 @@ class Leaser:
         # The history (grant count and seal) is read while the checks run: one round
         # trip less per grant.
         history = asyncio.create_task(self.store.read_history(request.job_id))
+        # Read beside the checks too: a job whose lease is live takes no place and no
+        # permit (its holder has both), whether it is this delivery asking again or not.
+        live_now = asyncio.create_task(self.store.live(request.job_id))
         ctx = GrantContext(
             request, self.settings, self.js, self.quarantine, self.places, history, self.permits
         )
         try:
             verdict = await first_objection(ctx)
+            if verdict is not None:
+                return verdict
+            held = await self._held_already(request, await live_now)
+            if held is not None:
+                return held
+            verdict = await taking_objection(ctx)
             if verdict is not None:
                 return verdict
             record = LeaseRecord(
@@ -179,13 +210,13 @@ class Leaser:
             )
             fence = await self.store.create(record, self.ttl_s)
             if fence is None:
-                live = await self.store.live(request.job_id)
-                again = await self._grant_again(request, live)
-                if again is not None:
-                    return again
-                holder = live.record.worker if live else "another worker"
-                return LeaseRefusal(
-                    reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {holder}"
+                # Granted by another ask meanwhile: this one's new place (if any) is not
+                # the holder's, which took its own.
+                if ctx.took_place[0]:
+                    await self.places.free(request.target, request.job_id)
+                held = await self._held_already(request, await self.store.live(request.job_id))
+                return held or LeaseRefusal(
+                    reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
             try:
                 read: HistoryEntry | None = await history
@@ -195,11 +226,28 @@ class Leaser:
             if recorded.settled is not None:  # sealed since the checks read it
                 return await self._nobodys(request, fence, recorded.settled)
         finally:
+            if not live_now.done():
+                live_now.cancel()
+            live_now.add_done_callback(_ignore_outcome)
             if not history.done():
                 history.cancel()
             # Not needed after a refusal; a failed read is retried by record_grant.
             history.add_done_callback(_ignore_outcome)
         return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=recorded.grants)
+
+    async def _held_already(
+        self, request: LeaseRequest, live: LiveLease | None
+    ) -> LeaseReply | None:
+        """None when no lease is live; else the live lease again if it is this very
+        delivery's (``_grant_again``), or ``held``."""
+        if live is None:
+            return None
+        again = await self._grant_again(request, live)
+        if again is not None:
+            return again
+        return LeaseRefusal(
+            reason="held", retry_after_s=self.ttl_s, detail=f"lease held by {live.record.worker}"
+        )
 
     async def _grant_again(
         self, request: LeaseRequest, live: LiveLease | None

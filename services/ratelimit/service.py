@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 
 from jetfleet import subjects
 from jetfleet.metrics import CounterFamily, GaugeFamily, MetricFamily
-from jetfleet.rate_cells import RateCells, RateUnavailable, jitter_factor
+from jetfleet.rate_cells import OUTAGE_S, RateCells, RateUnavailable, jitter_factor
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 
@@ -185,7 +185,8 @@ class RateLimiter:
         """Redis answers again (raises RateUnavailable if not): restart the no-burst span."""
         assert self.failing_since is not None
         down_s = time.monotonic() - self.failing_since
-        await self.cells.recovering()
+        if down_s >= OUTAGE_S:
+            await self.cells.recovering()
         self.failing_since = None
         self.failing.set(0.0)
         log.warning(

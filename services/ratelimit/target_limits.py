@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 _limits_decoder = msgspec.json.Decoder(TargetLimits)
 _robots_decoder = msgspec.json.Decoder(RobotsRecord)
 LOAD_TIMEOUT_S = 10.0
+UNLABELLED = "_unlabelled"
+"""The egress (or identity) cell of requests that name none."""
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,9 @@ class Effective:
 
     @property
     def target_burst(self) -> int:
-        # A Crawl-delay is a spacing between requests: no burst on top of it.
-        return 1 if self.crawl_delay_s > 0 and 1.0 / self.crawl_delay_s < self.rate else self.burst
+        # A Crawl-delay is a spacing between requests: no burst on top of it, whatever
+        # the configured rate.
+        return 1 if self.crawl_delay_s > 0 else self.burst
 
 
 class TargetLimitBook:
@@ -106,11 +109,13 @@ class TargetLimitBook:
         fleet = self.settings.fleet
         if fleet.rate > 0:
             cells.append(Cell("fleet", cell_key("fleet"), fleet.rate, fleet.burst))
-        if declared.egress_rate > 0 and request.egress:
-            key = cell_key("egress", request.egress, target)
+        # Workers that name no egress (or identity) share one cell: a limit that applies
+        # must not be skipped for want of a label.
+        if declared.egress_rate > 0:
+            key = cell_key("egress", request.egress or UNLABELLED, target)
             cells.append(Cell("egress", key, declared.egress_rate, declared.egress_burst))
-        if declared.identity_rate > 0 and request.identity:
-            key = cell_key("identity", request.identity, target)
+        if declared.identity_rate > 0:
+            key = cell_key("identity", request.identity or UNLABELLED, target)
             cells.append(Cell("identity", key, declared.identity_rate, declared.identity_burst))
         return cells, limits.daily
 
@@ -126,9 +131,14 @@ class TargetLimitBook:
                     loaded.set_result(None)
                 continue
             gone = entry.operation in ("DEL", "PURGE") or not entry.value
+            if entry.key not in self.settings.targets:
+                # A target since removed from the config, or a hand-made key: nothing
+                # asks for its permits, and it must not stop the watch.
+                log.warning("ignoring %s entry %s: no such target", entry.bucket, entry.key)
+                continue
             try:
                 apply(entry.key, None if gone else entry.value)
-            except msgspec.MsgspecError as exc:
+            except Exception as exc:  # one bad entry must not end the watch
                 log.error("ignoring bad %s entry %s: %s", entry.bucket, entry.key, exc)
 
     def _apply_limits(self, target: str, value: bytes | None) -> None:
