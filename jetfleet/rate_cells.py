@@ -38,6 +38,7 @@ KEY_BORN = f"{TAG}:born"
 RECOVERY_S = 10.0
 """How long after the state's birth (or a replica's recovery) cells start full."""
 POOL_SIZE = 32
+HOLDS_BATCH = 500
 US = 1_000_000
 
 # Shared prelude: now (microseconds, Redis clock) and whether the state is recovering.
@@ -269,13 +270,17 @@ class RateCells:
     async def holds(self) -> dict[str, float]:
         """Every target held now and for how many more seconds (status)."""
         try:
+            keys = [key async for key in self.client.scan_iter(match=hold_key("*"), count=500)]
             now = await self._now_us()
             found: dict[str, float] = {}
-            async for key in self.client.scan_iter(match=hold_key("*"), count=500):
-                name = key.decode() if isinstance(key, bytes) else str(key)
-                ends = await self.client.get(name)
-                if ends is not None and int(ends) > now:
-                    found[name.rsplit(":", 1)[1]] = (int(ends) - now) / US
+            # One MGET per batch, not a GET per hold: status stays a few round trips with
+            # thousands of targets held (the keys share one hash tag, so one shard).
+            for start in range(0, len(keys), HOLDS_BATCH):
+                batch = keys[start : start + HOLDS_BATCH]
+                for key, ends in zip(batch, await self.client.mget(batch), strict=True):
+                    if ends is not None and int(ends) > now:
+                        name = key.decode() if isinstance(key, bytes) else str(key)
+                        found[name.rsplit(":", 1)[1]] = (int(ends) - now) / US
             return found
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
