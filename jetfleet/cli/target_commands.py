@@ -128,12 +128,13 @@ def _run_set(args: argparse.Namespace) -> int:
     if args.json:
         print_json(record)
         return 0
-    values = [
-        f"{name} {value:g}"
-        for name, value in (("rate", record.rate), ("burst", record.burst), ("daily", record.daily))
+    values = [f"rate {_rate(record.rate)}"] if record.rate is not None else []
+    values += [
+        f"{name} {value}"
+        for name, value in (("burst", record.burst), ("daily", record.daily))
         if value is not None
     ]
-    print(f"{args.name}: run-time {', '.join(values)} (set by {record.set_by or '-'})")
+    print(f"{args.name}: {', '.join(values)} at run time (set by {record.set_by or '-'})")
     print("every ratelimit replica applies it within a second; `jetfleet target show` to check")
     return 0
 
@@ -188,14 +189,15 @@ def _row(view: TargetView) -> list[object]:
 
 def _detail(view: TargetView) -> list[tuple[str, str]]:
     config = view.config
+
+    def source(where: str, config_text: str) -> str:
+        return f"from {where}" + (f" (config {config_text})" if where != "config" else "")
+
     lines = [
         ("target", view.target),
-        ("rate", f"{_rate(view.rate)}  from {view.rate_from} (config {_rate(config['rate'])})"),
-        ("burst", f"{view.burst}  from {view.burst_from} (config {config['burst']:g})"),
-        (
-            "daily",
-            f"{view.daily or 'none'}  from {view.daily_from} (config {_daily(config['daily'])})",
-        ),
+        ("rate", f"{_rate(view.rate)}  {source(view.rate_from, _rate(config['rate']))}"),
+        ("burst", f"{view.burst}  {source(view.burst_from, str(int(config['burst'])))}"),
+        ("daily", f"{view.daily or 'none'}  {source(view.daily_from, _daily(config['daily']))}"),
         (
             "crawl-delay",
             f"{view.crawl_delay_s:g} s from robots.txt" if view.crawl_delay_s else "none",

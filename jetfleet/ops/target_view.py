@@ -121,7 +121,8 @@ async def _add_redis_state(settings: Settings, views: list[TargetView], counts: 
         if caps is not None:
             await caps.close()
     for view in views:
-        view.held_s = holds.get(view.target)
+        left = holds.get(view.target)
+        view.held_s = None if left is None else round(left, 3)
         if counts:
             view.in_flight = in_flight.get(view.target, 0)
     return "ok"
