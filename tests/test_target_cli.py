@@ -243,3 +243,17 @@ async def _keys(kv: KeyValue) -> list[str]:
         return list(await kv.keys())
     except NoKeysError:
         return []
+
+
+async def test_set_refuses_to_merge_with_an_entry_that_is_not_a_record_and_unset_removes_it(
+    settings: Settings, nc: NatsClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    kv = await nc.jetstream().key_value(subjects.BUCKET_TARGETS)
+    await kv.put("demo", b'{"rate": "fast"}')
+    config = _config(settings, tmp_path)
+    assert await _cli(config, "target", "set", "demo", "--burst", "3") == 2
+    assert "jetfleet target unset demo" in capsys.readouterr().err
+    assert await _cli(config, "target", "unset", "demo") == 0
+    assert await _cli(config, "target", "set", "demo", "--burst", "3") == 0
+    stored = msgspec.json.decode((await kv.get("demo")).value or b"", type=TargetLimits)
+    assert stored.burst == 3 and stored.rate is None

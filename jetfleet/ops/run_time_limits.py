@@ -128,8 +128,7 @@ async def set_limits(
                 return record
             except KeyWrongLastSequenceError:
                 continue
-        old = _decoder.decode(entry.value) if entry.value else None
-        record = merged(old, change)
+        record = merged(_stored(target, entry.value), change)
         try:
             await kv.update(target, _encoder.encode(record), last=entry.revision)
             return record
@@ -158,6 +157,20 @@ async def clear_limits(js: JetStreamContext, settings: Settings, target: str) ->
         return False
     await kv.delete(target)
     return True
+
+
+def _stored(target: str, value: bytes | None) -> TargetLimits | None:
+    if not value:
+        return None
+    try:
+        return _decoder.decode(value)
+    except msgspec.MsgspecError as exc:
+        # Merging with it would keep junk or drop it silently: the operator decides.
+        raise JetfleetError(
+            f"the {subjects.BUCKET_TARGETS} entry of {target} is not a TargetLimits record "
+            f"({exc}); the ratelimit service ignores it. Remove it with "
+            f"`jetfleet target unset {target}`, then set again"
+        ) from None
 
 
 def _validate_text(change: LimitChange) -> None:
