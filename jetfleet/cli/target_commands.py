@@ -49,23 +49,25 @@ def register(commands: Any) -> None:
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=_run_list)
     show = actions.add_parser("show", help="one target in detail, with where each value is from")
-    show.add_argument("name", help="a declared target")
+    show.add_argument("name", metavar="NAME", help="a declared target")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.set_defaults(run=_run_show)
     change = actions.add_parser("set", help="change limits (merged with those already set)")
-    change.add_argument("name", help="a declared target")
-    change.add_argument("--rate", help=f"requests per second: {RATE_FORMS}")
+    change.add_argument("name", metavar="NAME", help="a declared target")
+    change.add_argument("--rate", help=RATE_FORMS)
     change.add_argument("--burst", help="requests at once after an idle spell (whole, >= 1)")
     change.add_argument("--daily", help="requests per UTC day (whole, >= 0; 0: no budget)")
     change.add_argument("--reason", default="", help="why (recorded with the change)")
-    change.add_argument("--set-by", default=None, help="who (default: user@host of this shell)")
+    change.add_argument(
+        "--set-by", metavar="WHO", default=None, help="who (default: user@host of this shell)"
+    )
     change.add_argument(
         "--clear", action="store_true", help="remove every run-time value (as `unset`)"
     )
     change.add_argument("--json", action="store_true", help="print the record as JSON")
     change.set_defaults(run=_run_set)
     unset = actions.add_parser("unset", help="remove run-time values: the config file applies")
-    unset.add_argument("name", help="a declared target")
+    unset.add_argument("name", metavar="NAME", help="a declared target")
     unset.add_argument("--json", action="store_true", help="print JSON")
     unset.set_defaults(run=_run_unset, clear=True)
 
