@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -35,10 +36,19 @@ from tests.conftest import wait_for
 from tests.leasing import ask, order_for, refused
 from tests.queueing.helpers import submit_paths
 from tests.stack import InProcessStack
+from tests.user_servers import flush_test_db
 
 pytestmark = pytest.mark.timeout(90)
 
 RETRY_AFTER_S = 30
+
+
+@pytest.fixture
+async def redis_db(redis_client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """The tests' Redis, emptied before and after: a hold left behind would hold the
+    next test's target (the session shares one redis-server)."""
+    yield redis_client
+    await flush_test_db(redis_client)
 
 
 async def _status_cli(
@@ -55,7 +65,7 @@ async def _status_cli(
 async def test_a_hold_shows_in_status_and_outlives_a_restart_of_the_limiter_and_leaser(
     settings: Settings,
     nc: NatsClient,
-    redis_client: aioredis.Redis,
+    redis_db: aioredis.Redis,
     simulator: TargetSimulator,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -134,14 +144,14 @@ async def test_status_says_the_rate_limiter_fails_closed_while_its_redis_does_no
 async def test_status_lists_the_longest_holds_and_counts_the_rest_with_many_targets_held(
     settings: Settings,
     nc: NatsClient,
-    redis_client: aioredis.Redis,
+    redis_db: aioredis.Redis,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    seconds, micros = await redis_client.time()
+    seconds, micros = await redis_db.time()
     now_us = int(seconds) * 1_000_000 + int(micros)
     held = 3000
-    async with redis_client.pipeline(transaction=False) as pipe:
+    async with redis_db.pipeline(transaction=False) as pipe:
         for n in range(held):
             pipe.set(hold_key(f"t{n:04}"), str(now_us + (60 + n) * 1_000_000), px=300_000)
         # An ended hold whose key has not expired yet is not a hold.

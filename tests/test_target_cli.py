@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -38,6 +39,15 @@ from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from tests.conftest import wait_for
 from tests.queueing.helpers import queue_settings, submit_paths, target
 from tests.stack import InProcessStack
+from tests.user_servers import flush_test_db
+
+
+@pytest.fixture
+async def redis_db(redis_client: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """The tests' Redis, emptied before and after: a hold left behind would hold the
+    next test's target (the session shares one redis-server)."""
+    yield redis_client
+    await flush_test_db(redis_client)
 
 
 def _config(settings: Settings, tmp_path: Path) -> str:
@@ -74,7 +84,7 @@ def test_a_rate_that_is_not_a_finite_positive_rate_is_refused_with_the_forms(tex
 async def test_set_merges_show_says_where_each_value_is_from_and_unset_restores_the_config(
     settings: Settings,
     nc: NatsClient,
-    redis_client: aioredis.Redis,
+    redis_db: aioredis.Redis,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -94,7 +104,7 @@ async def test_set_merges_show_says_where_each_value_is_from_and_unset_restores_
     robots = await nc.jetstream().key_value(subjects.BUCKET_ROBOTS)
     record = RobotsRecord(target="demo", status=200, crawl_delay_s=2.0)
     await robots.put("demo", msgspec.json.encode(record))
-    await redis_client.set(hold_key("demo"), str((await _redis_now_us(redis_client)) + 30_000_000))
+    await redis_db.set(hold_key("demo"), str((await _redis_now_us(redis_db)) + 30_000_000))
     shown = await _json_out(capsys, config, "target", "show", "demo")
     assert isinstance(shown, dict)
     assert (shown["rate"], shown["rate_from"]) == (0.5, "robots.txt")
@@ -157,7 +167,7 @@ async def test_set_refuses_a_target_the_config_does_not_declare(
 
 
 async def test_a_rate_change_reaches_the_target_within_a_second_through_every_replica(
-    nats_url: str, redis_url: str, redis_client: aioredis.Redis, tmp_path: Path
+    nats_url: str, redis_url: str, redis_db: aioredis.Redis, tmp_path: Path
 ) -> None:
     async with TargetSimulator(SimulatorConfig()) as sim:
         targets = {"paced": target(sim.base_url, rate=2.0, burst=1, max_in_flight=500)}
