@@ -267,3 +267,29 @@ async def test_set_refuses_to_merge_with_an_entry_that_is_not_a_record_and_unset
     assert await _cli(config, "target", "set", "demo", "--burst", "3") == 0
     stored = msgspec.json.decode((await kv.get("demo")).value or b"", type=TargetLimits)
     assert stored.burst == 3 and stored.rate is None
+
+
+async def test_two_changes_at_once_to_different_fields_both_stay(
+    settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    for n in range(1, 6):
+        # Both read the entry before either writes: a plain put would drop one of them.
+        await asyncio.gather(
+            set_limits(js, settings, "demo", LimitChange(rate=float(n), set_by="a")),
+            set_limits(js, settings, "demo", LimitChange(daily=n * 100, set_by="b")),
+        )
+        kv = await js.key_value(subjects.BUCKET_TARGETS)
+        stored = msgspec.json.decode((await kv.get("demo")).value or b"", type=TargetLimits)
+        assert (stored.rate, stored.daily) == (float(n), n * 100), stored
+
+
+@pytest.mark.parametrize(
+    "change",
+    [LimitChange(rate=-1.0), LimitChange(rate=float("inf")), LimitChange(burst=0)],
+)
+async def test_set_limits_refuses_what_the_ratelimit_service_could_not_read(
+    settings: Settings, nc: NatsClient, change: LimitChange
+) -> None:
+    with pytest.raises(JetfleetError, match="must be"):
+        await set_limits(nc.jetstream(), settings, "demo", change)

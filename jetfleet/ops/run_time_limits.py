@@ -116,6 +116,7 @@ async def set_limits(
     settings.target(target)
     if change.rate is None and change.burst is None and change.daily is None:
         raise JetfleetError("nothing to set: give --rate, --burst or --daily (or --clear)")
+    _validate_numbers(change)
     _validate_text(change)
     kv = await js.key_value(subjects.BUCKET_TARGETS)
     for _ in range(_CAS_TRIES):
@@ -171,6 +172,16 @@ def _stored(target: str, value: bytes | None) -> TargetLimits | None:
             f"({exc}); the ratelimit service ignores it. Remove it with "
             f"`jetfleet target unset {target}`, then set again"
         ) from None
+
+
+def _validate_numbers(change: LimitChange) -> None:
+    # The CLI parses with these bounds already; a caller of this function may not have,
+    # and a record the ratelimit service cannot decode is ignored there (logged only).
+    if change.rate is not None and not (change.rate > 0 and math.isfinite(change.rate)):
+        raise JetfleetError(f"rate {change.rate!r} must be above 0 and finite: {RATE_FORMS}")
+    for name, value, minimum in (("burst", change.burst, 1), ("daily", change.daily, 0)):
+        if value is not None and (isinstance(value, bool) or value < minimum):
+            raise JetfleetError(f"{name} {value!r} must be a whole number >= {minimum}")
 
 
 def _validate_text(change: LimitChange) -> None:
