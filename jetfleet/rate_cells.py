@@ -121,7 +121,9 @@ local asked = tonumber(ARGV[2])
 local cap = tonumber(ARGV[4])
 local wait
 if asked >= 0 then
-  wait = asked
+  -- What the target said, but never less than the first backoff: a Retry-After of 0
+  -- (or a date already past) must not let the whole fleet straight back in.
+  wait = math.max(asked, tonumber(ARGV[3]))
 else
   wait = tonumber(ARGV[3]) * math.pow(2, math.min(streak - 1, 40)) * tonumber(ARGV[6])
 end
@@ -238,8 +240,9 @@ class RateCells:
         forgive_s: float,
         jitter: float,
     ) -> tuple[float, int]:
-        """Hold ``target`` for everyone: ``asked_s`` if the target said, else ``base_s``
-        doubled per answer in a row (times ``jitter``), at most ``cap_s``. Returns the
+        """Hold ``target`` for everyone: ``asked_s`` if the target said (at least
+        ``base_s``), else ``base_s`` doubled per answer in a row (times ``jitter``), at
+        most ``cap_s``. Returns the
         hold now in force (seconds) and the streak.
 
         Raises:

@@ -45,10 +45,8 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Requests per second from one identity to this target; 0: none."""
     identity_burst: int = 1
     max_in_flight: int = 16
-    """Cap on jobs of this target in flight at once across the fleet. A target with
-    consumers of its own: enforced by the server per priority tier (its three tiers
-    together may hold 3x this). A partitioned target: enforced by the leaser for the
-    target as a whole (docs/topology.md)."""
+    """Cap on jobs of this target leased at once across the fleet, its priority tiers
+    together: the leaser takes a place in Redis for each grant (docs/rate-limits.md)."""
     max_attempts: int = 3
     timeout_s: float = 30.0
     max_body_bytes: int = 5_000_000

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from jetfleet.services.leaser import Leaser
 from jetfleet.services.ratelimit import RateLimiter
 from jetfleet.services.scheduler import Scheduler
@@ -84,15 +86,17 @@ class InProcessStack:
         return await fleet_status(self.connections[0].jetstream(), self.settings)
 
     async def stop(self) -> None:
-        for worker in self.workers:
-            await worker.drain(5.0)
+        """Drain the workers together, and beside them what they do not need to finish
+        (the scheduler, the sink's backstop); then the services they reported to. Each
+        drain waits out one long-poll fetch: one after another they would cost a second
+        each."""
+        first = [worker.drain(5.0) for worker in self.workers]
         if self.scheduler is not None:
-            await self.scheduler.drain(5.0)
+            first.append(self.scheduler.drain(5.0))
         if self.sink is not None:
-            await self.sink.drain(5.0)
-        if self.leaser is not None:
-            await self.leaser.drain(5.0)
-        if self.ratelimit is not None:
-            await self.ratelimit.drain(5.0)
+            first.append(self.sink.stop_backstop(5.0))
+        await asyncio.gather(*first)
+        services = (self.sink, self.leaser, self.ratelimit)
+        await asyncio.gather(*(s.drain(5.0) for s in services if s is not None))
         for nc in self.connections:
             await nc.close()

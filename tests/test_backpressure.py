@@ -218,3 +218,59 @@ async def test_a_refused_grant_stops_pulling_that_target_not_others(
     assert await committed(env.js, HELD) == committed_a
     # The quarantine took effect quickly: few jobs were dequeued and refused on the way.
     assert refusals <= 3 * CONCURRENCY, refusals
+
+
+async def test_a_rate_bound_target_is_taken_one_job_per_permit_not_dequeued_in_batches(
+    nats_url: str, redis_url: str
+) -> None:
+    # A target at its rate cap is left in its queue: the worker fetches its jobs one at a
+    # time, about one delivery per permit, while its other target runs at full speed.
+    rate = 4.0
+    async with (
+        TargetSimulator(SimulatorConfig()) as capped,
+        TargetSimulator(SimulatorConfig(latency_s=0.02)) as open_,
+    ):
+        targets = {
+            HELD: target(capped.base_url, rate=rate, burst=1),
+            OPEN: target(open_.base_url),
+        }
+        settings = queue_settings(nats_url, redis_url, targets, concurrency=16)
+        stack = InProcessStack(settings)
+        await stack.start(workers=1)
+        observer = await connect_nats(settings.nats, "rate-backpressure-observer")
+        js = observer.jetstream()
+        try:
+            await submit_paths(js, settings, HELD, [f"/page/{n}" for n in range(400)], "c")
+
+            async def rate_bound() -> bool:
+                return await committed(js, HELD) >= 8
+
+            await wait_for(rate_bound, 30, "the capped target running at its rate")
+            deliveries_before = await delivered(js, HELD)
+            commits_before = await committed(js, HELD)
+            requests_before = capped.counts()["total"]
+            await submit_paths(js, settings, OPEN, [f"/page/{n}" for n in range(300)], "o")
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+
+            async def open_done() -> bool:
+                return await committed(js, OPEN) == 300 and loop.time() - began >= 8
+
+            await wait_for(open_done, 60, "the other target's 300 jobs, and 8 s")
+            seconds = loop.time() - began
+            deliveries = await delivered(js, HELD) - deliveries_before
+            commits = await committed(js, HELD) - commits_before
+            requests = capped.counts()["total"] - requests_before
+            print(
+                f"\nrate-bound: {commits} commits, {deliveries} deliveries, {requests} "
+                f"requests over {seconds:.1f} s at {rate:g}/s; the other target's 300 jobs "
+                "done meanwhile"
+            )
+            # Never above the cap at the target, and most of it used.
+            assert requests <= rate * seconds + 1
+            assert commits >= 0.8 * rate * seconds
+            # Dequeued in batches of ten, this would be about ten deliveries per commit.
+            assert deliveries <= 2 * commits + 10, (deliveries, commits)
+        finally:
+            await stack.stop()
+            await observer.close()

@@ -78,16 +78,30 @@ def test_the_wheel_holds_every_module_under_jetfleet_only(built: dict[str, Path]
     assert "jetfleet/schemas/asyncapi.json" in names
 
 
+@pytest.fixture(scope="module")
+def installed(built: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The wheel and the sdist, each installed in a fresh venv of its own; both installs
+    run at once (each is mostly waiting on pip)."""
+    venvs = {kind: tmp_path_factory.mktemp(f"venv-{kind}") / "venv" for kind in built}
+    for venv in venvs.values():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    installs = {
+        kind: subprocess.Popen(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", str(built[kind])]
+        )
+        for kind, venv in venvs.items()
+    }
+    for kind, install in installs.items():
+        assert install.wait(timeout=600) == 0, f"pip install of the {kind} failed"
+    return venvs
+
+
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_each_distribution_installs_in_a_fresh_venv_and_runs(
-    kind: str, built: dict[str, Path], tmp_path: Path
+    kind: str, installed: dict[str, Path], tmp_path: Path
 ) -> None:
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    venv = installed[kind]
     py = venv / "bin" / "python"
-    subprocess.run(
-        [str(py), "-m", "pip", "install", "--quiet", str(built[kind])], check=True, timeout=600
-    )
     help_text = subprocess.run(
         [str(venv / "bin" / "jetfleet"), "--help"], capture_output=True, text=True, check=True
     ).stdout

@@ -69,6 +69,7 @@ from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.target_gate import TargetGate
@@ -179,6 +180,7 @@ class Worker:
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.gate = TargetGate()
+        self.rate_pacing = RatePacing()
         self.pace = HandBackPace(settings)
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
@@ -261,15 +263,21 @@ class Worker:
                     sub = await self.js.pull_subscribe_bind(
                         lane.consumer(tier), stream=subjects.STREAM_WORK
                     )
+                paced = self.rate_pacing.is_bound(lane.targets)
+                batch = 1 if paced else FETCH_BATCH
                 if slots.contended():
                     # Busy: queue for the next freed slot, highest priority first.
-                    taken = await slots.acquire(tier, FETCH_BATCH)
+                    taken = await slots.acquire(tier, batch)
                 else:
-                    taken = slots.try_acquire(tier, FETCH_BATCH)
+                    taken = slots.try_acquire(tier, batch)
                 if self._stopping.is_set():
                     slots.release(tier, taken)
                     break
                 if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
+                    if paced:
+                        # One lease question at a time for a rate-bound target: its
+                        # answer (and the hold it sets) decides when to fetch again.
+                        await self.rate_pacing.wait_answers(lane.targets)
                     continue
                 # Nothing for this tier now: wait for one job without holding a slot, so
                 # an idle tier never keeps slots another tier could use.
@@ -487,7 +495,15 @@ class Worker:
         return verdict, await self._report(order, attempt, verdict, duration, versions, held)
 
     async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
-        """The lease for this delivery, or None after acking/nakking it."""
+        """The lease for this delivery, or None after acking/nakking it. A rate-bound
+        target's pull loop waits for this answer before it fetches the next job."""
+        self.rate_pacing.asking(target)
+        try:
+            return await self._ask_and_decide(msg, order, target)
+        finally:
+            await self.rate_pacing.answered(target)
+
+    async def _ask_and_decide(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
         if await self._nobody_owns_pin(msg, order):
@@ -532,6 +548,7 @@ class Worker:
                 # The permit says exactly when the next request may go: waiting longer
                 # would leave the target's rate unused.
                 retry_after = max(MIN_RATE_WAIT_S, reply.retry_after_s)
+                self.rate_pacing.rate_bound(target)
             if reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places

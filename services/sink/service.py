@@ -3,6 +3,7 @@ dead-letter failures (with reason and history) and answer the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import msgspec
@@ -94,15 +95,20 @@ class Sink:
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking reports and finish the ones in hand."""
-        await self.responder.drain(timeout_s)
+        # Together: the backstop's reader waits out one long-poll fetch.
+        await asyncio.gather(self.responder.drain(timeout_s), self.stop_backstop(timeout_s))
+        await self.places.close()
+
+    async def stop_backstop(self, timeout_s: float = 30.0) -> None:
+        """Stop ending exhausted jobs (after the advisories in hand). Workers do not need
+        it while they finish their jobs, so a stack may stop it first, beside them."""
         if self.exhausted is not None:
             await self.exhausted.drain(timeout_s)
-        await self.places.close()
 
     async def _after(self, msg: Msg, report: Success | Failure | None, reply: SinkReply) -> None:
         self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
         if report is not None and reply.status in SETTLED:
-            # A partitioned target's place frees now, not when the lease runs out. The
+            # The target's in-flight place frees now, not when the lease runs out. The
             # fence check confirmed the live lease, and a settled job is never granted
             # again, so the place is this job's to free. After the answer: the worker
             # need not wait for it.

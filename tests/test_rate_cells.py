@@ -1,0 +1,146 @@
+"""The permit and hold scripts (jetfleet/rate_cells.py) against a real redis-server:
+GCRA burst then rate, all limits taken together or none, the daily budget, holds, and no
+burst after the state is lost or a replica recovers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from jetfleet.rate_cells import KEY_BORN, RECOVERY_S, US, Cell, RateCells, cell_key
+
+TARGET = "shop"
+
+
+@pytest.fixture
+async def cells(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[RateCells]:
+    made = RateCells.connect(redis_url)
+    yield made
+    await made.close()
+
+
+async def _settled_state(client: aioredis.Redis) -> None:
+    """A limiter state born long ago (not in its no-burst span after a loss)."""
+    seconds, micros = await client.time()
+    await client.set(KEY_BORN, (int(seconds) - 3600) * US + int(micros))
+
+
+async def _int(client: aioredis.Redis, key: str) -> int:
+    value = await client.get(key)
+    assert value is not None, f"{key} is not set"
+    return int(value)
+
+
+def _target(rate: float, burst: int) -> Cell:
+    return Cell("target", cell_key("target", TARGET), rate, burst)
+
+
+async def _allowed_in_a_row(cells: RateCells, cell_list: list[Cell], daily: int = 0) -> int:
+    allowed = 0
+    while (await cells.permit(TARGET, cell_list, daily)).allowed:
+        allowed += 1
+        assert allowed < 1000
+    return allowed
+
+
+async def test_a_cell_allows_its_burst_at_once_then_asks_for_one_interval(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=10, burst=3)
+    assert await _allowed_in_a_row(cells, [cell]) == 3
+    refused = await cells.permit(TARGET, [cell], 0)
+    assert not refused.allowed and refused.limit == "target"
+    assert 0.05 < refused.wait_s <= 0.1
+
+
+async def test_a_refusal_by_one_limit_takes_nothing_from_the_others(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    fleet = Cell("fleet", cell_key("fleet"), 1, 1)
+    roomy = _target(rate=0.01, burst=50)  # no refill while the test runs
+    assert (await cells.permit(TARGET, [roomy, fleet], 0)).allowed
+    for _ in range(5):
+        refused = await cells.permit(TARGET, [roomy, fleet], 0)
+        assert not refused.allowed and refused.limit == "fleet"
+    # The target's cell gave one permit only: 49 of its burst are still there.
+    assert await _allowed_in_a_row(cells, [roomy]) == 49
+
+
+async def test_the_daily_budget_stops_at_its_count_until_the_next_utc_day(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=1e6, burst=1000)
+    assert await _allowed_in_a_row(cells, [cell], daily=7) == 7
+    refused = await cells.permit(TARGET, [cell], 7)
+    seconds, _ = await redis_client.time()
+    to_midnight = 86400 - int(seconds) % 86400
+    assert refused.limit == "daily" and abs(refused.wait_s - to_midnight) < 2
+
+
+async def test_a_lost_state_allows_no_burst_for_the_recovery_span(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    # The fixture emptied the database: as after a Redis restart that lost everything.
+    assert await redis_client.get(KEY_BORN) is None
+    cell = _target(rate=10, burst=5)
+    assert await _allowed_in_a_row(cells, [cell]) == 1
+    born = await _int(redis_client, KEY_BORN)
+    seconds, micros = await redis_client.time()
+    assert 0 <= int(seconds) * US + int(micros) - born < RECOVERY_S * US
+
+
+async def test_a_replica_recovering_from_an_outage_restarts_the_no_burst_span(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=10, burst=5)
+    await cells.recovering()
+    assert await _allowed_in_a_row(cells, [cell]) == 1
+
+
+async def test_a_hold_refuses_every_permit_for_its_time_then_resumes_without_a_burst(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=10, burst=5)
+    hold_s, streak = await cells.hold(TARGET, cell, 3.0, 1.0, 300.0, 60.0, 1.0)
+    assert abs(hold_s - 3.0) < 0.01 and streak == 1
+    refused = await cells.permit(TARGET, [cell], 0)
+    assert not refused.allowed and refused.limit == "hold"
+    assert 2.9 < refused.wait_s <= 3.0
+    # A shorter ask does not cut the hold in force.
+    again, _ = await cells.hold(TARGET, cell, 1.0, 1.0, 300.0, 60.0, 1.0)
+    assert again > 2.9
+    # The cell was pushed past the hold's end: when it ends, one at a time.
+    tat = await _int(redis_client, cell.key)
+    hold_ends = await _int(redis_client, f"{{jf-rate}}:hold:{TARGET}")
+    assert tat >= hold_ends + cell.tau_us
+
+
+async def test_without_retry_after_the_hold_doubles_with_the_streak_up_to_the_cap(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=10, burst=1)
+    holds = [(await cells.hold(TARGET, cell, None, 1.0, 5.0, 60.0, 1.0))[0] for _ in range(5)]
+    # Each hold is the longest in force: 1, 2, 4, then the 5 s cap.
+    assert [round(h) for h in holds[:3]] == [1, 2, 4]
+    assert all(h <= 5.0 for h in holds) and round(holds[-1]) == 5
+    # Retry-After: 0 still holds for the first backoff.
+    await redis_client.delete(f"{{jf-rate}}:hold:{TARGET}", f"{{jf-rate}}:streak:{TARGET}")
+    zero, _ = await cells.hold(TARGET, cell, 0.0, 1.0, 5.0, 60.0, 1.0)
+    assert abs(zero - 1.0) < 0.01
+
+
+async def test_holds_lists_the_held_targets_with_the_time_left(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    await cells.hold(TARGET, _target(10, 1), 30.0, 1.0, 300.0, 60.0, 1.0)
+    held = await cells.holds()
+    assert set(held) == {TARGET} and 29 < held[TARGET] <= 30
