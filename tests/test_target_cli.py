@@ -186,12 +186,13 @@ async def test_a_rate_change_reaches_the_target_within_a_second_through_every_re
             assert all(1 <= n <= 3 for n in paced), (paced, sim.counts()["windows"])
 
             raised_at = await _change(js, settings, replicas, rate=10.0, burst=2)
-            # From the second that starts at least 1 s after the change: above anything
-            # 2/s allows (at most 3 in a second), never above 10 + the burst. Not 10 in
-            # each: on a loaded machine the workers' refused asks leave some permits
-            # unused (6 to 10 a second measured here).
+            # From the second that starts at least 1 s after the change: twice what 2/s
+            # allows (at most 3 in a second), never above 10 + the burst, and 80 % of
+            # the new cap in all (9 to 10 a second measured here; not 10 in each, as a
+            # permit asked late is not made up for with a burst of 2).
             windows = await _windows(sim, raised_at + 1, seconds=3)
-            assert all(5 <= n <= 12 for n in windows), (windows, sim.counts()["windows"])
+            assert all(6 <= n <= 12 for n in windows), (windows, sim.counts()["windows"])
+            assert sum(windows) >= 24, (windows, sim.counts()["windows"])
 
             lowered_at = await _change(js, settings, replicas, rate=2.0, burst=None)
             windows = await _windows(sim, lowered_at + 1, seconds=3)
