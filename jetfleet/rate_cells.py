@@ -296,13 +296,12 @@ class RateCells:
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
 
-    async def holds(self, limit: int = 1000) -> dict[str, float]:
-        """The targets held now (the ``limit`` ending last) and the seconds left."""
+    async def holds(self) -> dict[str, float]:
+        """Every target held now and the seconds left (one read of the holds' index,
+        however many targets there are)."""
         try:
             now = await self._now_us()
-            found = await self.client.zrevrangebyscore(
-                KEY_HOLDS, "+inf", f"({now}", start=0, num=limit, withscores=True
-            )
+            found = await self.client.zrangebyscore(KEY_HOLDS, f"({now}", "+inf", withscores=True)
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
         pairs = cast(list[tuple[bytes | str, float]], found)

@@ -17,7 +17,7 @@ from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
-from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, confirmed_status
+from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, FleetStatus, confirmed_status
 from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
 from jetfleet.topology import declare
@@ -50,7 +50,9 @@ def register(commands: Any) -> None:
         "status",
         help="per-target counts from durable state",
         description="submitted, queued, leased, committed, dead, rejected per target and in "
-        "total, read from the streams and consumers (not from any service's memory).",
+        "total, read from the streams and consumers (not from any service's memory); then "
+        "the rate limiter's health (ok, or failing-closed while its Redis does not answer) "
+        "and the targets held fleet-wide with the seconds left (at most 50 listed).",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_run_status)
@@ -192,6 +194,7 @@ async def _status(settings: Settings, as_json: bool) -> int:
     print_table(["target", *FIELDS], rows)
     if status.admitting:
         print(f"\n{status.admitting} submission(s) awaiting admission")
+    _print_limiter(status)
     if not status.conserved:
         # Read again already; a difference that lasts while jobs flow fast can still be
         # jobs in motion, so say how to tell.
@@ -204,6 +207,21 @@ async def _status(settings: Settings, as_json: bool) -> int:
             file=sys.stderr,
         )
     return 0
+
+
+def _print_limiter(status: FleetStatus) -> None:
+    if status.rate_limiter == "ok":
+        print("\nrate limiter: ok")
+    else:
+        print(f"\nrate limiter: {status.rate_limiter}: {status.rate_limiter_detail}")
+    if not status.held:
+        return
+    print(f"held targets: {status.held} (nothing is sent to them until the hold ends)")
+    width = max(len(hold.target) for hold in status.holds) if status.holds else 0
+    for hold in status.holds:
+        print(f"  {hold.target:<{width}}  {hold.seconds_left:.1f} s left")
+    if status.held > len(status.holds):
+        print(f"  ... and {status.held - len(status.holds)} more (shortest holds not listed)")
 
 
 def _run_results_export(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from jetfleet.cli import (
     quarantine_commands,
     run_commands,
     scenario_command,
+    target_commands,
 )
 from jetfleet.dev.stack_env import effective_env
 from jetfleet.errors import JetfleetError
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.register(commands)
     data_commands.register(commands)
     quarantine_commands.register(commands)
+    target_commands.register(commands)
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)

@@ -1,5 +1,6 @@
-"""Fleet status computed from durable state (streams, consumers), never from counters a
-service keeps in memory, so any process can answer and a restart changes nothing."""
+"""Fleet status computed from durable state (streams, consumers, and the rate limiter's
+Redis), never from counters a service keeps in memory, so any process can answer and a
+restart changes nothing."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nats.js.errors import NotFoundError
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.ops.dead_letters import purged_counts
+from jetfleet.ops.limiter_state import LimiterHealth, TargetHold, limiter_state
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
 from jetfleet.target_places import TargetPlaces
@@ -65,6 +67,16 @@ class FleetStatus(msgspec.Struct):
     reads: int = 1
     """How many reads this answer took: each earlier one did not add up (see
     ``confirmed_status``)."""
+    rate_limiter: LimiterHealth = "ok"
+    """``ok``, or ``failing-closed``: the limiter's Redis does not answer, so no permits
+    are given and nothing is sent (jetfleet/ops/limiter_state.py)."""
+    rate_limiter_detail: str = ""
+    """Why it is failing closed."""
+    holds: list[TargetHold] = msgspec.field(default_factory=list)
+    """Targets held fleet-wide and the seconds left, longest first, at most
+    ``MAX_HOLDS_SHOWN`` of them."""
+    held: int = 0
+    """How many targets are held in all (``holds`` may list fewer)."""
 
 
 async def confirmed_status(
@@ -119,6 +131,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(declared, lambda t: count_messages(js, subjects.STREAM_DLQ, subjects.dlq(t))),
         _each(dedicated, lambda t: _leased(js, t)),
         _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
+        limiter_state(settings),
     )
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
@@ -127,6 +140,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
             dead_letters,
             leased_by_consumers,
             shared_leased,
+            limiter,
         ),
     ) = await asyncio.gather(first, second)
     committed = Counter(results) + duplicates
@@ -158,6 +172,10 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         admitting=admitting,
         unaccounted=unaccounted,
         conserved=unaccounted == 0,
+        rate_limiter=limiter.health,
+        rate_limiter_detail=limiter.detail,
+        holds=limiter.holds,
+        held=limiter.held,
     )
 
 

@@ -1,6 +1,7 @@
 """The dashboard page: one self-contained HTML document, no external assets.
 
-It polls ``/v1/status`` every 2 s and renders targets x the six counts. Values are
+It polls ``/v1/status`` every 2 s and renders targets x the six counts, the rate
+limiter's health and the targets held fleet-wide (the first few by name). Values are
 written with ``textContent`` only, so nothing read from the fleet is ever parsed as HTML.
 """
 
@@ -29,6 +30,8 @@ DASHBOARD_HTML = """<!doctype html>
 <h1>jetfleet</h1>
 <p class="meta">
   admitting: <span id="admitting">-</span> &middot;
+  rate limiter: <span id="limiter">-</span> &middot;
+  held: <span id="held">-</span> &middot;
   updated: <span id="updated">never</span> &middot;
   <a href="/v1/status">/v1/status</a> &middot; <a href="/metrics">/metrics</a>
   <span id="error" class="error"></span>
@@ -43,6 +46,7 @@ DASHBOARD_HTML = """<!doctype html>
 <script>
 "use strict";
 const FIELDS = ["submitted", "queued", "leased", "committed", "dead", "rejected"];
+const HOLDS_NAMED = 5;
 
 function row(name, counts) {
   const tr = document.createElement("tr");
@@ -58,6 +62,14 @@ function row(name, counts) {
   return tr;
 }
 
+function held(status) {
+  const holds = (status.holds ?? []).slice(0, HOLDS_NAMED);
+  const named = holds.map((h) => h.target + " " + Math.ceil(h.seconds_left) + " s");
+  const more = (status.held ?? 0) - holds.length;
+  return String(status.held ?? 0) + (named.length ? " (" + named.join(", ") +
+    (more > 0 ? ", +" + more : "") + ")" : "");
+}
+
 async function refresh() {
   try {
     const response = await fetch("/v1/status", {cache: "no-store"});
@@ -68,6 +80,10 @@ async function refresh() {
       .map((name) => row(name, status.targets[name])));
     document.getElementById("totals").replaceChildren(row("total", status.totals));
     document.getElementById("admitting").textContent = String(status.admitting);
+    const limiter = document.getElementById("limiter");
+    limiter.textContent = status.rate_limiter ?? "-";
+    limiter.className = status.rate_limiter === "ok" ? "" : "error";
+    document.getElementById("held").textContent = held(status);
     document.getElementById("updated").textContent = new Date().toLocaleTimeString();
     document.getElementById("error").textContent = "";
   } catch (err) {

@@ -42,7 +42,29 @@ def render_metrics(status: FleetStatus, declared: Collection[str]) -> str:
         "# TYPE jetfleet_admitting gauge",
         f"jetfleet_admitting {status.admitting}",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _limiter_lines(status)) + "\n"
+
+
+def _limiter_lines(status: FleetStatus) -> list[str]:
+    # Holds listed by the status only (at most MAX_HOLDS_SHOWN), so the series stay
+    # bounded however many targets are held; the count covers them all.
+    lines = [
+        "# HELP jetfleet_ratelimit_ok 1 when the rate limiter's Redis answers; 0 while it "
+        "fails closed (no permits, nothing sent).",
+        "# TYPE jetfleet_ratelimit_ok gauge",
+        f"jetfleet_ratelimit_ok {1 if status.rate_limiter == 'ok' else 0}",
+        "# HELP jetfleet_targets_held Targets held fleet-wide now.",
+        "# TYPE jetfleet_targets_held gauge",
+        f"jetfleet_targets_held {status.held}",
+        "# HELP jetfleet_target_hold_seconds Seconds left of a target's fleet-wide hold "
+        "(the longest holds only, as jetfleet status lists them).",
+        "# TYPE jetfleet_target_hold_seconds gauge",
+    ]
+    for hold in status.holds:
+        lines.append(
+            f'jetfleet_target_hold_seconds{{target="{_escape(hold.target)}"}} {hold.seconds_left}'
+        )
+    return lines
 
 
 def _bounded(
