@@ -8,6 +8,7 @@ leaser + sink + one worker in this process. The pure rules are tested at the end
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -342,3 +343,18 @@ def test_a_worker_warns_of_robots_off_and_of_an_agent_without_contact(
         settings, fleet=msgspec.structs.replace(settings.fleet, user_agent=DEFAULT_USER_AGENT)
     )
     assert any("placeholder" in line for line in start_warnings(placeholder, ["demo"]))
+
+
+async def test_a_worker_logs_the_reason_robots_is_off_once_at_start(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    stack = InProcessStack(settings)
+    with caplog.at_level(logging.WARNING, logger="jetfleet.worker.runtime"):
+        await stack.start(workers=1)
+        await stack.stop()
+    off = [r.getMessage() for r in caplog.records if "robots.txt is NOT obeyed" in r.getMessage()]
+    assert off == [
+        "worker w-0: targets.demo: robots.txt is NOT obeyed (obey_robots = false): "
+        + settings.targets["demo"].robots_off_reason
+    ], off

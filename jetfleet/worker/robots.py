@@ -192,7 +192,10 @@ class RobotsBook:
             self.user_agent(target),
             self.worker_id,
         )
-        log.info(
+        # An unreachable robots.txt holds the target: worth an operator's eye.
+        level = logging.WARNING if unreachable(record.status) else logging.INFO
+        log.log(
+            level,
             "robots.txt of %s: status %s, crawl delay %g s, request interval %g s %s",
             target,
             record.status,
