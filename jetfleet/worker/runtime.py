@@ -443,17 +443,9 @@ class Worker:
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
-        robots = await self._robots_answer(order, target)
-        if isinstance(robots, RobotsNotYet):
-            # No rules to go by yet (robots.txt unreachable, or no permit to fetch it):
-            # nothing is sent, and the target is left alone until then.
-            self.gate.hold(target, robots.wait_s)
-            delay = self._hand_back_delay(msg, target, robots.wait_s)
-            await self._hand_back(msg, target, robots.reason, delay)
+        go_on, ruled = await self._obey_robots(msg, order, target)
+        if not go_on:
             return None
-        ruled = None
-        if isinstance(robots, RobotsDisallowed):
-            ruled = Verdict("permanent", reason=robots.reason, detail=robots.detail, called=False)
         # The lease of a job ruled out only fences its dead letter: no permit for it.
         held = await self._take_lease(msg, order, target, sends_request=ruled is None)
         if held is None:
@@ -485,6 +477,24 @@ class Worker:
         else:
             await self._settle(msg, order, held, verdict, reply)
         return verdict
+
+    async def _obey_robots(
+        self, msg: Msg, order: WorkOrder, target: str
+    ) -> tuple[bool, Verdict | None]:
+        """Whether to go on with this delivery (False: handed back), and the verdict the
+        target's robots.txt already reached (``robots-disallowed``, not called)."""
+        robots = await self._robots_answer(order, target)
+        if isinstance(robots, RobotsNotYet):
+            # No rules to go by yet (robots.txt unreachable, or no permit to fetch it):
+            # nothing is sent, and the target is left alone until then.
+            self.gate.hold(target, robots.wait_s)
+            delay = self._hand_back_delay(msg, target, robots.wait_s)
+            await self._hand_back(msg, target, robots.reason, delay)
+            return False, None
+        if isinstance(robots, RobotsDisallowed):
+            verdict = Verdict("permanent", reason=robots.reason, detail=robots.detail, called=False)
+            return True, verdict
+        return True, None
 
     async def _robots_answer(
         self, order: WorkOrder, target: str
