@@ -358,3 +358,34 @@ async def test_a_worker_logs_the_reason_robots_is_off_once_at_start(
         "worker w-0: targets.demo: robots.txt is NOT obeyed (obey_robots = false): "
         + settings.targets["demo"].robots_off_reason
     ], off
+
+
+async def test_without_a_permit_robots_txt_is_not_fetched_and_the_job_waits(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = robots_settings(nats_url, redis_url, simulator)
+    stack = InProcessStack(settings)
+    await stack.start(workers=1)
+    try:
+        assert stack.ratelimit is not None
+        await stack.ratelimit.drain(5.0)  # no replica answers: no permit for anything
+        js = stack.connections[0].jetstream()
+        await submit_paths(js, settings, SITE, ["/page/1"], "np")
+        worker = stack.workers[0]
+
+        async def handed_back() -> bool:
+            labels = {"worker": "w-0", "target": SITE, "reason": "ratelimit-unavailable"}
+            return worker.hand_backs.get(**labels) >= 2
+
+        await wait_for(handed_back, 15, "the job handed back for want of a permit")
+        assert simulator.counts()["total"] == 0  # not even robots.txt
+        await stack.start_ratelimit()
+
+        async def done() -> bool:
+            return await committed(js, SITE) == 1
+
+        await wait_for(done, 30, "the job to commit once permits are back")
+        assert simulator.requests_by_path() == {ROBOTS_PATH: 1, "/page/1": 1}
+        assert await dead(js, SITE) == 0
+    finally:
+        await stack.stop()

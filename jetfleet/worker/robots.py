@@ -111,6 +111,9 @@ class RobotsBook:
         self.identity = identity
         self._known: dict[str, _Known] = {}
         self._fetching: dict[str, asyncio.Lock] = {}
+        # A fetch refused its permit, and until when: the jobs queued behind it go back
+        # without asking again, one permit request per retry-after, not one per job.
+        self._refused: dict[str, tuple[RobotsNotYet, float]] = {}
 
     def user_agent(self, target: str) -> str:
         """The User-Agent this fleet sends ``target`` (jobs and robots.txt alike)."""
@@ -146,17 +149,28 @@ class RobotsBook:
             known = self._fresh(target)  # fetched by the job this one waited for
             if known is not None:
                 return known
+            refused = self._still_refused(target)
+            if refused is not None:
+                return refused
             record = await self._read(target)
             fetched = record is None
             if record is None:
                 got = await self._fetch(target)
                 if isinstance(got, RobotsNotYet):
+                    self._refused[target] = (got, time.monotonic() + got.wait_s)
                     return got
                 record = got
                 await self._write(record)
             known = _Known(RobotsRules.of(record), time.monotonic() + self._life_s(record, fetched))
             self._known[target] = known
             return known
+
+    def _still_refused(self, target: str) -> RobotsNotYet | None:
+        refused, until = self._refused.get(target, (None, 0.0))
+        left_s = until - time.monotonic()
+        if refused is None or left_s <= 0:
+            return None
+        return RobotsNotYet(refused.reason, left_s, refused.detail)
 
     def _fresh(self, target: str) -> _Known | None:
         known = self._known.get(target)
