@@ -11,9 +11,10 @@ Request-rate as a rate cap.
 An unreachable robots.txt (5xx, or no answer) is written with a per-key TTL of
 ``fleet.robots_error_hold_s``: for that long every worker holds the target (jobs go
 back unrun as ``robots-unavailable``); then the key is gone and robots.txt is fetched
-again. What a worker keeps in memory it asks the bucket about again after at most
-``LOCAL_S`` (``ERROR_RECHECK_S`` for a hold read from the bucket, whose remaining time
-the worker cannot see), so a fresh fetch by another worker reaches it soon.
+again. A worker keeps what it fetched itself as long as the bucket does; what it read from the
+bucket it asks about again after at most ``LOCAL_S`` (``ERROR_RECHECK_S`` for a hold),
+since it cannot see how old the record is, so its copy is never much staler than the
+bucket's.
 
 One fetch at a time per target in a worker (jobs arriving meanwhile wait for it);
 workers starting together may each fetch once, each with its own permit.
@@ -52,7 +53,7 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(RobotsRecord)
 
 LOCAL_S = 30.0
-"""The longest a worker uses robots rules before asking the bucket again."""
+"""The longest a worker uses robots rules read from the bucket before asking again."""
 ERROR_RECHECK_S = 5.0
 """The longest a worker holds a target on a hold it read from the bucket before asking
 again (the hold may have begun long before)."""
@@ -177,11 +178,14 @@ class RobotsBook:
         return known if known is not None and time.monotonic() < known.until else None
 
     def _life_s(self, record: RobotsRecord, fetched: bool) -> float:
+        """How long this worker keeps ``record``: what the bucket keeps it when this
+        worker fetched it (so a record the bucket could not take is not fetched again
+        sooner), else briefly, as the record's age in the bucket is not known here."""
         fleet = self.settings.fleet
         if unreachable(record.status):
             hold_s = fleet.robots_error_hold_s
             return hold_s if fetched else min(hold_s, ERROR_RECHECK_S)
-        return min(fleet.robots_ttl_s, LOCAL_S)
+        return fleet.robots_ttl_s if fetched else min(fleet.robots_ttl_s, LOCAL_S)
 
     async def _fetch(self, target: str) -> RobotsRecord | RobotsNotYet:
         """Fetch robots.txt, once its permit is taken; RobotsNotYet without one."""
