@@ -38,6 +38,10 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     """The identity the job is pinned to, if any (as long as ``Job.pin_identity``)."""
     egress: Name = ""
     """The egress the worker's requests leave by (its per-egress rate limit)."""
+    sends_request: bool = True
+    """False: no request to the target follows this grant (the worker already judged the
+    job without calling it, as ``robots-disallowed``, and needs the lease only to fence
+    its dead letter), so the grant takes no rate permit."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):

@@ -41,5 +41,9 @@ class RobotsRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     body: RobotsText = ""
     crawl_delay_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
     """The Crawl-delay for the fleet's User-Agent (0: none); a rate cap of 1/delay."""
+    request_interval_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    """Seconds per request from the Request-rate for the fleet's User-Agent (``1/10s``
+    gives 10; 0: none); the ratelimit service caps the target by the stricter of this
+    and ``crawl_delay_s``."""
     fetched_by: Name = ""
     error: ShortText = ""

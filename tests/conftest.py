@@ -116,10 +116,23 @@ def make_settings(
     )
 
 
-def sim_target(simulator: TargetSimulator) -> TargetSettings:
+ROBOTS_OFF_REASON = (
+    "tests count job requests at the simulator; tests/test_robots.py covers robots.txt"
+)
+"""Why the tests' usual targets do not obey robots.txt: its fetch would be one more
+request in the counts they assert exactly. tests/test_robots.py builds obeying targets."""
+
+
+def sim_target(simulator: TargetSimulator, obey_robots: bool = False) -> TargetSettings:
     """A target served by ``simulator``, generous enough that tests are never rate-bound."""
     return TargetSettings(
-        base_url=simulator.base_url + "/", rate=1000, burst=100, max_in_flight=64, timeout_s=5.0
+        base_url=simulator.base_url + "/",
+        rate=1000,
+        burst=100,
+        max_in_flight=64,
+        timeout_s=5.0,
+        obey_robots=obey_robots,
+        robots_off_reason="" if obey_robots else ROBOTS_OFF_REASON,
     )
 
 

@@ -50,7 +50,7 @@ from jetfleet.results import iter_results
 from jetfleet.settings import Settings, TargetSettings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
-from tests.conftest import make_settings, wait_for
+from tests.conftest import ROBOTS_OFF_REASON, make_settings, wait_for
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(120)
@@ -72,6 +72,8 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
             burst=100,
             max_in_flight=64,
             timeout_s=5.0,
+            obey_robots=False,
+            robots_off_reason=ROBOTS_OFF_REASON,
         )
 
     return make_settings(

@@ -17,6 +17,7 @@ from multidict import CIMultiDictProxy
 
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.simulator.counters import MAX_PATHS, MAX_WINDOWS, RequestCounters
+from jetfleet.simulator.pages import ROBOTS_TXT
 from jetfleet.simulator.routes import WORKER_HEADER, parse_delay, parse_retry_after
 
 CONTENT_DIV = '<div id="content">'
@@ -388,7 +389,12 @@ async def test_runtime_latency_change_delays_pages(
     sim: TargetSimulator, session: aiohttp.ClientSession
 ) -> None:
     async with session.get(f"{sim.base_url}/__sim/config") as resp:
-        assert await resp.json() == {"latency_s": 0.0, "pages": 1_000_000}
+        assert await resp.json() == {
+            "latency_s": 0.0,
+            "pages": 1_000_000,
+            "robots_txt": ROBOTS_TXT,
+            "robots_status": 200,
+        }
     async with session.post(f"{sim.base_url}/__sim/config", json={"latency_s": 0.15}) as resp:
         assert resp.status == 200
         assert (await resp.json())["latency_s"] == 0.15
@@ -403,7 +409,17 @@ async def test_runtime_latency_change_delays_pages(
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     "body",
-    ['{"latency_s": -1}', '{"latency_s": "1"}', '{"latency_s": true}', '{"pages": 3}', "[]", "{"],
+    [
+        '{"latency_s": -1}',
+        '{"latency_s": "1"}',
+        '{"latency_s": true}',
+        '{"pages": 3}',
+        '{"robots_status": 99}',
+        '{"robots_status": "503"}',
+        '{"robots_txt": 1}',
+        "[]",
+        "{",
+    ],
 )
 async def test_config_post_rejects_bad_bodies(
     sim: TargetSimulator, session: aiohttp.ClientSession, body: str
@@ -413,3 +429,18 @@ async def test_config_post_rejects_bad_bodies(
     ) as resp:
         assert resp.status == 400
     assert sim.config.latency_s == 0.0
+    assert sim.config.robots_status == 200
+
+
+@pytest.mark.asyncio
+async def test_robots_txt_body_and_status_change_at_runtime(
+    sim: TargetSimulator, session: aiohttp.ClientSession
+) -> None:
+    body = {"robots_txt": "User-agent: *\nDisallow: /\n", "robots_status": 503}
+    async with session.post(f"{sim.base_url}/__sim/config", json=body) as resp:
+        assert resp.status == 200
+    status, text, _ = await _get(session, f"{sim.base_url}/robots.txt")
+    assert (status, text) == (503, "User-agent: *\nDisallow: /\n")
+    sim.set_robots(status=404)
+    status, text, _ = await _get(session, f"{sim.base_url}/robots.txt")
+    assert (status, text) == (404, "User-agent: *\nDisallow: /\n")

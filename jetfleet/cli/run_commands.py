@@ -78,7 +78,10 @@ def register(commands: Any) -> None:
         "worker",
         help="run a worker pulling its targets' jobs",
         description="Run a worker: pull jobs of its targets, run "
-        "handlers, report to the sink; drains on SIGINT/SIGTERM.",
+        "handlers, report to the sink; drains on SIGINT/SIGTERM. Each target's robots.txt "
+        "is obeyed before its jobs run (a disallowed URL is dead-lettered robots-disallowed "
+        "unsent) unless targets.NAME.obey_robots = false, whose robots_off_reason is "
+        "logged at start; so is a User-Agent naming no contact (docs/robots.md).",
     )
     worker.add_argument("--id", default="", help="worker id (default: host-pid)")
     worker.add_argument("--identity", default="", help="identity this worker owns")

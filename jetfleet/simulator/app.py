@@ -104,6 +104,15 @@ class TargetSimulator:
         """
         self._routes.set_latency(latency_s)
 
+    def set_robots(self, text: str | None = None, status: int | None = None) -> None:
+        """Changes what ``/robots.txt`` answers (body, status; None keeps that part), as
+        ``POST /__sim/config`` with ``robots_txt`` / ``robots_status`` does.
+
+        Raises:
+            ValueError: If ``status`` is not from 200 to 599.
+        """
+        self._routes.set_robots(text, status)
+
     def counts(self) -> dict[str, Any]:
         """Returns the counters as a plain dict, the same as ``GET /__sim/counts``.
 

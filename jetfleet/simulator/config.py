@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from jetfleet.simulator.pages import ROBOTS_TXT
+
 
 @dataclass(frozen=True)
 class SimulatorConfig:
@@ -13,13 +15,19 @@ class SimulatorConfig:
     Attributes:
         latency_s: Delay added before answering every counted (non ``/__sim``) request.
         pages: How many pages exist: ``/page/N`` answers 200 for ``0 <= N < pages``.
+        robots_txt: The body ``/robots.txt`` answers.
+        robots_status: The status ``/robots.txt`` answers (a 4xx, a 5xx, or 200).
     """
 
     latency_s: float = 0.0
     pages: int = 1_000_000
+    robots_txt: str = ROBOTS_TXT
+    robots_status: int = 200
 
     def __post_init__(self) -> None:
         if not math.isfinite(self.latency_s) or self.latency_s < 0:
             raise ValueError(f"latency_s must be a finite number >= 0, got {self.latency_s!r}")
         if self.pages < 0:
             raise ValueError(f"pages must be >= 0, got {self.pages!r}")
+        if not 200 <= self.robots_status <= 599:
+            raise ValueError(f"robots_status must be from 200 to 599, got {self.robots_status!r}")

@@ -15,7 +15,6 @@ from aiohttp.typedefs import Handler
 from jetfleet.simulator.config import SimulatorConfig
 from jetfleet.simulator.counters import RequestCounters
 from jetfleet.simulator.pages import (
-    ROBOTS_TXT,
     big_html,
     blocked_html,
     challenge_html,
@@ -37,7 +36,7 @@ DEFAULT_RETRY_AFTER_S = 2
 DEFAULT_BIG_BYTES = 3 * 1024 * 1024
 MAX_BIG_BYTES = 64 * 1024 * 1024
 
-_CONFIG_KEYS = frozenset({"latency_s"})
+_CONFIG_KEYS = frozenset({"latency_s", "robots_txt", "robots_status"})
 
 
 def client_id(request: web.Request) -> str:
@@ -163,6 +162,19 @@ class TargetRoutes:
             ValueError: If ``latency_s`` is not a finite number >= 0.
         """
         self._config = dataclasses.replace(self._config, latency_s=latency_s)
+
+    def set_robots(self, text: str | None = None, status: int | None = None) -> None:
+        """Changes what ``/robots.txt`` answers from now on (None keeps that part).
+
+        Raises:
+            ValueError: If ``status`` is not from 200 to 599.
+        """
+        changes: dict[str, Any] = {}
+        if text is not None:
+            changes["robots_txt"] = text
+        if status is not None:
+            changes["robots_status"] = status
+        self._config = dataclasses.replace(self._config, **changes)
 
     def cancel_inflight(self) -> set[asyncio.Task[Any]]:
         """Cancels every counted request still being handled; returns their tasks.
@@ -294,7 +306,11 @@ class TargetRoutes:
         return web.Response(body=body, content_type="text/html", charset="utf-8")
 
     async def _robots(self, request: web.Request) -> web.Response:
-        return web.Response(text=ROBOTS_TXT, content_type="text/plain")
+        return web.Response(
+            text=self._config.robots_txt,
+            status=self._config.robots_status,
+            content_type="text/plain",
+        )
 
     async def _get_counts(self, request: web.Request) -> web.Response:
         return web.json_response(self._counters.snapshot())
@@ -325,4 +341,17 @@ class TargetRoutes:
                 self.set_latency(float(latency))
             except ValueError as exc:
                 return _bad_request(str(exc))
-        return web.json_response(dataclasses.asdict(self._config))
+        return self._post_robots(body) or web.json_response(dataclasses.asdict(self._config))
+
+    def _post_robots(self, body: dict[str, Any]) -> web.Response | None:
+        """Apply the robots keys of a ``POST /__sim/config``; a 400 if one is bad."""
+        text, status = body.get("robots_txt"), body.get("robots_status")
+        if text is not None and not isinstance(text, str):
+            return _bad_request("robots_txt must be a string")
+        if status is not None and (isinstance(status, bool) or not isinstance(status, int)):
+            return _bad_request("robots_status must be a whole number")
+        try:
+            self.set_robots(text, status)
+        except ValueError as exc:
+            return _bad_request(str(exc))
+        return None

@@ -31,7 +31,7 @@ MAX_REDIRECTS = 10
 _BLOCK_STATUS = {403, 429, 503}
 
 
-@handler("noop")
+@handler("noop", requests_target=False)
 async def noop(ctx: HandlerContext) -> HandlerOutput:
     """Do nothing; for benchmarks and tests of the job path itself."""
     return NoopOutput()

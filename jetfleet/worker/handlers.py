@@ -39,18 +39,29 @@ class HandlerContext:
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]
 
 _REGISTRY: dict[str, tuple[HandlerFn, str]] = {}
+# Handlers that send nothing to their job's target (robots.txt does not apply to them).
+_SENDS_NOTHING: set[str] = set()
 
 
-def handler(name: str, version: str = "1") -> Callable[[HandlerFn], HandlerFn]:
+def handler(
+    name: str, version: str = "1", requests_target: bool = True
+) -> Callable[[HandlerFn], HandlerFn]:
     """Register ``fn`` as the handler called ``name`` (jobs ask for it by that name).
 
     Args:
         name: the name jobs use, e.g. ``"http.get"``.
         version: the handler's version, part of every result's version tuple.
+        requests_target: whether it sends requests to the job's target (then the
+            target's robots.txt is obeyed before it runs). Only a handler that never
+            touches the target, such as ``noop``, says False.
     """
 
     def register(fn: HandlerFn) -> HandlerFn:
         _REGISTRY[name] = (fn, version)
+        if requests_target:
+            _SENDS_NOTHING.discard(name)
+        else:
+            _SENDS_NOTHING.add(name)
         return fn
 
     return register
@@ -63,6 +74,12 @@ def get_handler(name: str) -> tuple[HandlerFn, str]:
         KeyError: if no handler has that name in this process.
     """
     return _REGISTRY[name]
+
+
+def requests_target(name: str) -> bool:
+    """Whether the handler ``name`` sends requests to its job's target (False for one
+    not registered here: its job ends ``unknown-handler`` without a request)."""
+    return name in _REGISTRY and name not in _SENDS_NOTHING
 
 
 def registered() -> tuple[str, ...]:

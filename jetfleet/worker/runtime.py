@@ -74,10 +74,12 @@ from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
-from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler
+from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler, requests_target
+from jetfleet.worker.manners import start_warnings
 from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
+from jetfleet.worker.robots import RobotsAllowed, RobotsBook, RobotsDisallowed, RobotsNotYet
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
@@ -195,6 +197,7 @@ class Worker:
         self._announcing: asyncio.Task[None] | None = None
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
+        self._robots: RobotsBook | None = None
 
     async def start(self) -> None:
         """Check the result caps against the server, bind to each lane's durable
@@ -215,6 +218,11 @@ class Worker:
             # connections.
             connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
         )
+        self._robots = RobotsBook(
+            self.settings, self.js, self.permits, self._session, self.worker_id, self.identity
+        )
+        for line in start_warnings(self.settings, self.targets):
+            log.warning("worker %s: %s", self.worker_id, line)
         if self.identity:
             # So workers without it know that jobs pinned to it have an owner to wait for.
             self._announcing = asyncio.create_task(
@@ -461,7 +469,11 @@ class Worker:
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
-        held = await self._take_lease(msg, order, target)
+        go_on, ruled = await self._obey_robots(msg, order, target)
+        if not go_on:
+            return None
+        # The lease of a job ruled out only fences its dead letter: no permit for it.
+        held = await self._take_lease(msg, order, target, sends_request=ruled is None)
         if held is None:
             return None
         attempt = held.attempt or msg.metadata.num_delivered
@@ -471,7 +483,7 @@ class Worker:
         keeper = asyncio.create_task(self._keep_lease(msg, order, held))
         try:
             try:
-                verdict, reply = await self._run_and_report(msg, order, attempt, held)
+                verdict, reply = await self._run_and_report(msg, order, attempt, held, ruled)
             finally:
                 await _stop(keeper)
         except asyncio.CancelledError:
@@ -492,12 +504,43 @@ class Worker:
             await self._settle(msg, order, held, verdict, reply)
         return verdict
 
+    async def _obey_robots(
+        self, msg: Msg, order: WorkOrder, target: str
+    ) -> tuple[bool, Verdict | None]:
+        """Whether to go on with this delivery (False: handed back), and the verdict the
+        target's robots.txt already reached (``robots-disallowed``, not called)."""
+        robots = await self._robots_answer(order, target)
+        if isinstance(robots, RobotsNotYet):
+            # No rules to go by yet (robots.txt unreachable, or no permit to fetch it):
+            # nothing is sent, and the target is left alone until then.
+            self.gate.hold(target, robots.wait_s)
+            delay = self._hand_back_delay(msg, target, robots.wait_s)
+            await self._hand_back(msg, target, robots.reason, delay)
+            return False, None
+        if isinstance(robots, RobotsDisallowed):
+            verdict = Verdict("permanent", reason=robots.reason, detail=robots.detail, called=False)
+            return True, verdict
+        return True, None
+
+    async def _robots_answer(
+        self, order: WorkOrder, target: str
+    ) -> RobotsAllowed | RobotsDisallowed | RobotsNotYet:
+        """What the target's robots.txt says of this job's URL. Only a job that will send
+        a request is asked about: not a ``noop`` nor an unknown handler, nor a URL off
+        the target (each ends without a request anyway)."""
+        if self._robots is None or not requests_target(order.job.handler):
+            return RobotsAllowed()
+        if job_outside_target(order.job.url, target, self.settings.targets[target]):
+            return RobotsAllowed()
+        return await self._robots.check(target, order.job.url)
+
     async def _run_and_report(
-        self, msg: Msg, order: WorkOrder, attempt: int, held: Held
+        self, msg: Msg, order: WorkOrder, attempt: int, held: Held, ruled: Verdict | None = None
     ) -> tuple[Verdict, SinkReply | None]:
-        """Run the attempt, publish its outcome, and report a final verdict to the sink."""
+        """Run the attempt (unless ``ruled`` already judged it without a call), publish
+        its outcome, and report a final verdict to the sink."""
         started = time.monotonic()
-        verdict = await self._run(msg, order, attempt, held)
+        verdict = ruled or await self._run(msg, order, attempt, held)
         duration = time.monotonic() - started
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
             verdict = Verdict(
@@ -512,15 +555,21 @@ class Worker:
             return verdict, None
         return verdict, await self._report(order, attempt, verdict, duration, versions, held)
 
-    async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
-        """The lease for this delivery, or None after acking/nakking it. A rate-bound
-        target's pull loop waits for this answer before it fetches the next job."""
+    async def _take_lease(
+        self, msg: Msg, order: WorkOrder, target: str, sends_request: bool = True
+    ) -> Held | None:
+        """The lease for this delivery, or None after acking/nakking it. Without
+        ``sends_request`` the grant takes no rate permit (no request follows it). A
+        rate-bound target's pull loop waits for this answer before it fetches the next
+        job."""
         try:
-            return await self._ask_and_decide(msg, order, target)
+            return await self._ask_and_decide(msg, order, target, sends_request)
         finally:
             await self.rate_pacing.answered(msg.reply or "")
 
-    async def _ask_and_decide(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
+    async def _ask_and_decide(
+        self, msg: Msg, order: WorkOrder, target: str, sends_request: bool
+    ) -> Held | None:
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
         if await self._nobody_owns_pin(msg, order):
@@ -539,6 +588,7 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
             egress=self.settings.worker.egress,
+            sends_request=sends_request,
         )
         timer = AckTimer(self.settings.fleet.ack_wait_s)
         try:

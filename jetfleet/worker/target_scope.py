@@ -35,7 +35,7 @@ def redirect_to(current: str, location: str, target: TargetSettings) -> str:
         PermanentFailure: ``redirect-off-target`` otherwise (nothing is sent there).
     """
     url = urljoin(current, location)
-    if is_under(url, target.base_url) or _listed(url, target.redirect_hosts):
+    if is_under(url, target.base_url) or listed_host(url, target.redirect_hosts):
         return url
     raise PermanentFailure(
         REDIRECT_OFF_TARGET,
@@ -44,7 +44,8 @@ def redirect_to(current: str, location: str, target: TargetSettings) -> str:
     )
 
 
-def _listed(url: str, hosts: tuple[str, ...]) -> bool:
+def listed_host(url: str, hosts: tuple[str, ...]) -> bool:
+    """Whether ``url`` is http(s) on one of ``hosts`` (``host`` or ``host:port``)."""
     parts = urlsplit(url)
     try:
         port = parts.port

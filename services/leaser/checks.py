@@ -164,8 +164,16 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
     """The request this grant leads to takes its permit from the ratelimit service now,
     just before it is made: every attempt, retry and requeue pays for one. Last, so no
     permit is spent on a grant something else refuses; a refusal frees the place the
-    grant took."""
+    grant took.
+
+    A grant asked with ``sends_request`` false takes none: no request follows it (the
+    worker judged the job without calling the target), so a permit would only take the
+    place of a real request. That trusts the worker no more than permits already do: a
+    worker is what sends the requests, and one that ignored its permits could send
+    without a lease at all."""
     req = ctx.request
+    if not req.sends_request:
+        return None
     reply = await ctx.permits.permit(
         PermitRequest(
             target=req.target, worker=req.worker, identity=req.identity, egress=req.egress

@@ -38,7 +38,9 @@ class Effective:
     burst: int
     daily: int
     crawl_delay_s: float
-    """0 when robots.txt asks none (or the target does not obey robots.txt)."""
+    """The spacing robots.txt asks for: the stricter of its Crawl-delay and Request-rate
+    for the fleet's User-Agent; 0 when it asks none (or the target does not obey
+    robots.txt)."""
 
     @property
     def target_rate(self) -> float:
@@ -153,7 +155,9 @@ class TargetLimitBook:
             self._crawl_delays.pop(target, None)
             return
         record = _robots_decoder.decode(value)
-        if record.crawl_delay_s > 0:
-            self._crawl_delays[target] = record.crawl_delay_s
+        # Crawl-delay and Request-rate both space requests: the stricter one holds.
+        delay = max(record.crawl_delay_s, record.request_interval_s)
+        if delay > 0:
+            self._crawl_delays[target] = delay
         else:
             self._crawl_delays.pop(target, None)

@@ -21,7 +21,7 @@ from jetfleet.settings import Settings, TargetSettings, WorkerSettings
 from jetfleet.stream_reader import count_messages
 from jetfleet.worker import HandlerContext, handler
 from jetfleet.worker.builtin import http_get
-from tests.conftest import make_settings
+from tests.conftest import ROBOTS_OFF_REASON, make_settings
 
 TIMED_HANDLER = "queueing.timed"
 
@@ -98,6 +98,8 @@ def target(base_url: str, **overrides: object) -> TargetSettings:
         "burst": 100,
         "max_in_flight": 64,
         "timeout_s": 5.0,
+        "obey_robots": False,
+        "robots_off_reason": ROBOTS_OFF_REASON,
     }
     values.update(overrides)
     return TargetSettings(**values)  # type: ignore[arg-type]
