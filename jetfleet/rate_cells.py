@@ -43,7 +43,10 @@ RECOVERY_S = 10.0
 OUTAGE_S = 2.0
 """How long a replica must have failed closed before its recovery restarts the span: a
 passing error (a pool wait, one slow answer) must not slow the whole fleet for 10 s."""
-POOL_SIZE = 32
+POOL_SIZE = 128
+"""Connections one ratelimit replica keeps: a permit holds one for a single round trip,
+and up to ``fleet.service_concurrency`` permits may be in hand (a pool of 32 made the
+33rd wait, and the 100th fail closed, with Redis healthy)."""
 US = 1_000_000
 
 # Shared prelude: now (microseconds, Redis clock) and whether the state is recovering.

@@ -29,12 +29,14 @@ class PermitRequest(msgspec.Struct, frozen=True, tag="permit", omit_defaults=Tru
 
 class HoldRequest(msgspec.Struct, frozen=True, tag="hold", omit_defaults=True):
     """``target`` answered ``status`` (429, or 503 without a challenge): hold it for the
-    whole fleet, for ``retry_after_s`` if it said how long (already cut to the target's
-    ``max_retry_after_s``), else for the target's adaptive backoff."""
+    whole fleet, for ``retry_after_s`` if it said how long (``said_how_long``; already
+    cut to the target's ``max_retry_after_s``), else for the target's adaptive backoff."""
 
     target: TargetName
     status: int
-    retry_after_s: Seconds | None = None
+    said_how_long: bool = False
+    """Whether the answer carried a Retry-After (then ``retry_after_s`` is it)."""
+    retry_after_s: Seconds = 0.0
     worker: Name = ""
 
 

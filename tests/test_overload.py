@@ -86,6 +86,9 @@ burst = 100
 max_in_flight = 64
 max_attempts = 1
 timeout_s = 5.0
+# The simulator's requests are counted exactly here: no robots.txt fetch among them.
+obey_robots = false
+robots_off_reason = "tests count every request to the simulator"
 """)
     return path
 
@@ -115,12 +118,14 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
     js = control.jetstream()
     await declare(js, settings)
     scheduler = Scheduler(settings, await connect_nats(settings.nats, "overload-scheduler"))
+    ratelimit = ServiceProcess("ratelimit", tmp_path / "services", config)
     leaser = ServiceProcess("leaser", tmp_path / "services", config)
     sink = ServiceProcess("sink", tmp_path / "services", config)
     fleet = WorkerFleet(tmp_path / "fleet", config, FaultPlan())
     submitter: asyncio.Task[None] | None = None
     try:
         await scheduler.start()
+        await ratelimit.start()
         await leaser.start()
         await sink.start()
         for _ in range(WORKERS):
@@ -209,6 +214,7 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
         await fleet.stop(timeout_s=30.0)
         await leaser.stop()
         await sink.stop()
+        await ratelimit.stop()
         await scheduler.drain(5.0)
         await scheduler.nc.close()
         await control.close()

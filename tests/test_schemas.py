@@ -42,6 +42,15 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
+from jetfleet.schemas.permit import (
+    HoldPlaced,
+    HoldRequest,
+    PermitAllowed,
+    PermitRefused,
+    PermitRequest,
+    PermitWait,
+)
+from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 
 import jetfleet
 from jetfleet.ops import schema_export
@@ -370,6 +379,14 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         QuarantineList(),
         QuarantineReply(ok=True, revoked=[JOB.id]),
         QuarantineRecord(scope="identity", name="p-osaka", target="example", for_s=60.0),
+        PermitRequest(target="example", worker="w1", identity="p-osaka", egress="eu-1"),
+        HoldRequest(target="example", status=429, said_how_long=True, retry_after_s=3.0),
+        PermitAllowed(),
+        PermitWait(retry_after_s=0.2, limit="target", detail="next in 0.200 s"),
+        HoldPlaced(hold_s=3.0, streak=2),
+        PermitRefused(reason="ratelimit-unavailable", detail="redis: connection refused"),
+        TargetLimits(rate=5.0, burst=2, daily=50000, set_by="ops@host", reason="owner asked"),
+        RobotsRecord(target="example", status=200, body="User-agent: *\n", crawl_delay_s=2.0),
     )
 }
 

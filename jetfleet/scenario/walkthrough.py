@@ -63,7 +63,12 @@ def scenario_settings(nats_url: str, base_url: str) -> Settings:
         ),
         targets={
             TARGET: TargetSettings(
-                base_url=base_url + "/", max_attempts=3, rate=100.0, max_in_flight=64, timeout_s=5.0
+                base_url=base_url + "/",
+                max_attempts=3,
+                rate=100.0,
+                burst=50,  # the walkthrough is about leases, never about its rate
+                max_in_flight=64,
+                timeout_s=5.0,
             )
         },
     )

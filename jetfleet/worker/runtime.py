@@ -948,7 +948,8 @@ class Worker:
             HoldRequest(
                 target=target,
                 status=verdict.status or 429,
-                retry_after_s=verdict.asked_s,
+                said_how_long=verdict.asked_s is not None,
+                retry_after_s=verdict.asked_s or 0.0,
                 worker=self.worker_id,
             )
         )

@@ -151,7 +151,7 @@ class RateLimiter:
         hold_s, streak = await self.cells.hold(
             request.target,
             self.limits.target_cell(request.target),
-            request.retry_after_s,
+            request.retry_after_s if request.said_how_long else None,
             base_s=fleet.hold_base_s,
             cap_s=target.max_retry_after_s,
             forgive_s=fleet.hold_forgive_s,
@@ -163,7 +163,7 @@ class RateLimiter:
             request.status,
             request.worker or "a worker",
             hold_s,
-            "as it asked" if request.retry_after_s is not None else "adaptive backoff",
+            "as it asked" if request.said_how_long else "adaptive backoff",
             streak,
         )
         return HoldPlaced(hold_s=hold_s, streak=streak)
