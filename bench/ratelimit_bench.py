@@ -22,13 +22,14 @@ Three parts, each on its own fresh servers in a temp folder, all on 127.0.0.1:
     and read again ``--window`` s later (``--window-1`` for the 1/s cap): requests,
     the most in any 1 s and 10 s window, and utilisation = requests / (cap x seconds).
 ``e2e``  ``make bench-smoke``'s full path (3,000 ``noop`` jobs, 2 workers, submit ->
-    CommittedResult) in up to three variants (``--variants``), interleaved over
+    CommittedResult) in up to four variants (``--variants``), interleaved over
     ``--rounds``: ``default`` (the demo target's 500/s, burst 100, what ``make
     bench-smoke`` now runs; not run unless named), ``permit-open``
     (the same with the demo target set to 10^6/s, burst 1000 at run time: every grant still
     asks for its permit, none waits) and ``no-permit`` (the leaser started from
     ``bench/permitless_leaser.py``: ``rate_permit`` taken out of its grant checks, a
-    bench-only build no config can reach). The ratelimit service's answers are read from
+    bench-only build no config can reach); and, only when named, ``no-permit-no-place``
+    (its ``in_flight_cap`` taken out too). The ratelimit service's answers are read from
     its /metrics after each run, to show which variant took permits and how many waited.
 
 No figure is asserted anywhere; they are for docs/benchmarks.md.
@@ -510,6 +511,8 @@ PERMITLESS = HERE / "permitless_leaser.py"
 class PermitlessLeaserStack(DevStack):
     """DevStack whose leaser is ``bench/permitless_leaser.py`` (no rate permit)."""
 
+    leaser_flags: tuple[str, ...] = ()
+
     def _spawn(self, name: str, args: list[str]) -> None:
         if name != "leaser":
             super()._spawn(name, args)
@@ -526,13 +529,26 @@ class PermitlessLeaserStack(DevStack):
         env["JETFLEET_CONFIG"] = str(self.config_path)
         with (logs / f"{name}.log").open("ab") as log_file:
             self.children[name] = subprocess.Popen(
-                [sys.executable, str(PERMITLESS), *args, "--metrics-port", str(port)],
+                [
+                    sys.executable,
+                    str(PERMITLESS),
+                    *self.leaser_flags,
+                    *args,
+                    "--metrics-port",
+                    str(port),
+                ],
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 preexec_fn=die_with_parent,
             )
+
+
+class PlacelessLeaserStack(PermitlessLeaserStack):
+    """... and no in-flight place in Redis either (``--no-place``)."""
+
+    leaser_flags = ("--no-place",)
 
 
 async def _open_limits(stack: DevStack, js: Any) -> None:
@@ -544,7 +560,7 @@ async def _record_answers(stack: DevStack, result: dict[str, Any]) -> None:
     result["answers"] = await stack_answers(stack)
 
 
-E2E_VARIANTS = ("default", "permit-open", "no-permit")
+E2E_VARIANTS = ("default", "permit-open", "no-permit", "no-permit-no-place")
 
 
 async def e2e_run(variant: str, jobs: int) -> dict[str, Any]:
@@ -553,6 +569,8 @@ async def e2e_run(variant: str, jobs: int) -> dict[str, Any]:
         kwargs["before_submit"] = _open_limits
     elif variant == "no-permit":
         kwargs["stack_type"] = PermitlessLeaserStack
+    elif variant == "no-permit-no-place":
+        kwargs["stack_type"] = PlacelessLeaserStack
     result = await run_jetfleet("noop", jobs, E2E_WORKERS, E2E_TIMEOUT_S, **kwargs)
     result["variant"] = variant
     return result
