@@ -20,7 +20,7 @@ NO_PLACE = sys.argv[1:2] == ["--no-place"]
 if NO_PLACE:
     del sys.argv[1]
 _removed = (checks.rate_permit, checks.in_flight_cap) if NO_PLACE else (checks.rate_permit,)
-# first_objection reads the module global at every grant, so this is the whole switch.
+# taking_objection reads the module global at every grant, so this is the whole switch.
 checks.TAKING_CHECKS = tuple(c for c in checks.TAKING_CHECKS if c not in _removed)
 
 from jetfleet.cli.main import main  # noqa: E402
