@@ -353,6 +353,12 @@ class Worker:
         """
         return max(wait, self.pace.growing_s(target, msg.metadata.num_delivered or 1))
 
+    def _rate_wait_delay(self, msg: Msg, target: str, wait: float) -> float:
+        """How long a job handed back for want of a rate permit stays away: ``wait``, and
+        at least a target-busy job's (hand_back_pace.py), the same for every delivery
+        while it has deliveries to spare, so old jobs keep their share of the permits."""
+        return max(wait, self.pace.target_busy_s(target, msg.metadata.num_delivered or 1))
+
     def _growing_delay(self, msg: Msg) -> float:
         """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
         deliveries = min(int(msg.metadata.num_delivered or 1), 16)
@@ -421,8 +427,13 @@ class Worker:
         wait = self.gate.admit(target)
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
-            # probe is out: do not call it yet. No lease is taken, so nothing is spent.
-            await self._hand_back(msg, target, "held", self._hand_back_delay(msg, target, wait))
+            # probe is out, or its next permit is not free yet (the rest of a fetched
+            # batch): do not call it yet. No lease is taken, so nothing is spent.
+            if self.gate.waiting_for_permit(target):
+                delay = self._rate_wait_delay(msg, target, wait)
+            else:
+                delay = self._hand_back_delay(msg, target, wait)
+            await self._hand_back(msg, target, "held", delay)
             return
         verdict: Verdict | None = None
         try:
@@ -529,10 +540,17 @@ class Worker:
                 return None
             retry_after = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason in RATE_REFUSALS:
-                # The permit says exactly when the next request may go: waiting longer
-                # would leave the target's rate unused.
+                # The permit says exactly when the next request may go: this worker stops
+                # pulling the target until then (waiting longer would leave its rate
+                # unused). A permit frees every 1 / rate, as a place under a cap frees
+                # when a job ends, so the job waits like a target-busy one, the same for
+                # every delivery, old or fresh: a wait growing with its deliveries left a
+                # backlog of jobs refused a few times each away for tens of seconds
+                # while the rate went unused (issue 9, I4), and the oldest jobs last.
                 retry_after = max(MIN_RATE_WAIT_S, reply.retry_after_s)
-            if reply.reason == "target-busy":
+                self.gate.wait_for_permit(target, retry_after)
+                delay = self._rate_wait_delay(msg, target, retry_after)
+            elif reply.reason == "target-busy":
                 # A partitioned target at its cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
                 # idle); this job stays away as long as any other waiting job, old or
