@@ -15,10 +15,10 @@ import pytest
 import pytest_asyncio
 from multidict import CIMultiDictProxy
 
-from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.simulator import Arrival, SimulatorConfig, TargetSimulator, most_in_any_window
 from jetfleet.simulator.counters import MAX_PATHS, MAX_WINDOWS, RequestCounters
 from jetfleet.simulator.pages import ROBOTS_TXT
-from jetfleet.simulator.routes import WORKER_HEADER, parse_delay, parse_retry_after
+from jetfleet.simulator.routes import WORKER_HEADER, parse_delay, parse_retry_after, parse_times
 
 CONTENT_DIV = '<div id="content">'
 
@@ -331,6 +331,58 @@ def test_max_in_any_window_uses_half_open_sliding_windows() -> None:
     snapshot = counters.snapshot()
     assert snapshot["windows"] == {"1000": 5, "1001": 1, "1005": 1}
     assert snapshot["max_per_second"] == 5
+
+
+def test_arrivals_keep_when_kind_and_path_and_windows_count_them_merged() -> None:
+    now = [0.0]
+    counters = RequestCounters(clock=lambda: now[0])
+    for stamp, path in ((0.0, "/page/1"), (0.5, "/error/2"), (2.0, "/page/1")):
+        now[0] = stamp
+        counters.record("w", path.split("/")[1], path=path)
+    assert counters.arrivals() == [
+        Arrival(0.0, "page", "/page/1"),
+        Arrival(0.5, "error", "/error/2"),
+        Arrival(2.0, "page", "/page/1"),
+    ]
+    # Two simulators' arrivals together: [0, 1) holds three of them.
+    merged = [a.at for a in counters.arrivals()] + [0.9]
+    assert most_in_any_window(merged, 1.0) == 3
+    assert most_in_any_window([], 1.0) == 0
+    with pytest.raises(ValueError):
+        most_in_any_window(merged, 0)
+    counters.reset()
+    assert counters.arrivals() == []
+
+
+@pytest.mark.asyncio
+async def test_times_fails_only_the_first_requests_to_a_path_until_reset(
+    sim: TargetSimulator, session: aiohttp.ClientSession
+) -> None:
+    base = sim.base_url
+    statuses = [(await _get(session, f"{base}/error/1?times=1"))[0] for _ in range(3)]
+    assert statuses == [500, 200, 200]
+    assert (await _get(session, f"{base}/error/2?times=1"))[0] == 500  # per path
+    assert (await _get(session, f"{base}/error/3"))[0] == 500  # without times: always
+    limited = [await _get(session, f"{base}/ratelimited/1?retry_after=3&times=2") for _ in range(3)]
+    assert [status for status, _, _ in limited] == [429, 429, 200]
+    assert limited[0][2]["Retry-After"] == "3"
+    assert (await _get(session, f"{base}/error/1?times=-1"))[0] == 400
+    sim.reset()
+    assert (await _get(session, f"{base}/error/1?times=1"))[0] == 500  # fails again
+    assert parse_times(None) is None and parse_times("0") == 0
+
+
+@pytest.mark.asyncio
+async def test_rate_limit_next_answers_one_request_429_whatever_its_path(
+    sim: TargetSimulator, session: aiohttp.ClientSession
+) -> None:
+    sim.rate_limit_next(3)
+    status, _, headers = await _get(session, f"{sim.base_url}/page/1")
+    assert (status, headers["Retry-After"]) == (429, "3")
+    assert (await _get(session, f"{sim.base_url}/page/1"))[0] == 200
+    assert [a.kind for a in sim.arrivals()] == ["ratelimited", "page"]
+    with pytest.raises(ValueError):
+        sim.rate_limit_next(-1)
 
 
 def test_requests_by_path_counts_paths_until_too_many_are_distinct() -> None:

@@ -62,3 +62,16 @@ def test_only_a_verdict_from_the_target_ends_the_probing() -> None:
         "shop", answered=target_answered(Verdict("permanent", reason="http-404")), blocked=False
     )
     assert gate.admit("shop") is None and gate.admit("shop") is None  # free again
+
+
+def test_a_wait_for_the_next_permit_is_known_as_such_unless_a_longer_hold_covers_it() -> None:
+    gate = TargetGate()
+    assert not gate.waiting_for_permit("t")
+    gate.wait_for_permit("t", 0.5)
+    assert gate.admit("t") == HAND_BACK_S and gate.waiting_for_permit("t")
+    gate.hold("t", 30.0)  # a refusal that concerns this worker: longer than the permit
+    assert not gate.waiting_for_permit("t")
+    blocked = TargetGate()
+    blocked.blocked("t", 30.0)  # the target said to wait: a permit wait inside it is not
+    blocked.wait_for_permit("t", 0.5)
+    assert not blocked.waiting_for_permit("t")

@@ -134,6 +134,14 @@ class EmbeddedServer:
         self.stop()
         raise StackError(f"{self.name} did not become ready; its log ends with:\n{tail}")
 
+    def kill(self) -> None:
+        """Kill the server at once (SIGKILL), as a crash would: nothing is flushed."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.kill()
+        proc.wait()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``timeout_s``)."""
         proc, self.process = self.process, None
@@ -190,10 +198,17 @@ class EmbeddedRedis(EmbeddedServer):
         """The redis:// URL of the running server."""
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 20.0, tries: int = 5) -> EmbeddedRedis:
-        """Start the server and wait until it accepts clients."""
-        for _ in range(tries):
-            self.port = free_port()
+    def start(self, timeout_s: float = 20.0, tries: int = 5, port: int = 0) -> EmbeddedRedis:
+        """Start the server and wait until it accepts clients.
+
+        Args:
+            timeout_s: How long to wait for it to be ready, per try.
+            tries: How many free ports to try (another process may take one first).
+            port: This port, tried once (for example to start an empty server where a
+                killed one was, as a Redis restarted without its data); 0 picks a free one.
+        """
+        for _ in range(1 if port else tries):
+            self.port = port or free_port()
             if self.log_path.exists():
                 self.log_path.unlink()
             self._spawn(

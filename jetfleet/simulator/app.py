@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from jetfleet.simulator.config import SimulatorConfig
-from jetfleet.simulator.counters import RequestCounters
+from jetfleet.simulator.counters import Arrival, RequestCounters
 from jetfleet.simulator.routes import TargetRoutes
 
 # How long stop() waits for cancelled handlers to unwind before tearing down anyway.
@@ -126,6 +126,16 @@ class TargetSimulator:
         hang again); returns how many were released."""
         return self._routes.release_hung()
 
+    def rate_limit_next(self, retry_after_s: int) -> None:
+        """Answers the next counted request, whatever its path, with 429 and
+        ``Retry-After: retry_after_s`` (its arrival counted as kind ``ratelimited``);
+        later requests as usual.
+
+        Raises:
+            ValueError: If ``retry_after_s`` is negative.
+        """
+        self._routes.rate_limit_next(retry_after_s)
+
     def in_flight(self, kind: str = "*") -> int:
         """Returns how many requests of route ``kind`` (default: any) are being handled."""
         return self._counters.in_flight(kind)
@@ -146,9 +156,17 @@ class TargetSimulator:
         """
         return self._counters.max_in_any_window(seconds)
 
+    def arrivals(self) -> list[Arrival]:
+        """Returns every counted request since the last reset (the last 100,000 at
+        most), in arrival order, as ``(at, kind, path)``: ``at`` on the monotonic clock
+        (``time.monotonic()``, so several simulators in one process line up), ``kind``
+        the route kind, ``path`` without the query."""
+        return self._counters.arrivals()
+
     def reset(self) -> None:
-        """Zeroes the counters, as ``POST /__sim/reset`` does."""
-        self._counters.reset()
+        """Zeroes the counters, as ``POST /__sim/reset`` does (``times=`` paths fail
+        again)."""
+        self._routes.reset()
 
     async def __aenter__(self) -> TargetSimulator:
         if self._runner is None:

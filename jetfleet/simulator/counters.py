@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple
 
 # Enough per-second buckets to cover a ten-minute benchmark run.
 MAX_WINDOWS = 600
@@ -16,6 +16,35 @@ MAX_TIMESTAMPS = 100_000
 MAX_PATHS = 100_000
 # The key of ``max_in_flight`` that counts every route kind together.
 ALL_KINDS = "*"
+
+
+class Arrival(NamedTuple):
+    """One counted request as it arrived: when (monotonic seconds), its route kind and
+    its path (query left out)."""
+
+    at: float
+    kind: str
+    path: str
+
+
+def most_in_any_window(stamps: Iterable[float], seconds: float) -> int:
+    """The most of ``stamps`` (seconds, one clock) in any half-open window
+    ``[t, t + seconds)``: the same count for one simulator's arrivals or for several
+    merged, so a cap over many targets is checked as the targets saw it together.
+
+    Raises:
+        ValueError: If ``seconds`` is not positive.
+    """
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds!r}")
+    ordered = sorted(stamps)
+    best = 0
+    start = 0
+    for end, stamp in enumerate(ordered):
+        while stamp - ordered[start] >= seconds:
+            start += 1
+        best = max(best, end - start + 1)
+    return best
 
 
 class RequestCounters:
@@ -46,7 +75,7 @@ class RequestCounters:
         self._in_flight: Counter[str] = Counter()
         self._most_in_flight: Counter[str] = Counter()
         self._windows: dict[int, int] = {}
-        self._timestamps: deque[float] = deque(maxlen=MAX_TIMESTAMPS)
+        self._arrivals: deque[Arrival] = deque(maxlen=MAX_TIMESTAMPS)
 
     def record(self, client_id: str, kind: str, user_agent: str = "", path: str = "") -> None:
         """Counts one request.
@@ -69,7 +98,7 @@ class RequestCounters:
         self._windows[second] = self._windows.get(second, 0) + 1
         while len(self._windows) > MAX_WINDOWS:
             del self._windows[min(self._windows)]
-        self._timestamps.append(self._clock())
+        self._arrivals.append(Arrival(self._clock(), kind, path))
 
     def began(self, kind: str) -> None:
         """A request of ``kind`` is now being handled (until ``ended``)."""
@@ -97,7 +126,7 @@ class RequestCounters:
         self._paths_dropped = False
         self._most_in_flight = Counter({k: n for k, n in self._in_flight.items() if n})
         self._windows.clear()
-        self._timestamps.clear()
+        self._arrivals.clear()
 
     def requests_by_path(self) -> dict[str, int]:
         """Requests per path (query left out), for the first 100,000 distinct paths since
@@ -125,16 +154,14 @@ class RequestCounters:
         Raises:
             ValueError: If ``seconds`` is not positive.
         """
-        if not seconds > 0:
-            raise ValueError(f"seconds must be > 0, got {seconds!r}")
-        stamps = sorted(self._timestamps)
-        best = 0
-        start = 0
-        for end, stamp in enumerate(stamps):
-            while stamp - stamps[start] >= seconds:
-                start += 1
-            best = max(best, end - start + 1)
-        return best
+        return most_in_any_window((a.at for a in self._arrivals), seconds)
+
+    def arrivals(self) -> list[Arrival]:
+        """Every counted request since the last reset (the last 100,000 at most), in
+        arrival order: when, which route kind, which path. For checks a window count
+        cannot make, such as a quiet spell after one path's answer, or caps over
+        several simulators' arrivals merged."""
+        return list(self._arrivals)
 
     def snapshot(self) -> dict[str, Any]:
         """Returns the counters as a JSON-ready dict.

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import math
 import time
+from collections import Counter
 from email.utils import formatdate
 from typing import Any
 
@@ -27,6 +28,8 @@ WORKER_HEADER = "X-Jetfleet-Worker"
 SIM_PREFIX = "/__sim/"
 # Route kind for requests no route matched (unknown paths, wrong methods).
 OTHER_KIND = "other"
+# Route kind of ``/ratelimited/N``, and of a request ``rate_limit_next`` answered 429.
+RATELIMITED_KIND = "ratelimited"
 
 DEFAULT_SLOW_DELAY_S = 1.0
 MAX_SLOW_DELAY_S = 60.0
@@ -101,6 +104,24 @@ def parse_seconds(raw: str | None, name: str) -> float:
     return seconds
 
 
+def parse_times(raw: str | None) -> int | None:
+    """Parses the ``times`` query parameter of ``/ratelimited`` and ``/error``.
+
+    Returns:
+        How many requests to the path fail before it answers its page; None when absent
+        (every request fails).
+
+    Raises:
+        ValueError: If it is not an integer >= 0.
+    """
+    if raw is None:
+        return None
+    times = int(raw)
+    if times < 0:
+        raise ValueError(f"times must be >= 0, got {raw!r}")
+    return times
+
+
 def _rate_limit_headers(query: Any) -> dict[str, str]:
     """``Retry-After`` in delta-seconds (``retry_after``) or, with ``retry_at``, as an
     HTTP-date that many seconds after this answer's ``Date``; ``date_skew`` shifts both
@@ -149,6 +170,10 @@ class TargetRoutes:
         self._counters = counters
         self._inflight: set[asyncio.Task[Any]] = set()
         self._hung: set[asyncio.Future[None]] = set()
+        # Requests per path that asked ``times=``: the failures a path has given so far.
+        # Only such paths are kept, so the map stays as small as the test's plan.
+        self._asked_times: Counter[str] = Counter()
+        self._next_retry_after: int | None = None
 
     @property
     def config(self) -> SimulatorConfig:
@@ -187,6 +212,36 @@ class TargetRoutes:
             task.cancel()
         return tasks
 
+    def reset(self) -> None:
+        """Zeroes the counters and what ``times=`` paths have answered (they fail again)."""
+        self._counters.reset()
+        self._asked_times.clear()
+
+    def rate_limit_next(self, retry_after_s: int) -> None:
+        """The next counted request, whatever its path, answers 429 with
+        ``Retry-After: retry_after_s`` (counted as kind ``ratelimited``); later ones as
+        usual. A slow-down that comes mid-run, from no job in particular.
+
+        Raises:
+            ValueError: If ``retry_after_s`` is negative.
+        """
+        if retry_after_s < 0:
+            raise ValueError(f"retry_after_s must be >= 0, got {retry_after_s!r}")
+        self._next_retry_after = retry_after_s
+
+    def _fails_now(self, request: web.Request) -> bool:
+        """Whether this request to a failing route fails: always, or (with ``times=K``)
+        only the first K requests to its path; later ones answer the page.
+
+        Raises:
+            ValueError: If ``times`` is not an integer >= 0.
+        """
+        times = parse_times(request.query.get("times"))
+        if times is None:
+            return True
+        self._asked_times[request.path] += 1
+        return self._asked_times[request.path] <= times
+
     def build_app(self) -> web.Application:
         """Builds the aiohttp application."""
 
@@ -199,7 +254,7 @@ class TargetRoutes:
         app.router.add_get("/missing/{n:\\d+}", self._missing, name="missing")
         app.router.add_get("/slow/{n:\\d+}", self._slow, name="slow")
         app.router.add_get("/hang/{n:\\d+}", self._hang, name="hang")
-        app.router.add_get("/ratelimited/{n:\\d+}", self._ratelimited, name="ratelimited")
+        app.router.add_get("/ratelimited/{n:\\d+}", self._ratelimited, name=RATELIMITED_KIND)
         app.router.add_get("/blocked/{n:\\d+}", self._blocked, name="blocked")
         app.router.add_get("/challenge/{n:\\d+}", self._challenge, name="challenge")
         app.router.add_get("/noselector/{n:\\d+}", self._noselector, name="noselector")
@@ -218,6 +273,9 @@ class TargetRoutes:
             return await handler(request)
         # Count on arrival, before any delay, so hung and slow requests show up at once.
         kind = request.match_info.route.name or OTHER_KIND
+        retry_after, self._next_retry_after = self._next_retry_after, None
+        if retry_after is not None:
+            kind = RATELIMITED_KIND
         agent = request.headers.get("User-Agent", "")
         self._counters.record(client_id(request), kind, agent, request.path)
         self._counters.began(kind)
@@ -227,6 +285,10 @@ class TargetRoutes:
         try:
             if self._config.latency_s > 0:
                 await asyncio.sleep(self._config.latency_s)
+            if retry_after is not None:
+                limited = _html(error_html(429), status=429)
+                limited.headers["Retry-After"] = str(retry_after)
+                return limited
             return await handler(request)
         finally:
             self._counters.ended(kind)
@@ -272,6 +334,8 @@ class TargetRoutes:
     async def _ratelimited(self, request: web.Request) -> web.Response:
         try:
             headers = _rate_limit_headers(request.query)
+            if not self._fails_now(request):
+                return _html(page_html(_page_number(request), self._config.pages))
         except ValueError as exc:
             return _bad_request(str(exc))
         response = _html(error_html(429), status=429)
@@ -288,6 +352,11 @@ class TargetRoutes:
         return _html(page_html(_page_number(request), self._config.pages, with_content=False))
 
     async def _error(self, request: web.Request) -> web.Response:
+        try:
+            if not self._fails_now(request):
+                return _html(page_html(_page_number(request), self._config.pages))
+        except ValueError as exc:
+            return _bad_request(str(exc))
         return _html(error_html(500), status=500)
 
     async def _redirect(self, request: web.Request) -> web.Response:
@@ -316,7 +385,7 @@ class TargetRoutes:
         return web.json_response(self._counters.snapshot())
 
     async def _reset(self, request: web.Request) -> web.Response:
-        self._counters.reset()
+        self.reset()
         return web.json_response(self._counters.snapshot())
 
     async def _get_config(self, request: web.Request) -> web.Response:

@@ -380,6 +380,12 @@ class Worker:
         """
         return max(wait, self.pace.growing_s(target, msg.metadata.num_delivered or 1))
 
+    def _rate_wait_delay(self, msg: Msg, target: str, wait: float) -> float:
+        """How long a job handed back for want of a rate permit stays away: ``wait``, and
+        at least a target-busy job's (hand_back_pace.py), the same for every delivery
+        while it has deliveries to spare, so old jobs keep their share of the permits."""
+        return max(wait, self.pace.target_busy_s(target, msg.metadata.num_delivered or 1))
+
     def _growing_delay(self, msg: Msg) -> float:
         """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
         deliveries = min(int(msg.metadata.num_delivered or 1), 16)
@@ -455,8 +461,13 @@ class Worker:
         wait = self.gate.admit(target)
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
-            # probe is out: do not call it yet. No lease is taken, so nothing is spent.
-            await self._hand_back(msg, target, "held", self._hand_back_delay(msg, target, wait))
+            # probe is out, or its next permit is not free yet (the rest of a fetched
+            # batch): do not call it yet. No lease is taken, so nothing is spent.
+            if self.gate.waiting_for_permit(target):
+                delay = self._rate_wait_delay(msg, target, wait)
+            else:
+                delay = self._hand_back_delay(msg, target, wait)
+            await self._hand_back(msg, target, "held", delay)
             return
         verdict: Verdict | None = None
         try:
@@ -612,24 +623,23 @@ class Worker:
                 return None
             retry_after = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason in RATE_REFUSALS:
-                # The permit says exactly when the next request may go: waiting longer
-                # would leave the target's rate unused.
+                # The permit says exactly when the next request may go: this worker stops
+                # pulling the target until then (waiting longer would leave its rate
+                # unused). A permit frees every 1 / rate, as a place under a cap frees
+                # when a job ends, so the job waits like a target-busy one, the same for
+                # every delivery, old or fresh: a wait growing with its deliveries left a
+                # backlog of jobs refused a few times each away for tens of seconds
+                # while the rate went unused (issue 9, I4), and the oldest jobs last.
                 retry_after = max(MIN_RATE_WAIT_S, reply.retry_after_s)
                 self.rate_pacing.rate_bound(target)
-            delivered = msg.metadata.num_delivered or 1
-            if reply.reason == "target-busy":
+                self.gate.wait_for_permit(target, retry_after)
+                delay = self._rate_wait_delay(msg, target, retry_after)
+            elif reply.reason == "target-busy":
                 # A target at its in-flight cap: a place frees whenever one of its jobs
                 # ends, so the target is not held here (a hold would leave freed places
                 # idle); this job stays away as long as any other waiting job, old or
                 # fresh, so old ones get their share of the freed places.
-                delay = self.pace.target_busy_s(target, delivered)
-            elif reply.reason in RATE_REFUSALS:
-                # Waiting for a permit is waiting for capacity, like target-busy: the
-                # worker stops pulling until the next permit, and the job waits the same
-                # for every delivery (not a delay growing to minutes while permits go
-                # unused), still paced against max_deliver once it has few to spare.
-                self.gate.hold(target, retry_after)
-                delay = max(retry_after, self.pace.target_busy_s(target, delivered))
+                delay = self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
             elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the

@@ -17,6 +17,7 @@ class TargetGate:
 
     def __init__(self) -> None:
         self._until: dict[str, float] = {}
+        self._permit_at: dict[str, float] = {}
         self._target_said: dict[str, float] = {}
         self._suspect: set[str] = set()
         self._probing: set[str] = set()
@@ -34,6 +35,19 @@ class TargetGate:
     def hold(self, target: str, seconds: float) -> None:
         """Leave ``target`` alone for ``seconds`` (a refusal that concerns the target)."""
         self._until[target] = max(self._until.get(target, 0.0), time.monotonic() + seconds)
+
+    def wait_for_permit(self, target: str, seconds: float) -> None:
+        """Leave ``target`` alone until its next rate permit frees, in ``seconds``: the
+        target is busy, not refusing (see ``waiting_for_permit``)."""
+        until = time.monotonic() + seconds
+        if until >= self._until.get(target, 0.0):  # not within a longer hold (a block)
+            self._until[target] = self._permit_at[target] = until
+
+    def waiting_for_permit(self, target: str) -> bool:
+        """Whether the hold on ``target`` in force now is only the wait for its next rate
+        permit (no refusal or block holds it longer): a job put back meanwhile waits
+        like one refused for the rate, not longer with each delivery."""
+        return self.held_for(target) > 0 and self._permit_at.get(target, 0.0) >= self._until[target]
 
     def blocked(self, target: str, seconds: float) -> None:
         """The target refused us (429/403/challenge): hold, then probe before the rest."""
