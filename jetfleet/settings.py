@@ -204,7 +204,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
 
 _HINTS = {
     "base_url": "an absolute http(s) URL such as https://example.org/",
-    "rate": "a positive number of requests per second",
+    "rate": "a number of requests per second, at least 1/86400 (one a day)",
     "burst": "a whole number >= 1",
     "max_in_flight": "a whole number >= 1",
     "max_attempts": "a whole number >= 1",
@@ -310,6 +310,10 @@ def _convert_part(
         first = text.split(" - at ")[0]
         raise ConfigError(f"config ({source}): {key}: {first}; set it to {hint}") from None
 
+
+MIN_RATE = 1 / 86400
+"""The slowest rate a limit may have: one request a day (a slower one's wait would not
+fit a permit's answer)."""
 
 ACK_WAIT_OVER_TTL_S = 1.0
 """How much longer than the lease's TTL (whole seconds) the ack wait must be."""
@@ -420,7 +424,7 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         f"{key}.base_url",
         _HINTS["base_url"],
     )
-    _require(target.rate > 0 and math.isfinite(target.rate), f"{key}.rate", _HINTS["rate"])
+    _require(target.rate >= MIN_RATE and math.isfinite(target.rate), f"{key}.rate", _HINTS["rate"])
     _require(target.burst >= 1, f"{key}.burst", _HINTS["burst"])
     _require(target.max_in_flight >= 1, f"{key}.max_in_flight", _HINTS["max_in_flight"])
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])

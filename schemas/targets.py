@@ -19,8 +19,8 @@ class TargetLimits(msgspec.Struct, frozen=True, omit_defaults=True, forbid_unkno
     None keeps the value from the config file; every ratelimit replica applies a change
     within a second (a KV watch)."""
 
-    rate: Annotated[float, msgspec.Meta(gt=0)] | None = None
-    """Requests per second."""
+    rate: Annotated[float, msgspec.Meta(ge=1 / 86400, le=1e9)] | None = None
+    """Requests per second (one a day at least)."""
     burst: Annotated[int, msgspec.Meta(ge=1)] | None = None
     daily: Annotated[int, msgspec.Meta(ge=0)] | None = None
     """Requests per UTC day (by Redis's clock); 0: no budget."""

@@ -66,7 +66,7 @@ def test_a_wrong_type_in_a_target_names_the_key_the_type_and_what_to_set(
     message = config_error(tmp_path, TARGET + 'rate = "fast"\n')
     assert "targets.demo.rate" in message
     assert "Expected `float`, got `str`" in message
-    assert "set it to a positive number of requests per second" in message
+    assert "set it to a number of requests per second, at least 1/86400" in message
 
 
 def test_a_fractional_burst_is_refused_as_not_a_whole_number(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ def test_a_target_name_that_cannot_be_a_subject_token_is_refused(tmp_path: Path,
 def test_a_rate_that_is_not_positive_is_refused(tmp_path: Path, rate: str) -> None:
     message = config_error(tmp_path, TARGET + f"rate = {rate}\n")
     assert "targets.demo.rate" in message
-    assert "a positive number of requests per second" in message
+    assert "a number of requests per second, at least 1/86400 (one a day)" in message
 
 
 def test_a_burst_of_zero_is_refused(tmp_path: Path) -> None:

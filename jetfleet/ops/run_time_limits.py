@@ -24,7 +24,7 @@ from jetfleet import subjects
 from jetfleet.errors import JetfleetError
 from jetfleet.schemas.names import MAX_NAME_CHARS
 from jetfleet.schemas.targets import TargetLimits
-from jetfleet.settings import Settings
+from jetfleet.settings import MIN_RATE, Settings
 
 _decoder = msgspec.json.Decoder(TargetLimits)
 _encoder = msgspec.json.Encoder()
@@ -57,8 +57,11 @@ def parse_rate(text: str) -> float:
     if match is None:
         raise JetfleetError(f"--rate {text!r} is not a rate: give {RATE_FORMS}")
     rate = float(match.group(1)) / PER_SECOND[match.group(2) or "s"]
-    if not (rate > 0 and math.isfinite(rate)):
-        raise JetfleetError(f"--rate {text!r} must be above 0 and finite: give {RATE_FORMS}")
+    if not (MIN_RATE <= rate <= 1e9 and math.isfinite(rate)):
+        raise JetfleetError(
+            f"--rate {text!r} must be from one a day (1/86400 per second) to 1e9/s: "
+            f"give {RATE_FORMS}"
+        )
     return rate
 
 

@@ -83,7 +83,12 @@ def _view(
     settings: Settings, name: str, run_time: TargetLimits | None, robots: RobotsRecord | None
 ) -> TargetView:
     declared = settings.targets[name]
-    crawl = robots.crawl_delay_s if robots is not None and declared.obey_robots else 0.0
+    # As the ratelimit service reads it: the stricter of Crawl-delay and Request-rate.
+    crawl = (
+        max(robots.crawl_delay_s, robots.request_interval_s)
+        if robots is not None and declared.obey_robots
+        else 0.0
+    )
 
     def pick(value: float | int | None, config: float | int) -> tuple[float, Source]:
         return (value, "run time") if value is not None else (config, "config")

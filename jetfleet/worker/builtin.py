@@ -57,7 +57,8 @@ async def http_get(ctx: HandlerContext) -> HandlerOutput:
     try:
         for hop in range(MAX_REDIRECTS + 1):
             if hop and ctx.another_request is not None:
-                await ctx.another_request()  # each hop is a request: it takes a permit
+                # Each hop is a request: robots.txt must allow it, and it takes a permit.
+                await ctx.another_request(url)
             # Hop by hop, so each Location is checked before anything is sent there.
             async with ctx.session.get(
                 url, headers=headers, timeout=timeout, allow_redirects=False

@@ -30,10 +30,12 @@ class HandlerContext:
     objects: ResultObjects | None = None
     """Where bytes too large for a message go (``put`` returns the reference to put in
     the output); None outside a worker, where everything stays inline."""
-    another_request: Callable[[], Awaitable[None]] | None = None
-    """Await before each request to the target beyond the attempt's first (a redirect
-    hop): it takes a rate permit, waiting for one if the target's limit says so. The
-    lease grant paid for the first request only. None outside a worker."""
+    another_request: Callable[[str], Awaitable[None]] | None = None
+    """Await with its URL before each request to the target beyond the attempt's first
+    (a redirect hop): it checks the URL against the target's robots.txt (raising
+    PermanentFailure ``robots-disallowed``, or RetryLater while robots.txt is unknown)
+    and takes a rate permit, waiting for one if the target's limit says so. The lease
+    grant paid for the first request only. None outside a worker."""
 
 
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]

@@ -189,26 +189,32 @@ class RobotsBook:
 
     async def _fetch(self, target: str) -> RobotsRecord | RobotsNotYet:
         """Fetch robots.txt, once its permit is taken; RobotsNotYet without one."""
-        reply = await self.permits.permit(
-            PermitRequest(
-                target=target,
-                worker=self.worker_id,
-                identity=self.identity,
-                egress=self.settings.worker.egress,
-                purpose="robots",
-            )
+        request = PermitRequest(
+            target=target,
+            worker=self.worker_id,
+            identity=self.identity,
+            egress=self.settings.worker.egress,
+            purpose="robots",
         )
+        reply = await self.permits.permit(request)
         if isinstance(reply, PermitWait):
             reason = "target-held" if reply.limit == "hold" else "rate-limited"
             return RobotsNotYet(reason, reply.retry_after_s, f"robots.txt: {reply.detail}")
         if not isinstance(reply, PermitAllowed):
             return RobotsNotYet(reply.reason, reply.retry_after_s, f"robots.txt: {reply.detail}")
+
+        async def hop_permitted() -> bool:
+            # A redirect hop is a request too: it takes a permit of its own, or the
+            # fetch stops there (as unreachable: the target is held, nothing dropped).
+            return isinstance(await self.permits.permit(request), PermitAllowed)
+
         record = await fetch_robots(
             self.session,
             target,
             self.settings.targets[target],
             self.user_agent(target),
             self.worker_id,
+            hop_permitted,
         )
         # An unreachable robots.txt holds the target: worth an operator's eye.
         level = logging.WARNING if unreachable(record.status) else logging.INFO

@@ -11,6 +11,7 @@ rule), with the reason in the record's ``error`` and a warning in the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
@@ -32,14 +33,18 @@ async def fetch_robots(
     target: TargetSettings,
     user_agent: str,
     worker_id: str,
+    hop_permitted: Callable[[], Awaitable[bool]] | None = None,
 ) -> RobotsRecord:
     """Fetch ``name``'s robots.txt with the fleet's User-Agent; its record, never an
-    exception (a failure is a record with status 0)."""
+    exception (a failure is a record with status 0). Each redirect hop first awaits
+    ``hop_permitted`` (its rate permit); refused, the fetch ends as a failure."""
     url = robots_url(target.base_url)
     headers = {"User-Agent": user_agent, "X-Jetfleet-Worker": worker_id}
     timeout = aiohttp.ClientTimeout(total=target.timeout_s)
     try:
-        for _ in range(MAX_HOPS + 1):
+        for hop in range(MAX_HOPS + 1):
+            if hop and hop_permitted is not None and not await hop_permitted():
+                return record_of_failure(name, f"{url}: no rate permit for the redirect", worker_id)
             async with session.get(
                 url, headers=headers, timeout=timeout, allow_redirects=False
             ) as response:
@@ -56,7 +61,7 @@ async def fetch_robots(
     except TimeoutError:
         why = f"{url}: no answer within {target.timeout_s:g} s"
         return record_of_failure(name, why, worker_id)
-    except aiohttp.ClientError as exc:
+    except (aiohttp.ClientError, ValueError) as exc:  # ValueError: a malformed Location
         return record_of_failure(name, f"{url}: {type(exc).__name__}: {exc}", worker_id)
 
 

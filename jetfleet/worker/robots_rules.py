@@ -38,6 +38,10 @@ def robots_url(base_url: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc, "/robots.txt", "", ""))
 
 
+MAX_DELAY_S = 86400.0
+"""The longest Crawl-delay or Request-rate interval read (one request a day)."""
+
+
 def robots_text(body: bytes) -> str:
     """``body`` as the text to parse: its first 500 KiB (RFC 9309 section 2.5), UTF-8
     with undecodable bytes replaced (a rule is ASCII; a broken byte must not hide it)."""
@@ -50,8 +54,10 @@ def obeyed(status: int) -> bool:
 
 
 def unreachable(status: int) -> bool:
-    """Whether ``status`` means disallow everything for a while: 5xx, or 0 (no answer)."""
-    return status == 0 or status >= 500
+    """Whether ``status`` means disallow everything for a while: 5xx, 429 (the site asks
+    to slow down: read as allow-all, it would lift its rules for a whole cache period),
+    or 0 (no answer)."""
+    return status in (0, 429) or status >= 500
 
 
 def record_of_answer(
@@ -122,7 +128,8 @@ def _parse(text: str) -> Protego:
 
 def _crawl_delay_s(parser: Protego, user_agent: str) -> float:
     delay = parser.crawl_delay(user_agent)
-    return max(0.0, float(delay)) if delay is not None else 0.0
+    # At most a day: a larger delay would not fit a permit's wait (nor the Lua script).
+    return min(MAX_DELAY_S, max(0.0, float(delay))) if delay is not None else 0.0
 
 
 def _request_interval_s(parser: Protego, user_agent: str) -> float:
@@ -131,4 +138,4 @@ def _request_interval_s(parser: Protego, user_agent: str) -> float:
     rate = parser.request_rate(user_agent)
     if rate is None or rate.requests <= 0:
         return 0.0
-    return max(0.0, float(rate.seconds) / float(rate.requests))
+    return min(MAX_DELAY_S, max(0.0, float(rate.seconds) / float(rate.requests)))

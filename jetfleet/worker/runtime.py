@@ -114,6 +114,8 @@ TARGET_WIDE_REFUSALS = frozenset(
 # Refusals whose retry-after is the moment the target's next permit frees.
 RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
 MIN_RATE_WAIT_S = 0.01
+# The longest a redirect hop waits for its permit inside a running attempt.
+HOP_PERMIT_PATIENCE_S = 2.0
 # How long drain waits for the pull loops to notice it before cancelling them (a fetch
 # in flight ends within FETCH_WAIT_S).
 LOOP_STOP_S = FETCH_WAIT_S + 1.0
@@ -774,7 +776,7 @@ class Worker:
             user_agent=target.user_agent or self.settings.fleet.user_agent,
             session=self._session,
             objects=self._objects,
-            another_request=lambda: self._permit_for(order.target),
+            another_request=lambda url: self._another_request(order.target, url),
         )
         # The budget of every attempt (the order carries the target's when the job set
         # none): a handler that never returns must not hold its lease for ever.
@@ -809,13 +811,21 @@ class Worker:
             )
         return self._ok_if_it_fits(order, output)
 
-    async def _permit_for(self, target: str) -> None:
-        """A permit for one more request of a running attempt (a redirect hop), waited
-        for as long as the target's limit says (the attempt's deadline bounds it).
+    async def _another_request(self, target: str, url: str) -> None:
+        """Clear one more request of a running attempt (a redirect hop to ``url``): the
+        target's robots.txt must allow it, and it takes a permit, waited for as long as
+        the target's limit says (the attempt's deadline bounds it).
 
         Raises:
-            RetryLater: no permit can be had (the rate limiter is unreachable).
+            PermanentFailure: robots.txt disallows ``url`` (``robots-disallowed``).
+            RetryLater: robots.txt is not known now, or no permit can be had.
         """
+        if self._robots is not None and self.settings.targets[target].obey_robots:
+            rules = await self._robots.check(target, url)
+            if isinstance(rules, RobotsDisallowed):
+                raise PermanentFailure(rules.reason, detail=f"redirected to {url}: {rules.detail}")
+            if isinstance(rules, RobotsNotYet):
+                raise RetryLater(rules.reason, delay_s=rules.wait_s, detail=rules.detail)
         request = PermitRequest(
             target=target,
             worker=self.worker_id,
@@ -828,6 +838,10 @@ class Worker:
                 return
             if isinstance(reply, PermitRefused):
                 raise RetryLater(reply.reason, delay_s=reply.retry_after_s, detail=reply.detail)
+            if reply.retry_after_s > HOP_PERMIT_PATIENCE_S:
+                # A hold (or a slow cap) longer than is worth waiting out holding the
+                # lease: the attempt ends as a refunded hand-back, its budget unspent.
+                raise Blocked("target-held", reply.retry_after_s, detail=reply.detail)
             await asyncio.sleep(max(MIN_RATE_WAIT_S, reply.retry_after_s))
 
     def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:

@@ -208,12 +208,16 @@ class Leaser:
                 identity=request.identity,
                 reply_subject=request.reply_subject,
             )
-            fence = await self.store.create(record, self.ttl_s)
-            if fence is None:
-                # Granted by another ask meanwhile: this one's new place (if any) is not
-                # the holder's, which took its own.
-                if ctx.took_place[0]:
+            try:
+                fence = await self.store.create(record, self.ttl_s)
+            except BaseException:
+                if ctx.took_place[0]:  # no lease came of it: its new place goes too
                     await self.places.free(request.target, request.job_id)
+                raise
+            if fence is None:
+                # Granted by another ask meanwhile. Places are the job's, not the ask's:
+                # the place this ask took may be the one the holder found and kept, so
+                # it stays (a renewal keeps it, the settle frees it).
                 held = await self._held_already(request, await self.store.live(request.job_id))
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"

@@ -155,6 +155,10 @@ class TargetLimitBook:
             self._crawl_delays.pop(target, None)
             return
         record = _robots_decoder.decode(value)
+        if record.status in (0, 429) or record.status >= 500:
+            # robots.txt could not be read this time (the workers hold the target): the
+            # delay it last asked for still stands for workers on cached rules.
+            return
         # Crawl-delay and Request-rate both space requests: the stricter one holds.
         delay = max(record.crawl_delay_s, record.request_interval_s)
         if delay > 0:
