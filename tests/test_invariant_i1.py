@@ -465,7 +465,8 @@ def _superseded_deliveries(events: list[dict[str, Any]]) -> set[tuple[int, int]]
     return {
         (e["sseq"], e["delivered"])
         for e in events
-        if (e["event"] == "settle" and e["status"] in REJECTED) or e["event"] == "lost"
+        if (e["event"] == "settle" and (e["status"] in REJECTED or e.get("lost")))
+        or e["event"] == "lost"
     }
 
 
