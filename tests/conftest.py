@@ -79,6 +79,20 @@ def redis_url(
         server.stop()
 
 
+@pytest.fixture(autouse=True)
+async def _no_rate_state_from_earlier_tests(request: pytest.FixtureRequest) -> None:
+    """Every test that uses Redis starts from an empty database: the session shares one,
+    and a fleet-wide hold, a daily count or an in-flight place an earlier test left on
+    its target (often ``demo``) would refuse this test's grants for minutes."""
+    if "redis_url" not in request.fixturenames:
+        return
+    client = aioredis.from_url(request.getfixturevalue("redis_url"))
+    try:
+        await flush_test_db(client)
+    finally:
+        await client.aclose()
+
+
 @pytest.fixture
 async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     """A client of the tests' database, emptied first."""
