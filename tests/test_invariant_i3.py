@@ -273,6 +273,7 @@ async def _ready(fleet: WorkerFleet, n: int) -> bool:
 
 
 @pytest.mark.parametrize("lanes", ["dedicated", "partitioned"])
+@pytest.mark.timeout(480)
 async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_restarts(
     tmp_path: Path,
     nats_url: str,
@@ -344,7 +345,10 @@ async def test_I3_conservation_holds_over_5000_jobs_with_failures_kills_and_rest
             work_left = (await run.js.stream_info(subjects.STREAM_WORK)).state.messages
             return work_left == 0 and await run.admitting() == 0
 
-        await wait_for(settled, 150, "every job settled (work stream empty, nothing admitting)")
+        # A bound on the wait, not a speed check (that is bench/'s): alone this settles in
+        # 40-70 s, but under a loaded 2-core CI run the partitioned lane, slower since every
+        # grant also takes a rate permit, took over 150 s.
+        await wait_for(settled, 300, "every job settled (work stream empty, nothing admitting)")
         settled_s = time.monotonic() - began
         sampler.cancel()
         await asyncio.gather(sampler, return_exceptions=True)
