@@ -260,9 +260,9 @@ CHANNELS: tuple[Channel, ...] = (
         kind="request",
         payload=PermitCall,
         description=(
-            "The leaser asks for a job's rate permit just before granting its lease (a "
-            "worker asks for a robots.txt fetch's); a worker asks to hold a target that "
-            "answered 429 or 503 for the whole fleet."
+            "A worker asks for a rate permit just before each request it sends (a job's "
+            "first, each redirect hop, a robots.txt fetch); a worker asks to hold a target "
+            "that answered 429 or 503 for the whole fleet."
         ),
         queue_group=subjects.QUEUE_RATELIMIT,
         reply="ratelimit-reply",

@@ -41,7 +41,8 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     sends_request: bool = True
     """False: no request to the target follows this grant (the worker already judged the
     job without calling it, as ``robots-disallowed``, and needs the lease only to fence
-    its dead letter), so the grant takes no rate permit."""
+    its dead letter). Leasers no longer read it: the worker takes the rate permit itself,
+    just before the request (leasers before that took one at grant unless False)."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):

@@ -1,6 +1,6 @@
-"""Rate permits: what the leaser (for a job) and a worker (for a robots.txt fetch) ask the
-``ratelimit`` service on ``jf.ratelimit``, and what a worker tells it when a target says
-to slow down. Durations only, never wall-clock deadlines (I9).
+"""Rate permits: what a worker asks the ``ratelimit`` service on ``jf.ratelimit`` just
+before each request (a job's, a redirect hop's, a robots.txt fetch's), and what it tells
+it when a target says to slow down. Durations only, never wall-clock deadlines (I9).
 """
 
 from __future__ import annotations

@@ -17,20 +17,6 @@ from jetfleet.topology import declare
 from jetfleet.worker import Worker
 
 
-class LeaserWithPermits(Leaser):
-    """A leaser and the ratelimit replica its grants ask, on one connection: for tests
-    that call a leaser directly."""
-
-    async def start(self) -> None:
-        self.limiter = RateLimiter(self.settings, self.nc)
-        await self.limiter.start()
-        await super().start()
-
-    async def drain(self, timeout_s: float = 30.0) -> None:
-        await super().drain(timeout_s)
-        await self.limiter.drain(timeout_s)
-
-
 class InProcessStack:
     """Scheduler, sink and N workers, each on its own NATS connection as in production."""
 

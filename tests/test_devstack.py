@@ -24,6 +24,8 @@ from jetfleet.results import iter_results
 from tests.conftest import wait_for
 
 START_TIMEOUT_S = 60.0
+# Two drains of 35 s at most (workers, then services) and the servers' stop.
+STOP_TIMEOUT_S = 80.0
 
 
 class RunningDev:
@@ -62,13 +64,24 @@ class RunningDev:
         return children
 
     def stop(self) -> int:
+        """Ctrl-C, as a user would. Each child has 35 s to drain (DevStack's
+        STOP_TIMEOUT_S) before it is killed, workers first, then the services; a stop
+        past both is a hang, reported with what was still running and its logs."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
         try:
-            return self.proc.wait(30)
+            return self.proc.wait(STOP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
+            alive = [" ".join(p.cmdline()[-3:]) for p in self.descendants() if p.is_running()]
+            tails = "\n".join(
+                f"== {log.name}\n{log.read_text(errors='replace')[-1500:]}"
+                for log in sorted((self.folder / "logs").glob("*.log"))
+            )
             self.proc.kill()
-            raise
+            raise AssertionError(
+                f"jetfleet dev did not stop within {STOP_TIMEOUT_S:g} s of Ctrl-C; still "
+                f"running: {alive}\n{self.output()[-2000:]}\n{tails}"
+            ) from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -97,7 +110,7 @@ def dev_stacks(tmp_path: Path) -> Iterator[list[RunningDev]]:
     yield started
     for dev in started:
         if dev.proc.poll() is None:
-            dev.stop()  # Ctrl-C, as a user would; it kills after 30 s
+            dev.stop()  # Ctrl-C, as a user would; it kills after STOP_TIMEOUT_S
         dev.proc.wait()
 
 

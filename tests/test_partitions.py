@@ -44,7 +44,7 @@ from tests.queueing.helpers import (
     submit_paths,
     target,
 )
-from tests.stack import InProcessStack, LeaserWithPermits
+from tests.stack import InProcessStack
 
 # Distinct pages for every batch: the targets share one simulator, and the same URL is
 # the same work (one idempotency key).
@@ -415,7 +415,7 @@ async def test_a_worker_of_one_partitioned_target_serves_its_whole_partition(
 async def _leaser(settings: Settings) -> tuple[Leaser, NatsClient]:
     nc = await connect_nats(settings.nats, "leaser")
     await declare(nc.jetstream(), settings)
-    leaser = LeaserWithPermits(settings, nc)
+    leaser = Leaser(settings, nc)
     await leaser.start()
     return leaser, nc
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import DeadLetter, LeaseGrant, LeaseRefusal
+from jetfleet.schemas import DeadLetter
 from jetfleet.schemas.targets import MAX_ROBOTS_CHARS, RobotsRecord
 from jetfleet.services.ratelimit.target_limits import TargetLimitBook
 from nats.aio.client import Client as NatsClient
@@ -25,7 +25,6 @@ from nats.js import JetStreamContext
 from jetfleet import subjects
 from jetfleet.connection import connect_nats
 from jetfleet.errors import ConfigError
-from jetfleet.lease_client import LeaseClient
 from jetfleet.settings import DEFAULT_USER_AGENT, Settings, TargetSettings, load_settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.simulator.pages import ROBOTS_TXT
@@ -41,7 +40,6 @@ from jetfleet.worker.robots_rules import (
     robots_url,
 )
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.leasing import ask, order_for
 from tests.queueing.helpers import committed, dead, submit_paths
 from tests.stack import InProcessStack
 
@@ -208,24 +206,43 @@ async def test_a_robots_txt_that_cannot_be_reached_holds_its_jobs(
         await stack.stop()
 
 
-async def test_a_grant_that_sends_no_request_takes_no_rate_permit(
+async def test_jobs_judged_without_a_request_take_no_rate_permit(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
-    # A target with room for one request (burst 1) and the next in 100 s.
-    target = msgspec.structs.replace(sim_target(simulator), rate=0.01, burst=1)
-    settings = make_settings(nats_url, redis_url, {"demo": target})
+    # Room for one request now and the next in 100 s (a fresh limiter state allows no
+    # burst). robots.txt is in the bucket already, so fetching it takes no permit.
+    site = msgspec.structs.replace(sim_target(simulator, obey_robots=True), rate=0.01, burst=1)
+    settings = make_settings(nats_url, redis_url, {SITE: site})
     stack = InProcessStack(settings)
-    await stack.start(workers=0)
+    await stack.start(workers=1)
     try:
-        leases = LeaseClient(stack.connections[0])
-        first = await leases.grant(ask(order_for(settings, "/page/1")))
-        assert isinstance(first, LeaseGrant), first
-        spent = await leases.grant(ask(order_for(settings, "/page/2")))
-        assert isinstance(spent, LeaseRefusal) and spent.reason == "rate-limited", spent
-        ruled_out = msgspec.structs.replace(
-            ask(order_for(settings, "/page/3")), sends_request=False
-        )
-        assert isinstance(await leases.grant(ruled_out), LeaseGrant)
+        js = stack.connections[0].jetstream()
+        text = b"User-agent: *\nDisallow: /private/\n"
+        record = record_of_answer(SITE, 200, text, UA, "w-0")
+        await js.publish(f"$KV.{subjects.BUCKET_ROBOTS}.{SITE}", msgspec.json.encode(record))
+        await submit_paths(js, settings, SITE, ["/page/1"], "first", handler="http.get")
+
+        async def first_done() -> bool:
+            return await committed(js, SITE) == 1
+
+        await wait_for(first_done, 20, "the job that takes the one permit")
+        # A URL robots.txt disallows and a job whose handler calls nobody end at once;
+        # a job that would send a request waits its 100 s for the next permit.
+        await submit_paths(js, settings, SITE, ["/private/1"], "ruled", handler="http.get")
+        await submit_paths(js, settings, SITE, ["/page/2"], "quiet", handler="noop")
+        await submit_paths(js, settings, SITE, ["/page/3"], "waits", handler="http.get")
+        worker = stack.workers[0]
+
+        async def settled() -> bool:
+            return (
+                await committed(js, SITE) == 2
+                and await dead(js, SITE) == 1
+                and worker.stats["refused:rate-limited"] >= 1
+            )
+
+        await wait_for(settled, 20, "the noop committed, the disallowed URL dead")
+        assert int(simulator.counts()["by_path_kind"].get("page", 0)) == 1
+        assert int(simulator.counts()["by_path_kind"].get("robots", 0)) == 0
     finally:
         await stack.stop()
 

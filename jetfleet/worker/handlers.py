@@ -34,8 +34,9 @@ class HandlerContext:
     """Await with its URL before each request to the target beyond the attempt's first
     (a redirect hop): it checks the URL against the target's robots.txt (raising
     PermanentFailure ``robots-disallowed``, or RetryLater while robots.txt is unknown)
-    and takes a rate permit, waiting for one if the target's limit says so. The lease
-    grant paid for the first request only. None outside a worker."""
+    and takes a rate permit, waiting for one if the target's limit says so. The worker
+    took the first request's permit just before the handler started. None outside a
+    worker."""
 
 
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]

@@ -65,6 +65,7 @@ from jetfleet.schemas.permit import (
     PermitAllowed,
     PermitRefused,
     PermitRequest,
+    PermitWait,
 )
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
@@ -211,7 +212,8 @@ class Worker:
         self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
         if not self.settings.fleet.leases:
             log.warning(
-                "fleet.leases = false: no lease, no fence and no rate permit for any job; "
+                "fleet.leases = false: no lease and no fence for any job (rate permits are "
+                "still taken); "
                 "a benchmark baseline only, never for traffic to a real target"
             )
         concurrency = self.settings.worker.concurrency
@@ -513,6 +515,10 @@ class Worker:
                 await msg.nak(delay=self.policy.delay_s(attempt, verdict.delay_s))
         elif verdict.kind == "blocked":
             await self._back_off(msg, order, held, verdict)
+        elif verdict.kind == "unrun":
+            # No permit for its request: nothing was sent, so the attempt is refunded.
+            if await self._give_back(order, held, refund=True):
+                await self._hand_back(msg, target, verdict.reason, verdict.delay_s)
         else:
             await self._settle(msg, order, held, verdict, reply)
         return verdict
@@ -554,6 +560,8 @@ class Worker:
         its outcome, and report a final verdict to the sink."""
         started = time.monotonic()
         verdict = ruled or await self._run(msg, order, attempt, held)
+        if verdict.kind == "unrun":
+            return verdict, None  # not an attempt: nothing to publish or report
         duration = time.monotonic() - started
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
             verdict = Verdict(
@@ -571,14 +579,18 @@ class Worker:
     async def _take_lease(
         self, msg: Msg, order: WorkOrder, target: str, sends_request: bool = True
     ) -> Held | None:
-        """The lease for this delivery, or None after acking/nakking it. Without
-        ``sends_request`` the grant takes no rate permit (no request follows it). A
-        rate-bound target's pull loop waits for this answer before it fetches the next
-        job."""
+        """The lease for this delivery, or None after acking/nakking it.
+        ``sends_request`` tells the leaser whether a request follows (leasers before
+        permits moved to the worker took one only then). A rate-bound target's pull
+        loop waits for the job's permit answer (``_first_permit``), or for this one
+        when it is refused."""
+        held = None
         try:
-            return await self._ask_and_decide(msg, order, target, sends_request)
+            held = await self._ask_and_decide(msg, order, target, sends_request)
+            return held
         finally:
-            await self.rate_pacing.answered(msg.reply or "")
+            if held is None:
+                await self.rate_pacing.answered(msg.reply or "")
 
     async def _ask_and_decide(
         self, msg: Msg, order: WorkOrder, target: str, sends_request: bool
@@ -739,6 +751,11 @@ class Worker:
                 detail=f"no handler {order.job.handler!r} in this worker",
                 called=False,
             )
+        if requests_target(order.job.handler):
+            unrun = await self._first_permit(msg, order, held)
+            await self.rate_pacing.answered(msg.reply or "")
+            if unrun is not None:
+                return unrun
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
         try:
             return await handler
@@ -749,6 +766,70 @@ class Worker:
             raise
         finally:
             held.running = None
+
+    async def _first_permit(self, msg: Msg, order: WorkOrder, held: Held) -> Verdict | None:
+        """Take the permit of the attempt's first request, the last step before the
+        handler runs, so the limiter's clock and the request's arrival at the target are
+        milliseconds apart (taken at the lease grant, they were up to a quarter second
+        apart under load, and the target's windows saw bursts the cap forbids: issue 9).
+        None when taken; otherwise an ``unrun`` verdict: the lease is released with a
+        refund and the job handed back for as long as the answer says, and this worker
+        fetches no more of the target's jobs until then (the gate).
+
+        Never waited for holding the lease: the jobs of a fetched batch ask together, and
+        waiting, all of them would ask again together at the moment the next permit
+        frees, one winning, the rest holding places, and a redirect hop's permit (for an
+        attempt already under way) would wait behind them."""
+        target = order.target
+        reply = await self._await_permit(target, 0.0)
+        if reply is None:
+            if held.lost.is_set():
+                return Verdict("lost", reason="lease-lost", called=False)
+            return None
+        if isinstance(reply, PermitRefused):
+            # The limiter cannot be asked: nothing goes to the target until it can.
+            self.stats[f"refused:{reply.reason}"] += 1
+            self.gate.hold(target, max(MIN_REFUSAL_DELAY_S, reply.retry_after_s))
+            delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+            return Verdict(
+                "unrun", reason=reply.reason, detail=reply.detail, delay_s=delay, called=False
+            )
+        reason = _rate_reason(reply)
+        self.stats[f"refused:{reason}"] += 1
+        # A permit frees every 1 / rate, as a place under a cap frees when a job ends,
+        # so the job waits like a target-busy one, the same for every delivery, old or
+        # fresh: a wait growing with its deliveries left a backlog of jobs refused a few
+        # times each away for tens of seconds while the rate went unused (issue 9, I4).
+        delay = self._rate_wait_delay(msg, target, max(MIN_RATE_WAIT_S, reply.retry_after_s))
+        return Verdict("unrun", reason=reason, detail=reply.detail, delay_s=delay, called=False)
+
+    async def _await_permit(
+        self, target: str, patience_s: float
+    ) -> PermitWait | PermitRefused | None:
+        """A permit for one request to ``target`` (None), waiting for it while the
+        limiter's answers add up to no more than ``patience_s``; else the answer that
+        would have us wait longer, or the refusal. Each wait also holds the target in
+        this worker (stop fetching its jobs until then) and marks it rate-bound."""
+        request = PermitRequest(
+            target=target,
+            worker=self.worker_id,
+            identity=self.identity,
+            egress=self.settings.worker.egress,
+        )
+        waited = 0.0
+        while True:
+            reply = await self.permits.permit(request)
+            if isinstance(reply, PermitAllowed):
+                return None
+            if isinstance(reply, PermitRefused):
+                return reply
+            wait = max(MIN_RATE_WAIT_S, reply.retry_after_s)
+            self.rate_pacing.rate_bound(target)
+            self.gate.wait_for_permit(target, wait)
+            if waited + wait > patience_s:
+                return reply
+            await asyncio.sleep(wait)
+            waited += wait
 
     async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
         """A permanent ``expired`` verdict (not run) for a job past its target's max age,
@@ -826,23 +907,13 @@ class Worker:
                 raise PermanentFailure(rules.reason, detail=f"redirected to {url}: {rules.detail}")
             if isinstance(rules, RobotsNotYet):
                 raise RetryLater(rules.reason, delay_s=rules.wait_s, detail=rules.detail)
-        request = PermitRequest(
-            target=target,
-            worker=self.worker_id,
-            identity=self.identity,
-            egress=self.settings.worker.egress,
-        )
-        while True:
-            reply = await self.permits.permit(request)
-            if isinstance(reply, PermitAllowed):
-                return
-            if isinstance(reply, PermitRefused):
-                raise RetryLater(reply.reason, delay_s=reply.retry_after_s, detail=reply.detail)
-            if reply.retry_after_s > HOP_PERMIT_PATIENCE_S:
-                # A hold (or a slow cap) longer than is worth waiting out holding the
-                # lease: the attempt ends as a refunded hand-back, its budget unspent.
-                raise Blocked("target-held", reply.retry_after_s, detail=reply.detail)
-            await asyncio.sleep(max(MIN_RATE_WAIT_S, reply.retry_after_s))
+        reply = await self._await_permit(target, HOP_PERMIT_PATIENCE_S)
+        if isinstance(reply, PermitRefused):
+            raise RetryLater(reply.reason, delay_s=reply.retry_after_s, detail=reply.detail)
+        if reply is not None:
+            # A hold (or a slow cap) longer than is worth waiting out holding the
+            # lease: the attempt ends as a refunded hand-back, its budget unspent.
+            raise Blocked("target-held", reply.retry_after_s, detail=reply.detail)
 
     def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:
         """``ok``, unless the output cannot travel in one message: sent, it would fail
@@ -1221,3 +1292,8 @@ async def _stop(task: asyncio.Task[None]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
+
+
+def _rate_reason(reply: PermitWait) -> str:
+    """The hand-back reason of a permit that says wait."""
+    return "target-held" if reply.limit == "hold" else "rate-limited"

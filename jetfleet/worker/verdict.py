@@ -14,8 +14,9 @@ from jetfleet.worker.ack_timer import AckTimer
 class Verdict:
     """An attempt's result before the sink has its say.
 
-    ``kind`` is ok, retryable, permanent, blocked (the target refused us: back off), or
-    lost (the lease went to someone else).
+    ``kind`` is ok, retryable, permanent, blocked (the target refused us: back off),
+    lost (the lease went to someone else), or unrun (no rate permit for its request:
+    nothing was sent, the job goes back with its attempt refunded).
     """
 
     kind: str
