@@ -12,13 +12,11 @@ import asyncio
 import re
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from harness import stop_stack
-from nats.js import JetStreamContext
 from stats import latency_summary, process_usage
 
 from jetfleet import subjects
@@ -68,30 +66,19 @@ def _read(path: Path) -> str:
 
 
 async def run_jetfleet(
-    handler: str,
-    jobs: int,
-    workers: int,
-    timeout_s: float,
-    keep: bool = False,
-    leases: bool = True,
-    stack_type: type[DevStack] = DevStack,
-    before_submit: Callable[[DevStack, JetStreamContext], Awaitable[None]] | None = None,
-    after_run: Callable[[DevStack, dict[str, Any]], Awaitable[None]] | None = None,
+    handler: str, jobs: int, workers: int, timeout_s: float, keep: bool = False, leases: bool = True
 ) -> dict[str, Any]:
     """Run one jetfleet scenario and return its figures (never leaves a process behind).
 
     ``leases=False`` sets ``fleet.leases = false``: the unfenced direct path, a baseline
-    for what leasing costs, never a way to run production. ``stack_type`` is the stack
-    to start (a bench's DevStack subclass), ``before_submit`` runs once it is ready (for
-    example to set the target's run-time limits) and ``after_run`` once the jobs ended,
-    with the stack still up, to add figures to the result.
+    for what leasing costs, never a way to run production.
     """
     folder = Path(tempfile.mkdtemp(prefix=f"jetfleet-bench-{handler.replace('.', '-')}-"))
     user_config = None
     if not leases:
         user_config = folder / "bench-user.toml"
         user_config.write_text("[fleet]\nleases = false\n")
-    stack = stack_type(folder, workers=workers, user_config=user_config)
+    stack = DevStack(folder, workers=workers, user_config=user_config)
     result: dict[str, Any] = {
         "system": "jetfleet",
         "handler": handler,
@@ -109,8 +96,6 @@ async def run_jetfleet(
         nc = await connect_nats(settings.nats, "jetfleet-bench")
         js = nc.jetstream()
         await declare(js, settings)
-        if before_submit is not None:
-            await before_submit(stack, js)
 
         submitted_at: dict[str, float] = {}
         arrived_at: dict[str, float] = {}
@@ -221,8 +206,6 @@ async def run_jetfleet(
         )
         result["processes"] = usage
         result["dead_children"] = stack.dead_children()
-        if after_run is not None:
-            await after_run(stack, result)
     except Exception as exc:
         result["error"] = f"{type(exc).__name__}: {exc}"
     finally:

@@ -78,19 +78,13 @@ async def start_leasers(
     """Start ``replicas`` leasers; returns (in-process (nc, leaser) pairs, children)."""
     if mode == "process":
         children = Children(folder, config)
-        children.spawn("ratelimit", ["serve", "ratelimit"])
         for n in range(replicas):
             children.spawn(f"leaser-{n}", ["serve", "leaser"])
         await children.wait_ready()
         return [], children
     from jetfleet.services.leaser import Leaser
-    from jetfleet.services.ratelimit import RateLimiter
 
     pairs = []
-    nc = await connect_nats(settings.nats, "bench-ratelimit")
-    ratelimit = RateLimiter(settings, nc)
-    await ratelimit.start()
-    pairs.append((nc, ratelimit))
     for n in range(replicas):
         nc = await connect_nats(settings.nats, f"bench-leaser-{n}")
         leaser = Leaser(settings, nc)

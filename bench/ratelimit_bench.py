@@ -1,9 +1,8 @@
-"""Rate limits: permit decisions/s, observed rate against cap, and what the permit costs
-end to end (issue 9's figures).
+"""Rate limits: permit decisions/s and observed rate against cap (issue 9's figures).
 
-    python bench/ratelimit_bench.py [--part decisions,caps,e2e] [--json] ...
+    python bench/ratelimit_bench.py [--part decisions,caps] [--json] ...
 
-Three parts, each on its own fresh servers in a temp folder, all on 127.0.0.1:
+Two parts, each on its own fresh servers in a temp folder, all on 127.0.0.1:
 
 ``decisions``  For each mode (``inproc``: ``RateLimiter`` objects in this process, each on
     its own NATS connection; ``process``: ``jetfleet serve ratelimit`` children) and each
@@ -21,16 +20,11 @@ Three parts, each on its own fresh servers in a temp folder, all on 127.0.0.1:
     waited). Per cap: ``--warm`` s to settle, then the simulator's counters are reset
     and read again ``--window`` s later (``--window-1`` for the 1/s cap): requests,
     the most in any 1 s and 10 s window, and utilisation = requests / (cap x seconds).
-``e2e``  ``make bench-smoke``'s full path (3,000 ``noop`` jobs, 2 workers, submit ->
-    CommittedResult) in up to four variants (``--variants``), interleaved over
-    ``--rounds``: ``default`` (the demo target's 500/s, burst 100, what ``make
-    bench-smoke`` now runs; not run unless named), ``permit-open``
-    (the same with the demo target set to 10^6/s, burst 1000 at run time: every grant still
-    asks for its permit, none waits) and ``no-permit`` (the leaser started from
-    ``bench/permitless_leaser.py``: ``rate_permit`` taken out of its grant checks, a
-    bench-only build no config can reach); and, only when named, ``no-permit-no-place``
-    (its ``in_flight_cap`` taken out too). The ratelimit service's answers are read from
-    its /metrics after each run, to show which variant took permits and how many waited.
+
+A third part, ``e2e``, ran ``make bench-smoke``'s 3,000 ``noop`` jobs with and without the
+leaser's rate permit. Since the worker takes the permit itself, just before a request,
+and a ``noop`` job sends none, those jobs take no permit at all and its variants would
+all run the same path, so it is gone (docs/benchmarks.md, section 8c).
 
 No figure is asserted anywhere; they are for docs/benchmarks.md.
 """
@@ -45,7 +39,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,29 +70,27 @@ from jetfleet.schemas.permit import (  # noqa: E402
     PermitWait,
 )
 from jetfleet.schemas.targets import TargetLimits  # noqa: E402
-from jetfleet_bench import _wait_ready, run_jetfleet  # noqa: E402
+from jetfleet_bench import _wait_ready  # noqa: E402
 from stats import process_usage, scan_logs  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.client import jobs_for, submit_jobs  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
 from jetfleet.dev.devstack import DevStack  # noqa: E402
-from jetfleet.dev.embedded import EmbeddedRedis, die_with_parent, free_port  # noqa: E402
+from jetfleet.dev.embedded import EmbeddedRedis  # noqa: E402
 from jetfleet.ops.status import fleet_status  # noqa: E402
 from jetfleet.permit_client import PermitClient  # noqa: E402
 from jetfleet.rate_cells import Cell, Decision, RateCells, cell_key  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 
-PARTS = ("decisions", "caps", "e2e")
+PARTS = ("decisions", "caps")
 OPEN_RATE, OPEN_BURST = 1_000_000.0, 1000
 CAPPED_RATE, CAPPED_BURST = 10.0, 1
 WARMUP = 200
 CASE_TIMEOUT_S = 120.0
 TARGET = "demo"
 IN_FLIGHT = 256  # submissions awaiting their stream ack at once (as jetfleet.client)
-E2E_JOBS = 3000
-E2E_WORKERS = 2
-E2E_TIMEOUT_S = 150.0
+WORKERS = 2
 _ANSWER = re.compile(r'^jetfleet_ratelimit_answers_total\{answer="([^"]*)",limit="([^"]*)"')
 _LEASE = re.compile(r'^jetfleet_lease_answers_total\{answer="([^"]*)",reason="([^"]*)"')
 
@@ -397,7 +388,7 @@ async def caps_run(
 ) -> dict[str, Any]:
     """One stack, the demo target's cap set to each of ``caps`` in turn over one backlog."""
     folder = Path(tempfile.mkdtemp(prefix="jetfleet-bench-caps-"))
-    stack = DevStack(folder, workers=E2E_WORKERS)
+    stack = DevStack(folder, workers=WORKERS)
     out: dict[str, Any] = {"burst": burst, "warm_s": warm_s, "cases": []}
     windows = [window_1_s if cap <= 1 else window_s for cap in caps]
     # Enough for every cap's warm-up and window, plus a third: the backlog never runs dry.
@@ -503,128 +494,6 @@ def render_caps(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------- e2e
-
-PERMITLESS = HERE / "permitless_leaser.py"
-
-
-class PermitlessLeaserStack(DevStack):
-    """DevStack whose leaser is ``bench/permitless_leaser.py`` (no rate permit)."""
-
-    leaser_flags: tuple[str, ...] = ()
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        if name != "leaser":
-            super()._spawn(name, args)
-            return
-        logs = self.data_dir / "logs"
-        logs.mkdir(exist_ok=True)
-        port = free_port()
-        self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
-        }
-        env["JETFLEET_CONFIG"] = str(self.config_path)
-        with (logs / f"{name}.log").open("ab") as log_file:
-            self.children[name] = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(PERMITLESS),
-                    *self.leaser_flags,
-                    *args,
-                    "--metrics-port",
-                    str(port),
-                ],
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=die_with_parent,
-            )
-
-
-class PlacelessLeaserStack(PermitlessLeaserStack):
-    """... and no in-flight place in Redis either (``--no-place``)."""
-
-    leaser_flags = ("--no-place",)
-
-
-async def _open_limits(stack: DevStack, js: Any) -> None:
-    await put_limits(js, TARGET, OPEN_RATE, OPEN_BURST)
-    await asyncio.sleep(1.0)  # every replica applies a change within a second (KV watch)
-
-
-async def _record_answers(stack: DevStack, result: dict[str, Any]) -> None:
-    result["answers"] = await stack_answers(stack)
-
-
-E2E_VARIANTS = ("default", "permit-open", "no-permit", "no-permit-no-place")
-
-
-async def e2e_run(variant: str, jobs: int) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"after_run": _record_answers}
-    if variant == "permit-open":
-        kwargs["before_submit"] = _open_limits
-    elif variant == "no-permit":
-        kwargs["stack_type"] = PermitlessLeaserStack
-    elif variant == "no-permit-no-place":
-        kwargs["stack_type"] = PlacelessLeaserStack
-    result = await run_jetfleet("noop", jobs, E2E_WORKERS, E2E_TIMEOUT_S, **kwargs)
-    result["variant"] = variant
-    return result
-
-
-def render_e2e(results: list[dict[str, Any]]) -> str:
-    header = [
-        "round",
-        "variant",
-        "jobs/s",
-        "p50 ms",
-        "p99 ms",
-        "done",
-        "lost",
-        "permits allowed / wait",
-        "leaser refusals",
-        "stop",
-    ]
-    rows = []
-    for r in results:
-        answers = r.get("answers") or {}
-        rl = answers.get("ratelimit") or {}
-        waits = sum(v for k, v in rl.items() if k.startswith("wait"))
-        leaser = answers.get("leaser") or {}
-        refusals = {k: int(v) for k, v in leaser.items() if k.startswith("refused")}
-        lat = r.get("latency") or {}
-        rows.append(
-            [
-                r.get("round"),
-                r["variant"],
-                r.get("jobs_per_s"),
-                lat.get("p50_ms"),
-                lat.get("p99_ms"),
-                r.get("committed"),
-                r.get("lost"),
-                f"{int(rl.get('allowed', 0))} / {int(waits)}",
-                ", ".join(f"{k} {v}" for k, v in refusals.items()) or "0",
-                r.get("stop_reason") or r.get("error"),
-            ]
-        )
-    lines = [fmt_table(header, rows)]
-    for r in results:
-        n = sum(v["count"] for v in (r.get("log_problems") or {}).values())
-        if n:
-            lines.append(f"round {r.get('round')} {r['variant']}: {n} log problem line(s)")
-        if r.get("error"):
-            lines.append(f"round {r.get('round')} {r['variant']}: ERROR {r['error']}")
-    by: dict[str, list[float]] = {}
-    for r in results:
-        by.setdefault(r["variant"], []).append(float(r.get("jobs_per_s") or 0.0))
-    lines.append("mean jobs/s: " + ", ".join(f"{k} {sum(v) / len(v):.0f}" for k, v in by.items()))
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -634,7 +503,7 @@ def _ints(text: str) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--part", default=",".join(PARTS), help="decisions, caps and/or e2e")
+    parser.add_argument("--part", default=",".join(PARTS), help="decisions and/or caps")
     parser.add_argument("--permits", type=int, default=3000, help="permits per case (3000)")
     parser.add_argument("--concurrency", default="1,50", help="callers in flight (1,50)")
     parser.add_argument("--replicas", default="1,2", help="ratelimit replicas (1,2)")
@@ -650,14 +519,6 @@ def main(argv: list[str] | None = None) -> int:
         "stack and backlog per cap)",
     )
     parser.add_argument("--warm", type=float, default=3.0, help="s after a cap change (3)")
-    parser.add_argument("--jobs", type=int, default=E2E_JOBS, help="e2e noop jobs (3000)")
-    parser.add_argument("--rounds", type=int, default=2, help="e2e interleaved rounds (2)")
-    parser.add_argument(
-        "--variants",
-        default="permit-open,no-permit",
-        help=f"e2e variants, of {', '.join(E2E_VARIANTS)} (default: all but default, which "
-        "is make bench-smoke's full path and runs near the demo target's cap for minutes)",
-    )
     parser.add_argument("--keep", action="store_true", help="keep the temp folders")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
@@ -696,21 +557,6 @@ def main(argv: list[str] | None = None) -> int:
         failed |= any(r.get("error") for r in caps_results)
         if not args.json:
             print(render_caps(caps_results), flush=True)
-    if "e2e" in parts:
-        e2e: list[dict[str, Any]] = []
-        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-        if set(variants) - set(E2E_VARIANTS):
-            parser.error(f"--variants takes {', '.join(E2E_VARIANTS)}")
-        for n in range(args.rounds):
-            for variant in variants:
-                print(f"e2e round {n + 1}: {variant}...", file=sys.stderr, flush=True)
-                r = asyncio.run(e2e_run(variant, args.jobs))
-                r["round"] = n + 1
-                e2e.append(r)
-        out["e2e"] = e2e
-        failed |= any(r.get("error") or r.get("lost") for r in e2e)
-        if not args.json:
-            print(render_e2e(e2e), flush=True)
     if args.json:
         print(json.dumps(out, indent=2, default=str))
     return 1 if failed else 0

@@ -25,7 +25,7 @@ Standalone benchmarks of single paths live next to this file, each run as
     dlq_bench.py           what a dead letter costs next to a commit (sink micro + end to end)
     targets_bench.py       throughput with 1, 10 and 100 targets
     queue_memory_bench.py  RSS of every process with up to 1,000,000 queued jobs
-    ratelimit_bench.py     permit decisions/s, observed rate against cap, the permit's cost
+    ratelimit_bench.py     permit decisions/s per ratelimit replica, observed rate against cap
 """
 
 from __future__ import annotations
