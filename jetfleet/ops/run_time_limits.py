@@ -3,9 +3,9 @@
 A change is one ``TargetLimits`` record, key ``<target>`` in ``jf-targets``, merged with
 the one already there (a field not given keeps its value). Every ratelimit replica
 follows the bucket with a KV watch (services/ratelimit/target_limits.py), so the change
-applies to every permit within about a second; workers and leasers keep no limits of
-their own (each grant asks for a permit), so nothing restarts. Removing the record puts
-the config file's values back.
+applies to every permit within about a second; workers keep no limits of their own
+(each request asks for a permit, and the leaser takes none), so nothing restarts.
+Removing the record puts the config file's values back.
 """
 
 from __future__ import annotations

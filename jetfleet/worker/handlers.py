@@ -55,8 +55,9 @@ def handler(
         name: the name jobs use, e.g. ``"http.get"``.
         version: the handler's version, part of every result's version tuple.
         requests_target: whether it sends requests to the job's target (then the
-            target's robots.txt is obeyed before it runs). Only a handler that never
-            touches the target, such as ``noop``, says False.
+            target's robots.txt is obeyed, and its first request's rate permit taken,
+            before it runs). Only a handler that never touches the target, such as
+            ``noop``, says False: its jobs take no permit.
     """
 
     def register(fn: HandlerFn) -> HandlerFn:

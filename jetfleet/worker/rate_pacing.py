@@ -1,11 +1,13 @@
 """Pull a rate-bound target one job at a time.
 
 When a target's permits say wait (``rate-limited``, ``target-held``), only one of its
-jobs per permit can run. Fetching a batch of ten then would take ten deliveries, ask the
-leaser ten times and hand nine back, every interval: the target is dequeued and buffered
-rather than left in its queue. So for a while after such a refusal the worker fetches
-the target's jobs one at a time, and fetches the next only once the leaser has answered
-for the last (and the hold that answer set has passed).
+jobs per permit can run. Fetching a batch of ten then would take ten deliveries, lease
+ten jobs, ask for ten permits and hand nine back, every interval: the target is dequeued
+and buffered rather than left in its queue. So for a while after such an answer the
+worker fetches the target's jobs one at a time, and fetches the next only once the last
+has its answer (and the hold that answer set has passed). A delivery's answer is its
+first request's permit (``Worker._first_permit``), or its lease's when the lease is not
+granted, or its end when it asks for neither.
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ from collections.abc import Iterable
 RATE_BOUND_S = 5.0
 """How long after a rate refusal a target is pulled one job at a time."""
 ANSWER_WAIT_S = 5.0
-"""The longest the pull loop waits for a lease answer before fetching again anyway."""
+"""The longest the pull loop waits for an answer before fetching again anyway."""
 
 
 class RatePacing:
     """Which targets are rate-bound, and the deliveries of each still waiting for their
-    lease answer (counted from when they are fetched, so a fetch loop that has not yet
+    answer (counted from when they are fetched, so a fetch loop that has not yet
     let its job run cannot overtake it)."""
 
     def __init__(self) -> None:
         self._bound_until: dict[str, float] = {}
         self._waiting: dict[str, str] = {}
-        """Delivery (reply subject) -> target, from fetch to lease answer."""
+        """Delivery (reply subject) -> target, from fetch to answer."""
         self._answered = asyncio.Condition()
 
     def rate_bound(self, target: str) -> None:
@@ -42,20 +44,20 @@ class RatePacing:
         return all(self._bound_until.get(t, 0.0) > now for t in targets)
 
     def fetched(self, delivery: str, target: str) -> None:
-        """A delivery of ``target`` was fetched; its lease answer is awaited."""
+        """A delivery of ``target`` was fetched; its answer is awaited."""
         if delivery:
             self._waiting[delivery] = target
 
     async def answered(self, delivery: str) -> None:
-        """The delivery's lease question has its answer, or it will ask none (the job
-        ended before, or was handed back). Idempotent."""
+        """The delivery has its permit's answer (or its lease's, when refused), or it
+        will ask for neither (the job ended before, or was handed back). Idempotent."""
         if self._waiting.pop(delivery, None) is None:
             return
         async with self._answered:
             self._answered.notify_all()
 
     async def wait_answers(self, targets: Iterable[str]) -> None:
-        """Until no delivery of ``targets`` awaits its lease answer (ANSWER_WAIT_S at
+        """Until no delivery of ``targets`` awaits its answer (ANSWER_WAIT_S at
         most)."""
         names = frozenset(targets)
 

@@ -298,7 +298,7 @@ class Worker:
                     break
                 if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
                     if paced:
-                        # One lease question at a time for a rate-bound target: its
+                        # One permit question at a time for a rate-bound target: its
                         # answer (and the hold it sets) decides when to fetch again.
                         await self.rate_pacing.wait_answers(lane.targets)
                     continue
