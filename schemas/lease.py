@@ -39,10 +39,11 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     egress: Name = ""
     """The egress the worker's requests leave by (its per-egress rate limit)."""
     sends_request: bool = True
-    """False: no request to the target follows this grant (the worker already judged the
-    job without calling it, as ``robots-disallowed``, and needs the lease only to fence
-    its dead letter). Leasers no longer read it: the worker takes the rate permit itself,
-    just before the request (leasers before that took one at grant unless False)."""
+    """True: the grant takes the rate permit of the attempt's first request. Workers
+    before permits moved to the worker sent True (the default, so they omit it) unless
+    no request followed. A current worker always sends False and takes each permit
+    itself, just before the request; so in a fleet mid-upgrade every request still
+    pays for exactly one permit, whichever side is older."""
 
 
 class LeaseRenew(msgspec.Struct, frozen=True, tag="renew"):

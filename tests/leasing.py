@@ -51,7 +51,10 @@ def ask(
     identity: str = "",
     reply_subject: str = "",
     job_id: str | None = None,
+    sends_request: bool = False,
 ) -> LeaseRequest:
+    """A lease request as a worker sends it: ``sends_request`` false, the worker takes its
+    own permits (true: as a worker from before that asked, the grant takes one)."""
     return LeaseRequest(
         job_id=job_id or order.job.id,
         target=order.target,
@@ -61,6 +64,7 @@ def ask(
         identity=identity,
         reply_subject=reply_subject,
         pin_identity=order.job.pin_identity,
+        sends_request=sends_request,
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 import pytest
+from jetfleet.schemas.permit import PermitRequest, PermitWait
 from jetfleet.services.gateway import Gateway
 from nats.aio.client import Client as NatsClient
 from redis import asyncio as aioredis
@@ -29,6 +30,7 @@ from jetfleet.dev.settings_file import settings_toml
 from jetfleet.lease_client import LeaseClient
 from jetfleet.ops.limiter_state import MAX_HOLDS_SHOWN
 from jetfleet.ops.status import FleetStatus, fleet_status
+from jetfleet.permit_client import PermitClient
 from jetfleet.rate_cells import KEY_HOLDS, hold_key
 from jetfleet.settings import GatewaySettings, RedisSettings, Settings
 from jetfleet.simulator import TargetSimulator
@@ -102,7 +104,13 @@ async def test_a_hold_shows_in_status_and_outlives_a_restart_of_the_limiter_and_
         after = await fleet_status(js, settings)
         assert [h.target for h in after.holds] == ["demo"] and after.held == 1
         assert after.holds[0].seconds_left < hold.seconds_left
-        refusal = await refused(LeaseClient(nc), ask(order_for(settings, "/page/1")))
+        # What a worker asks just before a request, and what a leaser asked by a worker
+        # from before permits moved to the worker answers: both say held.
+        wait = await PermitClient(nc).permit(PermitRequest(target="demo", worker="w-t"))
+        assert isinstance(wait, PermitWait) and wait.limit == "hold", wait
+        assert 20 < wait.retry_after_s <= RETRY_AFTER_S
+        older = ask(order_for(settings, "/page/1"), sends_request=True)
+        refusal = await refused(LeaseClient(nc), older)
         assert refusal.reason == "target-held", refusal
         assert 20 < refusal.retry_after_s <= RETRY_AFTER_S
         assert simulator.counts()["total"] == 1  # nothing sent to demo while it is held

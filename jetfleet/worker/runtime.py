@@ -487,8 +487,7 @@ class Worker:
         go_on, ruled = await self._obey_robots(msg, order, target)
         if not go_on:
             return None
-        # The lease of a job ruled out only fences its dead letter: no permit for it.
-        held = await self._take_lease(msg, order, target, sends_request=ruled is None)
+        held = await self._take_lease(msg, order, target)
         if held is None:
             return None
         attempt = held.attempt or msg.metadata.num_delivered
@@ -517,7 +516,7 @@ class Worker:
             await self._back_off(msg, order, held, verdict)
         elif verdict.kind == "unrun":
             # No permit for its request: nothing was sent, so the attempt is refunded.
-            if await self._give_back(order, held, refund=True):
+            if await self._refund_unrun(order, held):
                 await self._hand_back(msg, target, verdict.reason, verdict.delay_s)
         else:
             await self._settle(msg, order, held, verdict, reply)
@@ -559,8 +558,10 @@ class Worker:
         """Run the attempt (unless ``ruled`` already judged it without a call), publish
         its outcome, and report a final verdict to the sink."""
         started = time.monotonic()
+        if ruled is not None:
+            await self.rate_pacing.answered(msg.reply or "")  # it takes no permit
         verdict = ruled or await self._run(msg, order, attempt, held)
-        if verdict.kind == "unrun":
+        if verdict.kind == "unrun" or (verdict.kind == "lost" and not verdict.called):
             return verdict, None  # not an attempt: nothing to publish or report
         duration = time.monotonic() - started
         if verdict.kind == "retryable" and attempt >= order.max_attempts:
@@ -576,25 +577,19 @@ class Worker:
             return verdict, None
         return verdict, await self._report(order, attempt, verdict, duration, versions, held)
 
-    async def _take_lease(
-        self, msg: Msg, order: WorkOrder, target: str, sends_request: bool = True
-    ) -> Held | None:
-        """The lease for this delivery, or None after acking/nakking it.
-        ``sends_request`` tells the leaser whether a request follows (leasers before
-        permits moved to the worker took one only then). A rate-bound target's pull
-        loop waits for the job's permit answer (``_first_permit``), or for this one
-        when it is refused."""
+    async def _take_lease(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
+        """The lease for this delivery, or None after acking/nakking it. A rate-bound
+        target's pull loop waits for the job's permit answer (``_run``), or for this
+        one when no lease came of it."""
         held = None
         try:
-            held = await self._ask_and_decide(msg, order, target, sends_request)
+            held = await self._ask_and_decide(msg, order, target)
             return held
         finally:
             if held is None:
                 await self.rate_pacing.answered(msg.reply or "")
 
-    async def _ask_and_decide(
-        self, msg: Msg, order: WorkOrder, target: str, sends_request: bool
-    ) -> Held | None:
+    async def _ask_and_decide(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
         if await self._nobody_owns_pin(msg, order):
@@ -613,7 +608,9 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
             egress=self.settings.worker.egress,
-            sends_request=sends_request,
+            # This worker takes its permits itself, just before each request; false
+            # also keeps a leaser from before that from taking a second one at grant.
+            sends_request=False,
         )
         timer = AckTimer(self.settings.fleet.ack_wait_s)
         try:
@@ -724,6 +721,31 @@ class Worker:
             await asyncio.sleep(backoff.next_s(reply.retry_after_s if reply is not None else 0.0))
 
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
+        judged = await self._judged_unsent(msg, order, attempt)
+        sends = judged is None and requests_target(order.job.handler)
+        unrun = await self._first_permit(msg, order, held) if sends else None
+        # A rate-bound lane fetches its next job once this one knows whether it sends.
+        await self.rate_pacing.answered(msg.reply or "")
+        if judged is not None:
+            return judged
+        if unrun is not None:
+            return unrun
+        fn, _ = get_handler(order.job.handler)
+        held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
+        try:
+            return await handler
+        except asyncio.CancelledError:
+            if held.lost.is_set():
+                # Someone else owns the job now: stop, keep nothing built for it.
+                return Verdict("lost", reason="lease-lost")
+            raise
+        finally:
+            held.running = None
+
+    async def _judged_unsent(self, msg: Msg, order: WorkOrder, attempt: int) -> Verdict | None:
+        """The verdict of a job that ends without a request (expired, out of attempts,
+        off its target, no such handler), or None: it may run. Judged before its permit
+        is asked for, so no permit is spent on a request that will not be sent."""
         expired = await self._expired(msg, order)
         if expired is not None:
             return expired
@@ -743,7 +765,7 @@ class Worker:
             # a change of base_url: no request leaves for a site this target is not.
             return Verdict("permanent", reason=OUTSIDE_TARGET, detail=outside, called=False)
         try:
-            fn, _ = get_handler(order.job.handler)
+            get_handler(order.job.handler)
         except KeyError:
             return Verdict(
                 "permanent",
@@ -751,21 +773,7 @@ class Worker:
                 detail=f"no handler {order.job.handler!r} in this worker",
                 called=False,
             )
-        if requests_target(order.job.handler):
-            unrun = await self._first_permit(msg, order, held)
-            await self.rate_pacing.answered(msg.reply or "")
-            if unrun is not None:
-                return unrun
-        held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
-        try:
-            return await handler
-        except asyncio.CancelledError:
-            if held.lost.is_set():
-                # Someone else owns the job now: stop, keep nothing built for it.
-                return Verdict("lost", reason="lease-lost")
-            raise
-        finally:
-            held.running = None
+        return None
 
     async def _first_permit(self, msg: Msg, order: WorkOrder, held: Held) -> Verdict | None:
         """Take the permit of the attempt's first request, the last step before the
@@ -781,7 +789,13 @@ class Worker:
         frees, one winning, the rest holding places, and a redirect hop's permit (for an
         attempt already under way) would wait behind them."""
         target = order.target
-        reply = await self._await_permit(target, 0.0)
+        if held.lost.is_set():
+            return Verdict("lost", reason="lease-lost", called=False)
+        # Without leases a hand-back is a delivery, and deliveries count as attempts
+        # there: a job handed back for its permit would run out of attempts unsent. No
+        # lease or place is held, so it waits here (its +WPI beats go on).
+        patience_s = 0.0 if held.fence else self.settings.targets[target].max_retry_after_s
+        reply = await self._await_permit(target, patience_s)
         if reply is None:
             if held.lost.is_set():
                 return Verdict("lost", reason="lease-lost", called=False)
@@ -806,17 +820,18 @@ class Worker:
     async def _await_permit(
         self, target: str, patience_s: float
     ) -> PermitWait | PermitRefused | None:
-        """A permit for one request to ``target`` (None), waiting for it while the
-        limiter's answers add up to no more than ``patience_s``; else the answer that
-        would have us wait longer, or the refusal. Each wait also holds the target in
-        this worker (stop fetching its jobs until then) and marks it rate-bound."""
+        """A permit for one request to ``target`` (None), waiting for it while each of
+        the limiter's answers says wait no longer than ``patience_s``; else the answer
+        that would have us wait longer, or the refusal. Each wait also holds the target
+        in this worker (stop fetching its jobs until then) and marks it rate-bound.
+        Several waits in a row (another worker took the permit that freed) are bounded
+        by the caller: an attempt's deadline, or a drain."""
         request = PermitRequest(
             target=target,
             worker=self.worker_id,
             identity=self.identity,
             egress=self.settings.worker.egress,
         )
-        waited = 0.0
         while True:
             reply = await self.permits.permit(request)
             if isinstance(reply, PermitAllowed):
@@ -826,10 +841,9 @@ class Worker:
             wait = max(MIN_RATE_WAIT_S, reply.retry_after_s)
             self.rate_pacing.rate_bound(target)
             self.gate.wait_for_permit(target, wait)
-            if waited + wait > patience_s:
+            if wait > patience_s:
                 return reply
             await asyncio.sleep(wait)
-            waited += wait
 
     async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
         """A permanent ``expired`` verdict (not run) for a job past its target's max age,
@@ -1007,6 +1021,22 @@ class Worker:
         if released is None:
             return held.may_nak_unanswered()
         return released
+
+    async def _refund_unrun(self, order: WorkOrder, held: Held) -> bool:
+        """Release the lease of a job that sent nothing, with a refund, asking again
+        while the leaser does not answer (an unanswered release would leave the grant
+        counted: a job refused its permit a few times while a leaser restarts would run
+        out of attempts unsent). True if the nak may follow, as ``_give_back``."""
+        if not held.fence:
+            return True
+        backoff = Backoff()
+        while True:
+            released = await self.leases.release(order.job.id, held.fence, refund=True)
+            if released is not None:
+                return released
+            if not held.may_nak_unanswered():
+                return False
+            await asyncio.sleep(backoff.next_s())
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
         """The target refused us: stop pulling it until it said (or the policy says), and

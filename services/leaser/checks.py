@@ -5,9 +5,10 @@ grant waits for one round trip, not one each); ``settled`` writes only for a job
 settled already, to land its record. ``LOCAL_CHECKS`` only read, from memory. Between
 them and the last kind the leaser looks for a live lease of the job (its holder has its
 place; the same delivery asking again gets its lease again). ``TAKING_CHECKS`` take
-something (an in-flight place), so they run one after another, and only once nothing
-else objects. The rate permit is not a grant check: the worker takes it itself, just
-before the request, so the limiter's clock and the target's are milliseconds apart.
+something (an in-flight place; a rate permit only for workers from before permits moved
+to the worker), so they run one after another, and only once nothing else objects. A
+current worker takes the rate permit itself, just before the request, so the limiter's
+clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
 Later capabilities (pause, approved versions, activity windows) add their check to the
 right tuple; order matters: the most final answers come first.
@@ -26,6 +27,7 @@ from jetfleet.schemas.lease import (
     Sealed,
     SealedDeath,
 )
+from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
@@ -33,6 +35,7 @@ from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
+from jetfleet.permit_client import PermitClient
 from jetfleet.results import committed_job
 from jetfleet.settings import Settings
 from jetfleet.settlement import land
@@ -44,6 +47,7 @@ QUARANTINE_RETRY_S = 30.0
 # A target at its in-flight cap: ask again soon, a place frees when any job ends.
 TARGET_BUSY_RETRY_S = 0.25
 CAPS_UNAVAILABLE_RETRY_S = 1.0
+RATELIMIT_UNAVAILABLE = "ratelimit-unavailable"
 
 
 @dataclass(frozen=True)
@@ -57,8 +61,9 @@ class GrantContext:
     places: TargetPlaces
     history: asyncio.Future[HistoryEntry]
     """The job's history, read once for every check and for the grant's record."""
+    permits: PermitClient
     took_place: list[bool] = field(default_factory=lambda: [False])
-    """Whether ``in_flight_cap`` took a new place (rather than keep the job's own)."""
+    """Whether ``in_flight_cap`` took a new place (a refused permit frees it)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -158,6 +163,39 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
+async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
+    """The permit of the request this grant leads to, for a worker that asks the leaser
+    to take it (``sends_request`` true: what workers sent before they took their permits
+    themselves, just before the request). Such a worker sends nothing without it, so
+    during a rolling upgrade every request still pays for exactly one permit: a current
+    worker sends ``sends_request`` false and asks the ratelimit service itself. Last, so
+    no permit is spent on a grant something else refuses; a refusal frees the place the
+    grant took. To be removed once no worker older than the move is left."""
+    req = ctx.request
+    if not req.sends_request:
+        return None
+    reply = await ctx.permits.permit(
+        PermitRequest(
+            target=req.target, worker=req.worker, identity=req.identity, egress=req.egress
+        )
+    )
+    if isinstance(reply, PermitAllowed):
+        return None
+    if ctx.took_place[0]:
+        await ctx.places.free(req.target, req.job_id)
+    if isinstance(reply, PermitWait):
+        return LeaseRefusal(
+            reason="target-held" if reply.limit == "hold" else "rate-limited",
+            retry_after_s=reply.retry_after_s,
+            detail=reply.detail,
+        )
+    return LeaseRefusal(
+        reason=RATELIMIT_UNAVAILABLE,
+        retry_after_s=reply.retry_after_s,
+        detail=f"no rate permit for {req.target} ({reply.reason}: {reply.detail})",
+    )
+
+
 # settled first: the job's own decision is the most final answer. dead_lettered before
 # already_done: a job dead-lettered (its term lost) whose key another job has since
 # committed must end dead only, not also be recorded as that commit's duplicate.
@@ -166,7 +204,7 @@ ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
 """Read-only checks answered from memory (the quarantine watch): run in line, since a
 task each would cost more than the check."""
-TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap,)
+TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 
@@ -192,7 +230,7 @@ async def first_objection(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone 
 
 
 async def taking_objection(ctx: GrantContext) -> LeaseRefusal | None:
-    """The first objection of the taking checks (a place), or None."""
+    """The first objection of the taking checks (a place, then a permit), or None."""
     for check in TAKING_CHECKS:
         verdict = await check(ctx)
         if verdict is not None:

@@ -41,6 +41,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
+from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 from jetfleet.target_places import TargetPlaces
@@ -96,6 +97,7 @@ class Leaser:
         """Bind to the buckets and start answering."""
         self.store = await LeaseStore.open(self.js)
         self.places = TargetPlaces(self.settings)
+        self.permits = PermitClient(self.nc)
         if not await self.places.reachable():
             # Not fatal (Redis may come up later), but say it loudly: until then every
             # grant is refused (caps-unavailable).
@@ -186,7 +188,9 @@ class Leaser:
         # Read beside the checks too: a job whose lease is live takes no place (its
         # holder has it), whether it is this delivery asking again or not.
         live_now = asyncio.create_task(self.store.live(request.job_id))
-        ctx = GrantContext(request, self.settings, self.js, self.quarantine, self.places, history)
+        ctx = GrantContext(
+            request, self.settings, self.js, self.quarantine, self.places, history, self.permits
+        )
         try:
             verdict = await first_objection(ctx)
             if verdict is not None:

@@ -1,0 +1,74 @@
+"""The worker takes each request's rate permit itself, just before the request (issue 9):
+a job refused its permit was never sent, so it keeps its attempt; and a fleet in the
+middle of an upgrade pays exactly one permit per request, whichever side is older.
+
+Real servers: a fresh nats-server, the tests' redis-server, the target simulator, and
+the ratelimit service, scheduler, leaser, sink and workers in this process."""
+
+from __future__ import annotations
+
+from jetfleet.schemas import LeaseGrant, LeaseRefusal
+
+from jetfleet.lease_client import LeaseClient
+from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from tests.conftest import wait_for
+from tests.leasing import ask, order_for
+from tests.queueing.helpers import committed, dead, queue_settings, submit_paths, target
+from tests.stack import InProcessStack
+
+
+async def test_a_job_refused_its_permit_again_and_again_keeps_its_one_attempt(
+    nats_url: str, redis_url: str
+) -> None:
+    jobs = 12
+    async with TargetSimulator(SimulatorConfig()) as site:
+        # 4 requests/s for 32 slots: most permits asked for are refused, and each job
+        # may be attempted once. A refusal that spent the attempt would end the job
+        # dead (attempts-exhausted) on its next grant, never sent.
+        slow = target(site.base_url, rate=4.0, burst=1, max_attempts=1)
+        settings = queue_settings(nats_url, redis_url, {"slow": slow}, concurrency=16)
+        stack = InProcessStack(settings)
+        await stack.start(workers=2)
+        try:
+            js = stack.connections[0].jetstream()
+            paths = [f"/page/{n}" for n in range(jobs)]
+            await submit_paths(js, settings, "slow", paths, "once", handler="http.get")
+
+            async def all_committed() -> bool:
+                return await committed(js, "slow") == jobs
+
+            await wait_for(all_committed, 60, f"the {jobs} jobs committed")
+            assert await dead(js, "slow") == 0
+            refusals = sum(w.stats["refused:rate-limited"] for w in stack.workers)
+            assert refusals >= 1, "no permit was refused: the test proved nothing"
+            assert site.counts()["by_path_kind"] == {"page": jobs}
+        finally:
+            await stack.stop()
+
+
+async def test_a_grant_takes_a_permit_only_for_a_worker_from_before_the_move(
+    nats_url: str, redis_url: str
+) -> None:
+    async with TargetSimulator(SimulatorConfig()) as site:
+        # Room for one request now and the next in 100 s (a fresh limiter state allows
+        # no burst).
+        settings = queue_settings(
+            nats_url, redis_url, {"demo": target(site.base_url, rate=0.01, burst=1)}, 1
+        )
+        stack = InProcessStack(settings)
+        await stack.start(workers=0)
+        try:
+            leases = LeaseClient(stack.connections[0])
+            # An older worker leaves the permit to the grant: the first takes it...
+            older = ask(order_for(settings, "/page/1"), sends_request=True)
+            assert isinstance(await leases.grant(older), LeaseGrant)
+            # ...so the next older worker's grant is refused for the rate.
+            spent = await leases.grant(ask(order_for(settings, "/page/2"), sends_request=True))
+            assert isinstance(spent, LeaseRefusal) and spent.reason == "rate-limited", spent
+            # A current worker takes its own permit just before the request: its grant
+            # takes none (an older leaser would not either, for sends_request false).
+            current = ask(order_for(settings, "/page/3"))
+            assert not current.sends_request
+            assert isinstance(await leases.grant(current), LeaseGrant)
+        finally:
+            await stack.stop()
