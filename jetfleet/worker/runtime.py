@@ -730,6 +730,10 @@ class Worker:
             return judged
         if unrun is not None:
             return unrun
+        if held.lost.is_set():
+            # Lost while its permit was asked for (the keeper had no handler to cancel
+            # yet): no await between this check and the task, so a later loss cancels it.
+            return Verdict("lost", reason="lease-lost", called=False)
         fn, _ = get_handler(order.job.handler)
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
         try:
@@ -797,9 +801,7 @@ class Worker:
         patience_s = 0.0 if held.fence else self.settings.targets[target].max_retry_after_s
         reply = await self._await_permit(target, patience_s)
         if reply is None:
-            if held.lost.is_set():
-                return Verdict("lost", reason="lease-lost", called=False)
-            return None
+            return None  # a loss meanwhile is caught just before the handler starts
         if isinstance(reply, PermitRefused):
             # The limiter cannot be asked: nothing goes to the target until it can.
             self.stats[f"refused:{reply.reason}"] += 1
