@@ -463,6 +463,15 @@ class Worker:
             await self._hand_back(msg, target, "retry-elsewhere", delay)
             return
         wait = self.gate.admit(target)
+        if (
+            wait is not None
+            and not self.settings.fleet.leases
+            and self.gate.waiting_for_permit(target)
+        ):
+            # Without leases every delivery is an attempt: a job fetched while the
+            # target's next permit is not free waits for it in place (``_first_permit``)
+            # rather than spend an attempt going back.
+            wait = None
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
             # probe is out, or its next permit is not free yet (the rest of a fetched
@@ -784,9 +793,10 @@ class Worker:
         handler runs, so the limiter's clock and the request's arrival at the target are
         milliseconds apart (taken at the lease grant, they were up to a quarter second
         apart under load, and the target's windows saw bursts the cap forbids: issue 9).
-        None when taken; otherwise an ``unrun`` verdict: the lease is released with a
-        refund and the job handed back for as long as the answer says, and this worker
-        fetches no more of the target's jobs until then (the gate).
+        None when taken (or ``lost``: the lease went meanwhile); otherwise an ``unrun``
+        verdict: the lease is released with a refund and the job handed back for as long
+        as the answer says, and this worker fetches no more of the target's jobs until
+        then (the gate).
 
         Never waited for holding the lease: the jobs of a fetched batch ask together, and
         waiting, all of them would ask again together at the moment the next permit
@@ -798,8 +808,9 @@ class Worker:
         # Without leases a hand-back is a delivery, and deliveries count as attempts
         # there: a job handed back for its permit would run out of attempts unsent. No
         # lease or place is held, so it waits here (its +WPI beats go on).
-        patience_s = 0.0 if held.fence else self.settings.targets[target].max_retry_after_s
-        reply = await self._await_permit(target, patience_s)
+        leased = bool(held.fence)
+        patience_s = self.settings.targets[target].max_retry_after_s
+        reply = await self._await_permit(target, 0.0 if leased else patience_s, not leased)
         if reply is None:
             return None  # a loss meanwhile is caught just before the handler starts
         if isinstance(reply, PermitRefused):
@@ -820,14 +831,15 @@ class Worker:
         return Verdict("unrun", reason=reason, detail=reply.detail, delay_s=delay, called=False)
 
     async def _await_permit(
-        self, target: str, patience_s: float
+        self, target: str, patience_s: float, through_refusals: bool = False
     ) -> PermitWait | PermitRefused | None:
         """A permit for one request to ``target`` (None), waiting for it while each of
         the limiter's answers says wait no longer than ``patience_s``; else the answer
         that would have us wait longer, or the refusal. Each wait also holds the target
         in this worker (stop fetching its jobs until then) and marks it rate-bound.
-        Several waits in a row (another worker took the permit that freed) are bounded
-        by the caller: an attempt's deadline, or a drain."""
+        With ``through_refusals`` a refusal (no limiter to ask) is waited out the same
+        way. Several waits in a row (another worker took the permit that freed) are
+        bounded by an attempt's deadline for a hop; a drain ends any wait."""
         request = PermitRequest(
             target=target,
             worker=self.worker_id,
@@ -838,14 +850,18 @@ class Worker:
             reply = await self.permits.permit(request)
             if isinstance(reply, PermitAllowed):
                 return None
-            if isinstance(reply, PermitRefused):
-                return reply
             wait = max(MIN_RATE_WAIT_S, reply.retry_after_s)
-            self.rate_pacing.rate_bound(target)
-            self.gate.wait_for_permit(target, wait)
-            if wait > patience_s:
-                return reply
-            await asyncio.sleep(wait)
+            if isinstance(reply, PermitRefused):
+                if not through_refusals or wait > patience_s:
+                    return reply
+            else:
+                self.rate_pacing.rate_bound(target)
+                self.gate.wait_for_permit(target, wait)
+                if wait > patience_s:
+                    return reply
+            await self._pause(wait)
+            if self._stopping.is_set():
+                return reply  # draining: the job goes back now, not after the wait
 
     async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
         """A permanent ``expired`` verdict (not run) for a job past its target's max age,
@@ -1032,12 +1048,17 @@ class Worker:
         if not held.fence:
             return True
         backoff = Backoff()
+        unanswered = False
         while True:
             released = await self.leases.release(order.job.id, held.fence, refund=True)
-            if released is not None:
+            if released or (released is False and not unanswered):
                 return released
-            if not held.may_nak_unanswered():
-                return False
+            # Unanswered, or gone after an unanswered ask (which may have released and
+            # refunded it): whether the nak may follow depends on the delivery's ack
+            # wait, as for any unanswered release.
+            if released is False or not held.may_nak_unanswered():
+                return held.may_nak_unanswered()
+            unanswered = True
             await asyncio.sleep(backoff.next_s())
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
