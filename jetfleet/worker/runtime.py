@@ -723,8 +723,8 @@ class Worker:
 
     async def _nobody_owns_pin(self, msg: Msg, order: WorkOrder) -> bool:
         """Whether the job is pinned to an identity this worker lacks, has had its
-        patience, and no running worker announces the identity (one busy elsewhere does,
-        and its jobs wait for it)."""
+        patience, and no running worker holds a claim on the identity (one busy elsewhere
+        does, and its jobs wait for it)."""
         pin = order.job.pin_identity
         if not pin or pin == self.identity:
             return False
