@@ -281,7 +281,9 @@ async def test_I5_a_failed_challenge_discards_the_identitys_cookies_for_that_tar
         [token] = simulator.sessions_issued()
         assert len(worker.cookies.jar) == 1
         js = nc.jetstream()
-        await submit_jobs(js, settings, "demo", jobs_for("demo", settings, ["/challenge/1"]))
+        # Challenged once: its retry, after the back-off, gets the page.
+        challenge = jobs_for("demo", settings, ["/challenge/1?times=1"])
+        await submit_jobs(js, settings, "demo", challenge)
 
         async def challenged() -> bool:
             return worker.stats["blocked:challenged"] >= 1
@@ -290,14 +292,14 @@ async def test_I5_a_failed_challenge_discards_the_identitys_cookies_for_that_tar
         assert len(worker.cookies.jar) == 0, "the challenged session's cookies were kept"
         jar = tmp_path / "alice" / COOKIES_FILE
         assert token not in jar.read_text(), "the dead session would come back at restart"
+
+        async def requeued_and_done() -> bool:
+            return await committed(js, "demo") == 2
+
+        # The job was requeued, not the session: it ran again and committed.
+        await wait_for(requeued_and_done, 30, "the challenged job to run again")
+        assert (await stack.status()).totals.dead == 0
         # The identity's next request to the target starts a fresh session.
-        await submit_jobs(js, settings, "demo", jobs_for("demo", settings, ["/session/2"]))
-
-        async def asked_again() -> bool:
-            return "/session/2" in dict(simulator.sessions_presented())
-
-        await wait_for(asked_again, 30, "the next request after the hold")
+        await _commit_paths(nc, settings, ["/session/2"], 2)
         assert dict(simulator.sessions_presented())["/session/2"] == ""
-        # The job was requeued, not dead-lettered: it is still queued or leased.
-        status = await stack.status()
-        assert status.totals.dead == 0
+        assert len(simulator.sessions_issued()) == 2

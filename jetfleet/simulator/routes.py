@@ -369,6 +369,11 @@ class TargetRoutes:
         return _with_optional_retry_after(request, _html(blocked_html(), status=403))
 
     async def _challenge(self, request: web.Request) -> web.Response:
+        try:
+            if not self._fails_now(request):
+                return _html(page_html(_page_number(request), self._config.pages))
+        except ValueError as exc:
+            return _bad_request(str(exc))
         return _with_optional_retry_after(request, _html(challenge_html(), status=503))
 
     async def _noselector(self, request: web.Request) -> web.Response:
