@@ -179,3 +179,31 @@ async def test_a_worker_whose_identity_another_worker_took_stops_taking_jobs(
         await worker.drain(1.0)
         holder = await IdentityPresence(js).holder("alice")
         assert holder is not None and holder.worker_id == "w-rival", "its drain released it"
+
+
+async def test_release_deletes_a_claim_whose_revision_moved_and_spares_a_rivals(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "release-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        claim = await presence.claim("id-x", "w-1", ttl_s=2)
+        # A renewal that landed though its answer was lost: the revision moved on.
+        await js.publish(f"$KV.{subjects.BUCKET_WORKERS}.{owned_key('id-x')}", claim.payload)
+        await presence.release(claim)
+        assert await presence.holder("id-x") is None, "a claim still ours was kept"
+        stale = await presence.claim("id-y", "w-1", ttl_s=2)
+
+        async def lapsed() -> bool:
+            return await presence.holder("id-y") is None
+
+        await wait_for(lapsed, 10, "the unrenewed claim to lapse")
+        rival = await presence.claim("id-y", "w-rival", ttl_s=30)
+        await presence.release(stale)  # its owner never noticed it had lapsed
+        holder = await presence.holder("id-y")
+        assert holder is not None and holder.token == rival.token, "a rival's claim was deleted"
+    finally:
+        await nc.close()
