@@ -20,11 +20,12 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
+from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import IdentityOwned
-from jetfleet.identity_presence import IdentityPresence
+from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.settings import IdentitySettings, Settings, validate
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
@@ -198,6 +199,40 @@ async def test_I5_a_killed_owners_claim_lapses_within_its_ttl(
         # expiry is prompt (about a quarter second late at most here).
         assert lapsed_after <= ttl_s + 1.0
         await presence.release(claim)
+    finally:
+        if proc is not None and proc.returncode is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        await nc.close()
+
+
+async def test_I5_jetfleet_worker_whose_identity_another_worker_took_drains_and_exits_non_zero(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path
+) -> None:
+    settings = identity_settings(nats_url, redis_url, simulator, tmp_path, claim_ttl_s=2)
+    nc = await connect_nats(settings.nats, "rival")
+    proc = None
+    try:
+        await declare(nc.jetstream(), settings)
+        presence = IdentityPresence(nc.jetstream())
+        proc = await _cli_worker(settings, tmp_path, "w-cut-off")
+
+        async def claimed() -> bool:
+            holder = await presence.holder("alice")
+            return holder is not None and holder.worker_id == "w-cut-off"
+
+        await wait_for(claimed, 30, "the CLI worker to claim alice")
+        # Its claim lapsed while it was cut off, say, and a rival claimed the identity.
+        kv = await nc.jetstream().key_value(subjects.BUCKET_WORKERS)
+        await kv.delete(owned_key("alice"))
+        await presence.claim("alice", "w-rival", ttl_s=30)
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+        text = stderr.decode(errors="replace")
+        assert proc.returncode == 2, text[-2000:]
+        assert "lost identity alice to worker w-rival" in text
+        assert "worker w-cut-off stopped: another worker holds identity 'alice'" in text
+        holder = await presence.holder("alice")
+        assert holder is not None and holder.worker_id == "w-rival"
     finally:
         if proc is not None and proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
