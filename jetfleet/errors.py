@@ -12,8 +12,8 @@ class ConfigError(JetfleetError):
 
 
 class IdentityOwned(JetfleetError):
-    """Another live worker owns the identity this worker was to claim; the message names
-    it and how long its claim lasts unrenewed."""
+    """Another live worker owns the identity this worker was to claim (the message names
+    it and how long its claim lasts unrenewed), or has taken it from this one."""
 
 
 class NotConnectedError(JetfleetError):
