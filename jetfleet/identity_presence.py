@@ -3,8 +3,9 @@
 A worker with an identity claims the key ``owned.<digest of identity>`` in the
 ``jf-workers`` bucket at start, put-if-absent with a per-key TTL (``worker.claim_ttl_s``)
 judged by the server's clock. While it runs it renews the key every third of that TTL by
-compare-and-set on the revision it last wrote; when it drains it deletes the key (again
-by compare-and-set), so a successor can claim it at once. A worker that crashed stops
+compare-and-set on the revision it last wrote (a claim that lapsed meanwhile is lost, not
+taken again); when it drains it deletes the key (again by compare-and-set), so a
+successor can claim it at once. A worker that crashed stops
 renewing, and the server removes its key when the TTL runs out. A second worker's claim
 of a live key is refused with the owner's name and how long its claim lasts unrenewed
 (docs/identities.md).
@@ -116,25 +117,42 @@ class IdentityPresence:
                 )
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
-            except KeyWrongLastSequenceError:
+            except (KeyWrongLastSequenceError, KeyNotFoundError):
+                # (Not found: the holder's claim lapsed between nats-py's create and its
+                # read of the key.)
                 holder = await self.holder(identity)
+            except Exception:
+                # The answer may be lost though the claim landed (a timeout, a 503 in an
+                # election): left unadopted, it would refuse this very worker's restart
+                # until it lapsed.
+                holder = await self.holder(identity)
+                if holder is None or holder.token != claim.token:
+                    raise
+                claim.revision = holder.revision
+                log.info("worker %s claimed identity %s", worker_id, identity)
+                return claim
             if holder is not None:
                 raise IdentityOwned(_refusal(identity, holder))
             # Gone between the two (its TTL ran out): claim again.
         raise IdentityOwned(f"identity {identity!r} could not be claimed: too much contention")
 
     async def keep(self, claim: IdentityClaim) -> None:
-        """Renew ``claim`` every third of its TTL until cancelled, or until another worker
-        holds the identity (then ``claim.lost`` is set and this returns). Never dies of
-        any other error: a missed renewal is tried again at the next beat, well inside
-        the TTL, and a claim that lapsed meanwhile is taken again if nobody took it."""
+        """Renew ``claim`` every third of its TTL until cancelled, or until it is lost
+        (then ``claim.lost`` is set and this returns): another worker holds the identity,
+        or the claim lapsed unrenewed (another worker may have held it meanwhile and left
+        the identity's state newer than this one's). Never dies of any other error: a
+        missed renewal is tried again at the next beat, well inside the TTL."""
         failing = False
         while True:
             await asyncio.sleep(claim.ttl_s / 3)
+            refused = False
             try:
                 ack = await self.js.publish(
                     _subject(claim.identity),
                     claim.payload,
+                    # Bounded so a hung answer cannot stretch the time a lapsed claim
+                    # goes unnoticed past a beat (docs/identities.md).
+                    timeout=claim.ttl_s / 3,
                     # A fresh dict each time: nats-py adds the TTL header to it.
                     headers={_EXPECTED_LAST: str(claim.revision)},
                     msg_ttl=claim.ttl_s,
@@ -144,15 +162,24 @@ class IdentityPresence:
                 if not is_wrong_last_sequence(exc):
                     failing = _warn_once(failing, claim, exc)
                     continue
-                if not await self._take_back(claim):
-                    claim.lost.set()
-                    return
+                refused = True
             except Exception as exc:
                 # A closed connection, a timeout during an election: if this task died,
                 # the claim would lapse while the worker still uses the identity.
                 # CancelledError is not an Exception, so drain still stops it.
                 failing = _warn_once(failing, claim, exc)
                 continue
+            if refused:
+                # Outside the except clause above: an error reading the holder (a
+                # timeout, a 503) is retried at the next beat like any other.
+                try:
+                    ours = await self._still_ours(claim)
+                except Exception as exc:
+                    failing = _warn_once(failing, claim, exc)
+                    continue
+                if not ours:
+                    claim.lost.set()
+                    return
             if failing:
                 log.info("renewing the claim on identity %s works again", claim.identity)
             failing = False
@@ -207,34 +234,28 @@ class IdentityPresence:
             ttl_s=ttl_s,
         )
 
-    async def _take_back(self, claim: IdentityClaim) -> bool:
-        """After a renewal was refused: whether the claim is ours again. It is when the
-        key holds our token (an earlier renewal landed though its answer was lost), or
-        when it had lapsed and nobody claimed it before we did again."""
+    async def _still_ours(self, claim: IdentityClaim) -> bool:
+        """After a renewal was refused: whether the claim is still ours. It is when the
+        key holds our token (an earlier renewal landed though its answer was lost). A
+        claim that lapsed is not taken again: another worker may have claimed, used and
+        released the identity meanwhile, and its session state is newer than ours."""
         holder = await self.holder(claim.identity)
         if holder is not None and holder.token == claim.token:
             claim.revision = holder.revision
             return True
         if holder is None:
-            try:
-                kv = await self._leader_kv()
-                claim.revision = await kv.create(
-                    owned_key(claim.identity), claim.payload, msg_ttl=claim.ttl_s
-                )
-                log.warning(
-                    "the claim of worker %s on identity %s lapsed unrenewed; claimed again",
-                    claim.worker_id,
-                    claim.identity,
-                )
-                return True
-            except KeyWrongLastSequenceError:
-                holder = await self.holder(claim.identity)
-        log.error(
-            "worker %s lost identity %s to worker %s; it stops using it",
-            claim.worker_id,
-            claim.identity,
-            holder.worker_id if holder is not None else "(unknown)",
-        )
+            log.error(
+                "the claim of worker %s on identity %s lapsed unrenewed; it stops using it",
+                claim.worker_id,
+                claim.identity,
+            )
+        else:
+            log.error(
+                "worker %s lost identity %s to worker %s; it stops using it",
+                claim.worker_id,
+                claim.identity,
+                holder.worker_id,
+            )
         return False
 
     async def _leader_kv(self) -> KeyValue:

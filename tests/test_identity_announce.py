@@ -10,12 +10,13 @@ import msgspec
 import pytest
 
 from jetfleet import identity_presence, subjects
+from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.test_unrunnable import running, unrunnable_settings
+from tests.test_unrunnable import pages, running, unrunnable_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -124,7 +125,7 @@ async def test_a_worker_drains_and_closes_its_session_even_if_its_claim_keeper_d
         assert worker._session.closed, "the drain stopped before closing the HTTP session"
 
 
-async def test_a_claim_that_lapsed_unrenewed_is_taken_again_if_nobody_took_it(
+async def test_a_claim_that_lapsed_unrenewed_is_lost_not_taken_again(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
@@ -138,22 +139,112 @@ async def test_a_claim_that_lapsed_unrenewed_is_taken_again_if_nobody_took_it(
         async def lapsed() -> bool:
             return await presence.holder("id-x") is None
 
-        # A process stalled past its TTL (nothing renewed it meanwhile).
+        # A process stalled past its TTL (nothing renewed it meanwhile): another worker
+        # may have claimed, used and released the identity in between.
         await wait_for(lapsed, 10, "the unrenewed claim to lapse")
         keeper = asyncio.create_task(presence.keep(claim))
         try:
-
-            async def ours_again() -> bool:
-                holder = await presence.holder("id-x")
-                return holder is not None and holder.token == claim.token
-
-            await wait_for(ours_again, 10, "the claim to be taken again")
-            assert not claim.lost.is_set()
+            await asyncio.wait_for(keeper, 10)
+            assert claim.lost.is_set()
+            assert await presence.holder("id-x") is None, "the lapsed claim was taken again"
         finally:
             keeper.cancel()
             await asyncio.gather(keeper, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_a_renewal_that_landed_though_its_answer_was_lost_is_adopted(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "adopt-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        claim = await presence.claim("id-x", "w-1", ttl_s=3)
+        # The renewal landed but its answer never came: the revision moved on unseen.
+        landed = await js.publish(
+            f"$KV.{subjects.BUCKET_WORKERS}.{owned_key('id-x')}", claim.payload, msg_ttl=3
+        )
+        assert landed.seq != claim.revision
+        keeper = asyncio.create_task(presence.keep(claim))
+        try:
+
+            async def renewed_after_it() -> bool:
+                holder = await presence.holder("id-x")
+                return holder is not None and holder.revision > landed.seq
+
+            await wait_for(renewed_after_it, 10, "a renewal on the adopted revision")
+            assert not claim.lost.is_set() and not keeper.done()
+            holder = await presence.holder("id-x")
+            assert holder is not None and holder.token == claim.token
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    finally:
+        await nc.close()
+
+
+async def test_a_failed_read_after_a_refused_renewal_is_retried_and_the_loss_found(
+    nats_url: str,
+    redis_url: str,
+    simulator: TargetSimulator,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "take-back-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        claim = await presence.claim("id-x", "w-1", ttl_s=3)
+        kv = await js.key_value(subjects.BUCKET_WORKERS)
+        await kv.delete(owned_key("id-x"))
+        await IdentityPresence(js).claim("id-x", "w-rival", ttl_s=30)
+        read = presence.holder
+        failed: list[str] = []
+
+        async def unanswered_once(identity: str) -> identity_presence.ClaimHolder | None:
+            # The read of the key after the refused renewal times out once, as during
+            # an election; the next beat's read is answered.
+            if not failed:
+                failed.append(identity)
+                raise TimeoutError
+            return await read(identity)
+
+        monkeypatch.setattr(presence, "holder", unanswered_once)
+        keeper = asyncio.create_task(presence.keep(claim))
+        try:
+            await asyncio.wait_for(asyncio.shield(keeper), 10)
+            assert failed, "the read never failed"
+            assert claim.lost.is_set(), "the loss went unnoticed"
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+    finally:
+        await nc.close()
+
+
+async def test_a_worker_whose_claim_renewal_dies_counts_its_identity_lost(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def broken(self: IdentityPresence, claim: identity_presence.IdentityClaim) -> None:
+        raise RuntimeError("a bug in renewing")
+
+    monkeypatch.setattr(IdentityPresence, "keep", broken)
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+
+        async def quit() -> bool:
+            return worker.quit.is_set()
+
+        await wait_for(quit, 10, "the worker to stop once nothing renews its claim")
+        assert worker.claim is not None and worker.claim.lost.is_set()
+        assert worker._stopping.is_set()
+        await worker.drain(1.0)
 
 
 async def test_a_worker_whose_identity_another_worker_took_stops_taking_jobs(
@@ -207,3 +298,56 @@ async def test_release_deletes_a_claim_whose_revision_moved_and_spares_a_rivals(
         assert holder is not None and holder.token == rival.token, "a rival's claim was deleted"
     finally:
         await nc.close()
+
+
+async def test_a_worker_that_loses_its_identity_stops_its_running_jobs_at_once(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator, timeout_s=120.0)
+    fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
+    worker_settings = msgspec.structs.replace(settings.worker, claim_ttl_s=2)
+    settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker_settings)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+        js = stack.connections[0].jetstream()
+        # Far longer than the waits below and than drain's timeout.
+        [job] = jobs_for("demo", settings, pages(1), handler="test.slow", args={"sleep_s": "90"})
+        await submit_jobs(js, settings, "demo", [job])
+
+        async def in_its_handler() -> bool:
+            return bool(simulator.counts()["total"] == 1) and bool(worker._tasks)
+
+        await wait_for(in_its_handler, 30, "the job to be in its handler")
+        kv = await js.key_value(subjects.BUCKET_WORKERS)
+        await kv.delete(owned_key("alice"))
+        await IdentityPresence(js).claim("alice", "w-rival", ttl_s=30)
+
+        async def stopped() -> bool:
+            return worker.quit.is_set() and not worker._tasks
+
+        await wait_for(stopped, 10, "the running job to be stopped at the loss")
+        await worker.drain(1.0)
+
+
+async def test_a_job_reaching_its_handler_after_the_identity_was_lost_never_runs_it(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+        assert worker.claim is not None
+        # Lost while the job below waits for its first permit: the cancel at the loss
+        # came before it started.
+        worker.claim.lost.set()
+        js = stack.connections[0].jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+
+        async def handed_back() -> bool:
+            return (
+                worker.hand_backs.get(worker="w-alice", target="demo", reason="identity-lost") > 0
+            )
+
+        await wait_for(handed_back, 30, "the job to go back unrun")
+        assert simulator.counts()["total"] == 0, "its handler sent a request"
+        await worker.drain(1.0)

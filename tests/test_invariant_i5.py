@@ -230,7 +230,7 @@ async def test_I5_jetfleet_worker_whose_identity_another_worker_took_drains_and_
         text = stderr.decode(errors="replace")
         assert proc.returncode == 2, text[-2000:]
         assert "lost identity alice to worker w-rival" in text
-        assert "worker w-cut-off stopped: another worker holds identity 'alice'" in text
+        assert "worker w-cut-off stopped: it no longer owns identity 'alice'" in text
         holder = await presence.holder("alice")
         assert holder is not None and holder.worker_id == "w-rival"
     finally:

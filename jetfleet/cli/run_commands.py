@@ -254,8 +254,9 @@ async def _worker(
         await nc.close()
     if worker.claim is not None and worker.claim.lost.is_set():
         raise IdentityOwned(
-            f"worker {worker_id} stopped: another worker holds identity {identity!r} now "
-            "(this worker's claim lapsed unrenewed and was taken)"
+            f"worker {worker_id} stopped: it no longer owns identity {identity!r} (another "
+            "worker holds it, or its claim lapsed unrenewed; started again, it claims it "
+            "afresh and reads its state from its state_dir)"
         )
     return 0
 

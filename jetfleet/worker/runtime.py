@@ -290,17 +290,28 @@ class Worker:
             await self._session.close()
 
     async def _keep_claim(self, claim: IdentityClaim) -> None:
-        """Renew the identity's claim; if another worker holds the identity now, stop
-        taking jobs (those running end as they are: their leases still fence them)."""
-        await self.identities.keep(claim)
+        """Renew the identity's claim; once it is lost (another worker holds the
+        identity, the claim lapsed, or renewing it died), stop taking jobs and cancel the
+        running ones at once: each goes back with its attempt refunded, and none goes on
+        using an identity another worker may be using already."""
+        try:
+            await self.identities.keep(claim)
+        except Exception:
+            # Nothing renews the claim now: it lapses while the identity would still be
+            # used, and another worker may claim it.
+            log.exception("renewing the claim on identity %s died", self.identity)
+            claim.lost.set()
         if claim.lost.is_set():
             log.error(
-                "worker %s no longer owns identity %s: it takes no more jobs",
+                "worker %s no longer owns identity %s: it takes no more jobs and stops "
+                "those running",
                 self.worker_id,
                 self.identity,
             )
             self._stopping.set()
             self.quit.set()
+            for task in list(self._tasks):
+                task.cancel()  # _process_order hands a cancelled job back, refunded
 
     async def _pull_loop(self, lane: WorkLane, tier: str) -> None:
         """Pull one (lane, tier).
@@ -778,6 +789,10 @@ class Worker:
             # Lost while its permit was asked for (the keeper had no handler to cancel
             # yet): no await between this check and the task, so a later loss cancels it.
             return Verdict("lost", reason="lease-lost", called=False)
+        if self.claim is not None and self.claim.lost.is_set():
+            # Lost while its permit was asked for (the cancel at the loss may have missed
+            # a job started just then): the handler must not use the identity.
+            return Verdict("unrun", reason="identity-lost", delay_s=0.0, called=False)
         fn, _ = get_handler(order.job.handler)
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
         try:
