@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 import msgspec
 import pytest
+from nats.js.errors import KeyNotFoundError
 
 from jetfleet import identity_presence, subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
+from jetfleet.errors import IdentityOwned
 from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.server_clock import ServerClock
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
 from tests.conftest import make_settings, sim_target, wait_for
@@ -351,3 +355,83 @@ async def test_a_job_reaching_its_handler_after_the_identity_was_lost_never_runs
         await wait_for(handed_back, 30, "the job to go back unrun")
         assert simulator.counts()["total"] == 0, "its handler sent a request"
         await worker.drain(1.0)
+
+
+async def test_a_claim_whose_first_answer_was_lost_is_adopted_not_left_to_refuse_a_restart(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "lost-answer-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        kv = await presence._leader_kv()
+        create = kv.create
+
+        async def answer_lost(key: str, value: bytes, msg_ttl: float | None = None) -> int:
+            await create(key, value, msg_ttl=msg_ttl)  # it lands ...
+            raise TimeoutError  # ... and its answer never comes
+
+        monkeypatch.setattr(kv, "create", answer_lost)
+        claim = await presence.claim("id-x", "w-1", ttl_s=30)
+        holder = await presence.holder("id-x")
+        assert holder is not None and holder.token == claim.token
+        assert claim.revision == holder.revision
+    finally:
+        await nc.close()
+
+
+async def test_a_claim_that_vanishes_while_its_create_is_checked_is_claimed_again(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "vanished-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js)
+        kv = await presence._leader_kv()
+        create = kv.create
+        vanished: list[str] = []
+
+        async def lapsed_mid_check(key: str, value: bytes, msg_ttl: float | None = None) -> int:
+            # nats-py's create reads the key after a refused write: the holder's claim
+            # lapsed between the two.
+            if not vanished:
+                vanished.append(key)
+                raise KeyNotFoundError
+            return await create(key, value, msg_ttl=msg_ttl)
+
+        monkeypatch.setattr(kv, "create", lapsed_mid_check)
+        claim = await presence.claim("id-x", "w-1", ttl_s=30)
+        assert vanished
+        holder = await presence.holder("id-x")
+        assert holder is not None and holder.token == claim.token
+    finally:
+        await nc.close()
+
+
+async def test_a_refusal_says_how_long_an_aged_claim_lasts_by_the_servers_clock(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    nc = await connect_nats(settings.nats, "aged-test")
+    js = nc.jetstream()
+    try:
+        await declare(js, settings)
+        presence = IdentityPresence(js, ServerClock(nc))
+        await presence.claim("id-x", "w-1", ttl_s=30)
+
+        async def aged() -> bool:
+            holder = await presence.holder("id-x")
+            return holder is not None and holder.left_s is not None and holder.left_s < 28.4
+
+        await wait_for(aged, 10, "the claim to age two seconds")
+        with pytest.raises(IdentityOwned) as refused:
+            await presence.claim("id-x", "w-2", ttl_s=30)
+        found = re.search(r"its claim lasts (\d+) s more unless renewed", str(refused.value))
+        assert found is not None, str(refused.value)
+        assert 20 <= int(found.group(1)) <= 28, "not the TTL minus the claim's age"
+    finally:
+        await nc.close()
