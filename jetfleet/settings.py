@@ -8,7 +8,9 @@ example ``JETFLEET_FLEET__DEDUPE_TTL_S=86400``). Every error names the key and t
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -426,6 +428,13 @@ def validate(settings: Settings) -> None:
     )
     for name, identity in settings.identities.items():
         _validate_identity(name, identity)
+    _validate_state_dirs(settings.identities)
+    _require(
+        len(settings.worker.identity) <= 256
+        and not _CONTROL_CHARS.search(settings.worker.identity),
+        "worker.identity",
+        "at most 256 characters without control characters",
+    )
     owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
     _validate_job_ends(settings)
@@ -458,6 +467,28 @@ def _validate_identity(name: str, identity: IdentitySettings) -> None:
             ) from None
 
 
+def _validate_state_dirs(identities: dict[str, IdentitySettings]) -> None:
+    """Refuse two identities with one state folder: each would read the other's session
+    (its cookies), and their two owners would write one file."""
+    seen: dict[str, str] = {}
+    for name, identity in identities.items():
+        if not identity.state_dir:
+            continue
+        folder = os.path.abspath(identity.state_dir)
+        other = seen.setdefault(folder, name)
+        if other != name:
+            raise ConfigError(
+                f"config: identities.{_toml_key(other)}.state_dir and "
+                f"identities.{_toml_key(name)}.state_dir are both {folder!r}: an identity's "
+                "state is its own; give each identity a folder of its own"
+            )
+
+
+def _toml_key(name: str) -> str:
+    """``name`` as one TOML key, quoted: an identity's name may hold spaces and dots."""
+    return json.dumps(name, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def owned_identity(settings: Settings, identity: str) -> IdentitySettings | None:
     """The declared identity a worker of these settings may own as ``identity``; None
     for no identity, or when none is declared (an identity is then free text).
@@ -473,8 +504,8 @@ def owned_identity(settings: Settings, identity: str) -> IdentitySettings | None
     if declared is None:
         names = ", ".join(sorted(settings.identities))
         raise ConfigError(
-            f"config: worker.identity (or --identity) {identity[:80]!r} is not declared: "
-            f"declare it as [identities.{identity[:80]}] or use one of {names}"
+            f"config: worker.identity (or --identity) {identity!r} is not declared: "
+            f"declare it as [identities.{_toml_key(identity)}] or use one of {names}"
         )
     worker = settings.worker
     key = f"identities.{identity}"

@@ -3,12 +3,16 @@ one of them, and an identity never leaves its region. Pure unit tests (no server
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from jetfleet.dev.settings_file import settings_toml, toml_value
 from jetfleet.errors import ConfigError
-from jetfleet.settings import IdentitySettings, with_identity
+from jetfleet.settings import IdentitySettings, owned_identity, with_identity
+from jetfleet.worker.runtime import Worker
 from tests.test_settings import config_error, load_text
 
 TARGET = '[targets.demo]\nbase_url = "https://example.org/"\n'
@@ -32,7 +36,7 @@ def test_a_worker_identity_that_is_not_declared_is_refused_naming_the_declared_o
 ) -> None:
     message = config_error(tmp_path, TARGET + ALICE + '[worker]\nidentity = "bob"\n')
     assert "worker.identity" in message and "'bob' is not declared" in message
-    assert "[identities.bob]" in message and "alice" in message
+    assert '[identities."bob"]' in message and "alice" in message
 
 
 def test_an_undeclared_identity_from_the_environment_is_refused_too(tmp_path: Path) -> None:
@@ -104,3 +108,53 @@ def test_the_claim_ttl_is_bounded(tmp_path: Path) -> None:
     assert load_text(tmp_path, TARGET).worker.claim_ttl_s == 30.0
     message = config_error(tmp_path, TARGET + "[worker]\nclaim_ttl_s = 1\n")
     assert "worker.claim_ttl_s is invalid" in message and "from 2 to 600" in message
+
+
+def test_two_identities_with_one_state_dir_are_refused_naming_both(tmp_path: Path) -> None:
+    bob = '[identities."bob smith"]\nstate_dir = "/var/lib/jetfleet/alice/"\n'
+    message = config_error(tmp_path, TARGET + ALICE + bob)
+    assert 'identities."alice".state_dir' in message
+    assert 'identities."bob smith".state_dir' in message
+    assert "/var/lib/jetfleet/alice" in message
+
+
+def test_an_undeclared_identity_is_suggested_as_a_toml_table_that_loads_whole(
+    tmp_path: Path,
+) -> None:
+    name = "p.lisbon 2 " + "x" * 150  # a dot and a space, and longer than 80
+    settings = load_text(tmp_path, TARGET + ALICE)
+    with pytest.raises(ConfigError) as refused:
+        owned_identity(settings, name)
+    message = str(refused.value)
+    table = message.split("declare it as ")[1].split(" or use one of")[0]
+    assert list(tomllib.loads(table + "\n")["identities"]) == [name]
+    assert repr(name) in message, "the name was cut short"
+
+
+def test_a_worker_identity_with_a_control_character_is_refused_as_such(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET + ALICE + '[worker]\nidentity = "al\\u0001ice"\n')
+    assert "worker.identity is invalid" in message and "control characters" in message
+    assert "not declared" not in message
+
+
+def test_settings_written_for_jetfleet_dev_load_back_with_any_identity_name(
+    tmp_path: Path,
+) -> None:
+    name = "bot \U0001f600 n\u00e9e"  # beyond the BMP: JSON's \\u escapes are surrogates
+    settings = load_text(tmp_path, TARGET + ALICE)
+    identities = {**settings.identities, name: IdentitySettings(region="eu")}
+    settings = msgspec.structs.replace(settings, identities=identities)
+    assert list(load_text(tmp_path, settings_toml(settings)).identities) == ["alice", name]
+    assert tomllib.loads("k = " + toml_value("a\x7fb\U0001f600"))["k"] == "a\x7fb\U0001f600"
+
+
+def test_an_identity_on_the_command_line_with_a_control_character_is_refused_as_such(
+    tmp_path: Path,
+) -> None:
+    settings = load_text(tmp_path, TARGET + ALICE)
+    with pytest.raises(ConfigError) as refused:
+        # Refused before the connection is touched.
+        Worker(settings, None, "w-1", identity="al\x01ice")  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert "worker.identity (or --identity)" in message and "control characters" in message
+    assert "not declared" not in message

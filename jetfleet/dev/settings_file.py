@@ -10,6 +10,14 @@ import msgspec
 from jetfleet.settings import Settings
 
 
+def toml_string(value: str) -> str:
+    """``value`` as a TOML basic string (also a quoted key). A JSON string is one, but
+    for two things: ``ensure_ascii`` would write a character beyond the BMP as a
+    surrogate pair (``\\ud83d\\ude00``), which TOML refuses, and JSON leaves DEL
+    unescaped, which TOML does not allow raw."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
 def toml_value(value: Any) -> str:
     """One TOML value: booleans, numbers, strings, lists and inline tables."""
     if isinstance(value, bool):
@@ -17,11 +25,13 @@ def toml_value(value: Any) -> str:
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid TOML basic string
+        return toml_string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(toml_value(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+        return (
+            "{" + ", ".join(f"{toml_string(k)} = {toml_value(v)}" for k, v in value.items()) + "}"
+        )
     raise TypeError(f"cannot write {value!r} as TOML")
 
 
@@ -42,6 +52,6 @@ def settings_toml(settings: Settings) -> str:
     tables.update({f"targets.{name}": body for name, body in raw["targets"].items()})
     # An identity's name is free text: quoted, it is one TOML key whatever it holds.
     tables.update(
-        {f"identities.{json.dumps(name)}": body for name, body in raw["identities"].items()}
+        {f"identities.{toml_string(name)}": body for name, body in raw["identities"].items()}
     )
     return toml_tables(tables)

@@ -152,8 +152,12 @@ class Worker:
         # The identity's region and egress fill the worker's where it sets none; a
         # declared identity of another region (or an undeclared one) is refused here,
         # for --identity as for worker.identity.
+        # Names first: an identity with a control character is refused as such, not as
+        # one that is not declared.
+        check_worker_names(worker_id, identity, settings.worker.region, settings.worker.egress)
         declared = owned_identity(settings, identity)
         settings = with_identity(settings, identity)
+        # Again with the region and egress the identity brought.
         check_worker_names(worker_id, identity, settings.worker.region, settings.worker.egress)
         self.settings = settings
         self.nc = nc
