@@ -71,6 +71,13 @@ class IdentityClaim:
     ours on the next read (a worker id alone could be another process's, misconfigured)."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when another worker holds the identity now: this one must stop using it."""
+    valid_until: float = 0.0
+    """Monotonic time before which the claim surely lives: when its last acknowledged
+    write was sent, plus its TTL (the server counts the TTL from a later moment)."""
+
+    def live(self) -> bool:
+        """Whether the claim surely still lives by this process's clock."""
+        return time.monotonic() < self.valid_until
 
     @property
     def payload(self) -> bytes:
@@ -111,10 +118,12 @@ class IdentityPresence:
             identity, worker_id, ttl_whole_seconds(ttl_s), 0, secrets.token_hex(8)
         )
         for _ in range(_CLAIM_TRIES):
+            sent_at = time.monotonic()
             try:
                 claim.revision = await kv.create(
                     owned_key(identity), claim.payload, msg_ttl=claim.ttl_s
                 )
+                claim.valid_until = sent_at + claim.ttl_s
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
             except (KeyWrongLastSequenceError, KeyNotFoundError):
@@ -129,6 +138,7 @@ class IdentityPresence:
                 if holder is None or holder.token != claim.token:
                     raise
                 claim.revision = holder.revision
+                claim.valid_until = sent_at + claim.ttl_s  # written after it was sent
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
             if holder is not None:
@@ -146,6 +156,7 @@ class IdentityPresence:
         while True:
             await asyncio.sleep(claim.ttl_s / 3)
             refused = False
+            sent_at = time.monotonic()
             try:
                 ack = await self.js.publish(
                     _subject(claim.identity),
@@ -158,6 +169,7 @@ class IdentityPresence:
                     msg_ttl=claim.ttl_s,
                 )
                 claim.revision = ack.seq
+                claim.valid_until = sent_at + claim.ttl_s
             except APIError as exc:
                 if not is_wrong_last_sequence(exc):
                     failing = _warn_once(failing, claim, exc)
@@ -241,6 +253,8 @@ class IdentityPresence:
         released the identity meanwhile, and its session state is newer than ours."""
         holder = await self.holder(claim.identity)
         if holder is not None and holder.token == claim.token:
+            # (valid_until stays: when the adopted write was sent is not known; the
+            # next renewal on its revision moves it on.)
             claim.revision = holder.revision
             return True
         if holder is None:

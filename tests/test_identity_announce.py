@@ -435,3 +435,29 @@ async def test_a_refusal_says_how_long_an_aged_claim_lasts_by_the_servers_clock(
         assert 20 <= int(found.group(1)) <= 28, "not the TTL minus the claim's age"
     finally:
         await nc.close()
+
+
+async def test_a_job_never_runs_its_handler_once_the_claim_went_unrenewed_for_its_ttl(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = unrunnable_settings(nats_url, redis_url, simulator)
+    async with running(settings, workers=0) as stack:
+        worker = await stack.add_worker("w-alice", identity="alice")
+        assert worker.claim is not None and worker._claiming is not None
+        assert worker.claim.live()
+        # Its renewals failed for a whole TTL (the server unreachable): the claim may
+        # have lapsed and been taken, though nobody could tell this worker so yet.
+        worker._claiming.cancel()
+        worker.claim.valid_until = 0.0
+        js = stack.connections[0].jetstream()
+        [job] = jobs_for("demo", settings, pages(1))
+        await submit_jobs(js, settings, "demo", [job])
+
+        async def handed_back() -> bool:
+            return (
+                worker.hand_backs.get(worker="w-alice", target="demo", reason="identity-lost") > 0
+            )
+
+        await wait_for(handed_back, 30, "the job to go back unrun")
+        assert simulator.counts()["total"] == 0, "its handler sent a request"
+        await worker.drain(1.0)

@@ -793,9 +793,11 @@ class Worker:
             # Lost while its permit was asked for (the keeper had no handler to cancel
             # yet): no await between this check and the task, so a later loss cancels it.
             return Verdict("lost", reason="lease-lost", called=False)
-        if self.claim is not None and self.claim.lost.is_set():
+        if self.claim is not None and (self.claim.lost.is_set() or not self.claim.live()):
             # Lost while its permit was asked for (the cancel at the loss may have missed
-            # a job started just then): the handler must not use the identity.
+            # a job started just then), or unrenewed for its TTL by this worker's clock
+            # (lapsed, maybe taken, though the server could not say so yet): the handler
+            # must not use the identity.
             return Verdict("unrun", reason="identity-lost", delay_s=0.0, called=False)
         fn, _ = get_handler(order.job.handler)
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
