@@ -198,9 +198,9 @@ class IdentityPresence:
 
     async def release(self, claim: IdentityClaim) -> None:
         """Delete the claim if it is still ours, so a successor may claim the identity at
-        once. Never raises: a claim not released lapses by its TTL."""
-        if claim.lost.is_set():
-            return
+        once. Never raises: a claim not released lapses by its TTL. Tried after a loss
+        too: a claim counted lost because renewing it died may still be ours, and the
+        compare-and-set and the token spare a rival's."""
         try:
             kv = await self._leader_kv()
             for _ in range(2):

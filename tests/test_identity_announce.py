@@ -249,6 +249,8 @@ async def test_a_worker_whose_claim_renewal_dies_counts_its_identity_lost(
         assert worker.claim is not None and worker.claim.lost.is_set()
         assert worker._stopping.is_set()
         await worker.drain(1.0)
+        holder = await IdentityPresence(stack.connections[0].jetstream()).holder("alice")
+        assert holder is None, "still its own, the claim was left to lapse: a restart waits"
 
 
 async def test_a_worker_whose_identity_another_worker_took_stops_taking_jobs(

@@ -282,7 +282,7 @@ class Worker:
             with contextlib.suppress(Exception):
                 await _stop(self._claiming)
         if self.claim is None or not self.claim.lost.is_set():
-            # (An identity lost to another worker is its state now, folder and all.)
+            # (A lost identity may be another worker's now, its state folder and all.)
             try:
                 self.cookies.save()
             except OSError as exc:
