@@ -1,0 +1,182 @@
+"""``jetfleet serve quarantine`` against real servers: outcome events from a real worker,
+challenged by the simulator, retire its identity for that target through the leaser
+(DESIGN.md I6: the identity keeps working for its other targets), at N and not at N-1;
+a replica started later, replaying the window, does not set the record again."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from jetfleet.schemas import Outcome, Versions
+from jetfleet.schemas.lease import QuarantineList, QuarantineRecord, QuarantineRelease
+from jetfleet.services.quarantine import QuarantineService
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.cli.quarantine_commands import send
+from jetfleet.settings import QuarantineRule, QuarantineSettings, Settings
+from jetfleet.simulator import TargetSimulator
+from tests.conftest import make_settings, sim_target, wait_for
+from tests.queueing.helpers import committed, submit_paths
+from tests.stack import InProcessStack
+
+SHOP, NEWS = "shop", "news"
+IDENTITY = "id-a"
+RETIRE = QuarantineRule(
+    name="retire-3-challenges",
+    on="challenged",
+    scope="identity",
+    count=3,
+    window_s=600.0,
+    action="retire",
+    for_s=3600.0,
+)
+
+
+@pytest.fixture
+def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    """Two targets on one simulator, and one rule: 3 challenges in 10 minutes retire."""
+    target = sim_target(simulator)
+    base = make_settings(nats_url, redis_url, {SHOP: target, NEWS: target})
+    return msgspec.structs.replace(base, quarantine=QuarantineSettings(rules=(RETIRE,)))
+
+
+async def records(settings: Settings) -> list[QuarantineRecord]:
+    """The quarantines in force, as the leaser lists them."""
+    reply = await send(settings, QuarantineList())
+    assert reply.ok, reply.detail
+    return reply.records
+
+
+async def read_everything(nc: NatsClient, replica: QuarantineService) -> None:
+    """Wait until ``replica`` has read every outcome event stored so far."""
+    js = nc.jetstream()
+    last = (await js.stream_info(subjects.STREAM_OUTCOMES)).state.last_seq
+
+    async def caught_up() -> bool:
+        return (replica.next_seq or 0) > last
+
+    await wait_for(caught_up, 30.0, f"the quarantine service to read outcome {last}")
+
+
+async def challenge_jobs(nc: NatsClient, settings: Settings, count: int) -> list[str]:
+    """``count`` jobs on SHOP whose first request is challenged, the next answered."""
+    paths = [f"/challenge/{n}?times=1" for n in range(count)]
+    jobs = await submit_paths(nc.jetstream(), settings, SHOP, paths, "ch")
+    return [job.id for job in jobs]
+
+
+async def test_I6_three_challenges_retire_the_identity_for_that_target_only(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replica = await services.add_quarantine()
+    await services.add_worker("w-0", identity=IDENTITY)
+    challenged = await challenge_jobs(nc, settings, 3)
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the identity's retirement on shop")
+    (record,) = await records(settings)
+    assert (record.scope, record.name, record.target) == ("identity", IDENTITY, SHOP)
+    assert (record.set_by, record.for_s) == ("rule:retire-3-challenges", 3600.0)
+    assert sorted(e.job_id for e in record.evidence) == sorted(challenged)
+    assert {e.reason for e in record.evidence} == {"challenged"}
+    assert "rule retire-3-challenges: 3 challenged outcome(s)" in record.reason
+    assert "within 600 s" in record.reason
+    assert all(job in record.reason for job in challenged)
+
+    # Retired for shop only: the same identity keeps committing for news.
+    await submit_paths(nc.jetstream(), settings, NEWS, ["/page/1", "/page/2"], "news")
+
+    async def news_committed() -> bool:
+        return await committed(nc.jetstream(), NEWS) == 2
+
+    await wait_for(news_committed, 30.0, "news jobs committed by the retired identity")
+    assert await committed(nc.jetstream(), SHOP) < 3
+    await read_everything(nc, replica)
+    assert [(r.name, r.target) for r in await records(settings)] == [(IDENTITY, SHOP)]
+
+
+async def test_two_challenges_of_three_retire_nothing(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replica = await services.add_quarantine()
+    await services.add_worker("w-0", identity=IDENTITY)
+    await challenge_jobs(nc, settings, 2)
+
+    async def both_committed() -> bool:
+        return await committed(nc.jetstream(), SHOP) == 2
+
+    await wait_for(both_committed, 30.0, "the challenged jobs committed on their retry")
+    await read_everything(nc, replica)
+    assert await records(settings) == []
+    assert replica.fired.values == {}
+    assert replica.events.get(verdict="counted") >= 4  # two challenged, two ok
+
+
+async def test_a_replica_started_later_does_not_set_a_released_record_again(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    first = await services.add_quarantine()
+    await services.add_worker("w-0", identity=IDENTITY)
+    await challenge_jobs(nc, settings, 3)
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the identity's retirement on shop")
+    await read_everything(nc, first)
+    released = await send(settings, QuarantineRelease(scope="identity", name=IDENTITY, target=SHOP))
+    assert released.ok and await records(settings) == []
+
+    # A new replica reads the same window again from the stream: the rule is met again
+    # by the same evidence, and the fired marker keeps the operator's release.
+    second = await services.add_quarantine()
+    await read_everything(nc, second)
+    assert await records(settings) == []
+    labels = {"rule": RETIRE.label, "target": SHOP}
+    assert second.fired.get(outcome="already-fired", **labels) == 1
+    assert second.fired.get(outcome="set", **labels) == 0
+
+
+def _challenged(target: str, job_id: str) -> bytes:
+    event = Outcome(
+        job_id=job_id,
+        target=target,
+        worker="w-far",
+        attempt=1,
+        kind="blocked",
+        duration_s=0.1,
+        versions=Versions(jetfleet="0", handler="http.get@0"),
+        identity=IDENTITY,
+        reason="challenged",
+    )
+    return msgspec.json.encode(event)
+
+
+async def test_unreadable_events_and_undeclared_targets_count_for_nothing(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    await js.publish(subjects.outcome(SHOP, "garbled"), b"{not json")
+    await js.publish(subjects.outcome(SHOP, "elsewhere"), _challenged(SHOP, "other-job"))
+    for n in range(3):
+        await js.publish(subjects.outcome("ghost", f"g{n}"), _challenged("ghost", f"g{n}"))
+    for n in range(2):
+        await js.publish(subjects.outcome(SHOP, f"s{n}"), _challenged(SHOP, f"s{n}"))
+    await read_everything(nc, replica)
+    assert replica.events.get(verdict="skipped") == 2  # undecodable; names another job
+    assert replica.events.get(verdict="unknown-target") == 3
+    assert await records(settings) == []
+
+    # Two counted, so the third readable challenge on shop retires the identity.
+    await js.publish(subjects.outcome(SHOP, "s2"), _challenged(SHOP, "s2"))
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the retirement from the third counted challenge")
+    (record,) = await records(settings)
+    assert [e.job_id for e in record.evidence] == ["s0", "s1", "s2"]
