@@ -124,7 +124,8 @@ class QuarantineService:
         self.clock = ServerClock(nc, subjects.STREAM_OUTCOMES)
         self.events = CounterFamily(
             "jetfleet_quarantine_events_total",
-            "Outcome events read by the quarantine service: counted, or skipped (unreadable)",
+            "Outcome events read by the quarantine service: counted, skipped (unreadable) or "
+            "unknown-target",
         )
         self.fired = CounterFamily(
             "jetfleet_quarantine_fired_total",
