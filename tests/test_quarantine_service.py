@@ -180,3 +180,25 @@ async def test_unreadable_events_and_undeclared_targets_count_for_nothing(
     await wait_for(retired, 30.0, "the retirement from the third counted challenge")
     (record,) = await records(settings)
     assert [e.job_id for e in record.evidence] == ["s0", "s1", "s2"]
+
+
+async def test_by_default_one_block_cools_the_worker_off_that_target(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    defaults = msgspec.structs.replace(settings, quarantine=QuarantineSettings())
+    replica = QuarantineService(defaults, services.connections[0])
+    await replica.start()
+    try:
+        await services.add_worker("w-0", identity=IDENTITY)
+        await submit_paths(nc.jetstream(), settings, SHOP, ["/blocked/1?times=1"], "bl")
+
+        async def cooled() -> bool:
+            return bool(await records(settings))
+
+        await wait_for(cooled, 30.0, "the worker cooled off shop")
+        (record,) = await records(settings)
+        assert (record.scope, record.name, record.target) == ("worker", "w-0", SHOP)
+        assert (record.set_by, record.for_s) == ("rule:cool-after-block", 300.0)
+        assert [e.reason for e in record.evidence] == ["blocked"]
+    finally:
+        await replica.drain(5.0)
