@@ -153,6 +153,7 @@ def test_two_dev_stacks_serve_the_cli_and_stop_leaving_no_process(
 
     children = first.descendants() + second.descendants()
     # nats, redis, every service (the quarantine service too), 2 workers each.
+    assert "quarantine" in SERVICE_NAMES
     for stack in (first, second):
         names = [" ".join(p.cmdline()) for p in stack.descendants()]
         for service in SERVICE_NAMES:
