@@ -201,6 +201,7 @@ async def run_micro(reports: int, mode: str, keep: bool) -> dict[str, Any]:
                             key=o.key,
                             worker="bench-w",
                             versions=VERSIONS,
+                            sends_request=False,  # a current worker's grant: no permit
                         )
                     )
                     if not isinstance(reply, LeaseGrant):

@@ -110,6 +110,7 @@ def _request(job_id: str) -> LeaseRequest:
         key=f"key-{job_id}",
         worker="bench-worker",
         versions=Versions(jetfleet=jetfleet.__version__, handler="noop@1"),
+        sends_request=False,  # as a current worker: it takes its permits itself
         reply_subject="",
     )
 

@@ -11,6 +11,11 @@ class ConfigError(JetfleetError):
     """The configuration is invalid; the message names the key and says what to fix."""
 
 
+class IdentityOwned(JetfleetError):
+    """Another live worker owns the identity this worker was to claim (the message names
+    it and how long its claim lasts unrenewed), or has taken it from this one."""
+
+
 class NotConnectedError(JetfleetError):
     """A client call was made before connecting or after closing."""
 

@@ -1,33 +1,49 @@
-"""Which identities some running worker owns, so a job pinned to one nobody owns can be
-ended (``no-eligible-worker``) while a job pinned to a busy owner waits for it.
+"""Which worker owns an identity: exactly one live owner at a time, judged by the server.
 
-Each worker with an identity keeps the key ``owned.<digest of identity>`` in the
-``jf-workers`` bucket alive: it writes it every ``ANNOUNCE_EVERY_S`` with a per-key
-TTL of ``OWNED_TTL_S``, judged by the server's clock. The key is gone within that TTL
-after the last owner stops. Readers cache each answer for ``CACHE_S``.
+A worker with an identity claims the key ``owned.<digest of identity>`` in the
+``jf-workers`` bucket at start, put-if-absent with a per-key TTL (``worker.claim_ttl_s``)
+judged by the server's clock. While it runs it renews the key every third of that TTL by
+compare-and-set on the revision it last wrote; when it drains it deletes the key (again
+by compare-and-set), so a successor can claim it at once. A worker that crashed stops
+renewing, and the server removes its key when the TTL runs out. A second worker's claim
+of a live key is refused with the owner's name and how long its claim lasts unrenewed
+(docs/identities.md).
+
+The same key tells workers without the identity that a job pinned to it has an owner to
+wait for (``owned``), so a job pinned to one nobody owns can be ended
+(``no-eligible-worker``). Readers cache each answer for ``CACHE_S``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import logging
+import secrets
 import time
+from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.errors import IdentityOwned
+from jetfleet.js_errors import is_wrong_last_sequence
+from jetfleet.leader_reads import last_message, leader_bucket
+from jetfleet.lease_store import ttl_whole_seconds
+from jetfleet.server_clock import ServerClock
 
 log = logging.getLogger(__name__)
 
-OWNED_TTL_S = 30
-ANNOUNCE_EVERY_S = OWNED_TTL_S / 3
 CACHE_S = 5.0
 # Answers kept at most; a reader asked about ever more identities must not grow without
 # bound (stale answers are dropped first, then the oldest).
 CACHE_MAX = 1024
+# Claims tried when the key vanishes between a refused create and the read of its owner.
+_CLAIM_TRIES = 5
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 
 
 def owned_key(identity: str) -> str:
@@ -36,39 +52,198 @@ def owned_key(identity: str) -> str:
     return "owned." + hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
-class IdentityPresence:
-    """Announce this worker's identity; ask whether anyone owns another."""
+def _subject(identity: str) -> str:
+    return f"$KV.{subjects.BUCKET_WORKERS}.{owned_key(identity)}"
 
-    def __init__(self, js: JetStreamContext) -> None:
+
+@dataclass
+class IdentityClaim:
+    """A claim this worker holds: what it wrote, and the revision that proves it."""
+
+    identity: str
+    worker_id: str
+    ttl_s: int
+    """The claim's TTL on the server, whole seconds."""
+    revision: int
+    token: str
+    """Written with the claim, so a renewal whose answer was lost can be recognised as
+    ours on the next read (a worker id alone could be another process's, misconfigured)."""
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when another worker holds the identity now: this one must stop using it."""
+
+    @property
+    def payload(self) -> bytes:
+        return f"{self.identity}\n{self.worker_id}\n{self.token}".encode()
+
+
+@dataclass(frozen=True)
+class ClaimHolder:
+    """Who holds a claim, as read from the server."""
+
+    worker_id: str
+    token: str
+    revision: int
+    left_s: float | None
+    """How long the claim lasts if its owner does not renew it (None: unknown)."""
+    ttl_s: int
+
+
+class IdentityPresence:
+    """Claim, renew and release this worker's identity; ask whether anyone owns another."""
+
+    def __init__(self, js: JetStreamContext, clock: ServerClock | None = None) -> None:
         self.js = js
+        self.clock = clock
         self._answers: dict[str, tuple[bool, float]] = {}
         self._kv: KeyValue | None = None
+        self._leader: KeyValue | None = None
 
-    async def announce(self, identity: str, worker_id: str) -> None:
-        """Keep ``identity`` marked owned until cancelled. Never dies of an error: a
-        missed beat is retried at the next, well inside the TTL."""
-        subject = f"$KV.{subjects.BUCKET_WORKERS}.{owned_key(identity)}"
-        payload = f"{identity}\n{worker_id}".encode()
+    async def claim(self, identity: str, worker_id: str, ttl_s: float) -> IdentityClaim:
+        """Claim ``identity`` for ``worker_id`` if no live worker holds it.
+
+        Raises:
+            IdentityOwned: another worker's claim is live; the message names it and how
+                long its claim lasts unrenewed.
+        """
+        kv = await self._leader_kv()
+        claim = IdentityClaim(
+            identity, worker_id, ttl_whole_seconds(ttl_s), 0, secrets.token_hex(8)
+        )
+        for _ in range(_CLAIM_TRIES):
+            try:
+                claim.revision = await kv.create(
+                    owned_key(identity), claim.payload, msg_ttl=claim.ttl_s
+                )
+                log.info("worker %s claimed identity %s", worker_id, identity)
+                return claim
+            except KeyWrongLastSequenceError:
+                holder = await self.holder(identity)
+            if holder is not None:
+                raise IdentityOwned(_refusal(identity, holder))
+            # Gone between the two (its TTL ran out): claim again.
+        raise IdentityOwned(f"identity {identity!r} could not be claimed: too much contention")
+
+    async def keep(self, claim: IdentityClaim) -> None:
+        """Renew ``claim`` every third of its TTL until cancelled, or until another worker
+        holds the identity (then ``claim.lost`` is set and this returns). Never dies of
+        any other error: a missed renewal is tried again at the next beat, well inside
+        the TTL, and a claim that lapsed meanwhile is taken again if nobody took it."""
         failing = False
         while True:
+            await asyncio.sleep(claim.ttl_s / 3)
             try:
-                await self.js.publish(subject, payload, msg_ttl=OWNED_TTL_S)
+                ack = await self.js.publish(
+                    _subject(claim.identity),
+                    claim.payload,
+                    # A fresh dict each time: nats-py adds the TTL header to it.
+                    headers={_EXPECTED_LAST: str(claim.revision)},
+                    msg_ttl=claim.ttl_s,
+                )
+                claim.revision = ack.seq
+            except APIError as exc:
+                if not is_wrong_last_sequence(exc):
+                    failing = _warn_once(failing, claim, exc)
+                    continue
+                if not await self._take_back(claim):
+                    claim.lost.set()
+                    return
             except Exception as exc:
-                # Any error (an APIError such as a 503 during a leader election or a full
-                # store, a closed connection): if this task died, the key would expire
-                # and this owner's pinned jobs would be ended as having no owner.
+                # A closed connection, a timeout during an election: if this task died,
+                # the claim would lapse while the worker still uses the identity.
                 # CancelledError is not an Exception, so drain still stops it.
-                if not failing:
-                    log.warning("announcing identity %s failed (%r); retrying", identity, exc)
-                failing = True
-            else:
-                if failing:
-                    log.info("announcing identity %s works again", identity)
-                failing = False
-            await asyncio.sleep(ANNOUNCE_EVERY_S)
+                failing = _warn_once(failing, claim, exc)
+                continue
+            if failing:
+                log.info("renewing the claim on identity %s works again", claim.identity)
+            failing = False
+
+    async def release(self, claim: IdentityClaim) -> None:
+        """Delete the claim if it is still ours, so a successor may claim the identity at
+        once. Never raises: a claim not released lapses by its TTL."""
+        if claim.lost.is_set():
+            return
+        try:
+            kv = await self._leader_kv()
+            for _ in range(2):
+                try:
+                    await kv.delete(owned_key(claim.identity), last=claim.revision)
+                    log.info("worker %s released identity %s", claim.worker_id, claim.identity)
+                    return
+                except (KeyWrongLastSequenceError, APIError) as exc:
+                    if isinstance(exc, APIError) and not is_wrong_last_sequence(exc):
+                        raise
+                    # A renewal whose answer was lost moved the revision: ours still?
+                    holder = await self.holder(claim.identity)
+                    if holder is None or holder.token != claim.token:
+                        return
+                    claim.revision = holder.revision
+        except Exception as exc:
+            log.warning(
+                "releasing identity %s failed (%r); it is free again within %d s",
+                claim.identity,
+                exc,
+                claim.ttl_s,
+            )
+
+    async def holder(self, identity: str) -> ClaimHolder | None:
+        """Who holds ``identity`` now, as the stream's leader has it; None if nobody."""
+        stream = f"KV_{subjects.BUCKET_WORKERS}"
+        msg = await last_message(self.js, stream, _subject(identity))
+        headers = msg.headers if msg is not None else None
+        if msg is None or not msg.data or (headers or {}).get("KV-Operation"):
+            return None  # never claimed, or released (a delete marker)
+        lines = msg.data.decode(errors="replace").split("\n")
+        ttl_s = int((headers or {}).get("Nats-TTL", "0").rstrip("s") or 0)
+        left_s = None
+        now = await self.clock.now() if self.clock is not None else None
+        if now is not None and msg.time is not None and ttl_s:
+            stored = msg.time.astimezone(datetime.UTC)
+            left_s = max(0.0, ttl_s - (now - stored).total_seconds())
+        return ClaimHolder(
+            worker_id=lines[1] if len(lines) > 1 else "",
+            token=lines[2] if len(lines) > 2 else "",
+            revision=msg.seq or 0,
+            left_s=left_s,
+            ttl_s=ttl_s,
+        )
+
+    async def _take_back(self, claim: IdentityClaim) -> bool:
+        """After a renewal was refused: whether the claim is ours again. It is when the
+        key holds our token (an earlier renewal landed though its answer was lost), or
+        when it had lapsed and nobody claimed it before we did again."""
+        holder = await self.holder(claim.identity)
+        if holder is not None and holder.token == claim.token:
+            claim.revision = holder.revision
+            return True
+        if holder is None:
+            try:
+                kv = await self._leader_kv()
+                claim.revision = await kv.create(
+                    owned_key(claim.identity), claim.payload, msg_ttl=claim.ttl_s
+                )
+                log.warning(
+                    "the claim of worker %s on identity %s lapsed unrenewed; claimed again",
+                    claim.worker_id,
+                    claim.identity,
+                )
+                return True
+            except KeyWrongLastSequenceError:
+                holder = await self.holder(claim.identity)
+        log.error(
+            "worker %s lost identity %s to worker %s; it stops using it",
+            claim.worker_id,
+            claim.identity,
+            holder.worker_id if holder is not None else "(unknown)",
+        )
+        return False
+
+    async def _leader_kv(self) -> KeyValue:
+        if self._leader is None:
+            self._leader = await leader_bucket(self.js, subjects.BUCKET_WORKERS)
+        return self._leader
 
     async def owned(self, identity: str) -> bool:
-        """Whether some running worker announced ``identity`` within the TTL. When it
+        """Whether some running worker holds ``identity`` (its claim lives). When it
         cannot be read, the answer is yes: a pinned job then waits rather than ends."""
         cached = self._answers.get(identity)
         if cached is not None and time.monotonic() - cached[1] < CACHE_S:
@@ -78,7 +253,7 @@ class IdentityPresence:
                 self._kv = await self.js.key_value(subjects.BUCKET_WORKERS)
             entry = await self._kv.get(owned_key(identity))
             answer = bool(entry.value)
-        except KeyNotFoundError:  # KeyDeletedError is a subclass: the TTL ran out
+        except KeyNotFoundError:  # KeyDeletedError is a subclass: released, or lapsed
             answer = False
         except Exception as exc:  # an outage must not end anybody's jobs
             log.warning("cannot tell whether identity %s is owned (%s)", identity, exc)
@@ -96,3 +271,24 @@ class IdentityPresence:
                 del self._answers[next(iter(self._answers))]
         self._answers.pop(identity, None)  # re-inserted last: the order is by age
         self._answers[identity] = (answer, now)
+
+
+def _refusal(identity: str, holder: ClaimHolder) -> str:
+    owner = holder.worker_id or "(unnamed)"
+    if holder.left_s is not None:
+        lasts = f"its claim lasts {holder.left_s:.0f} s more unless renewed"
+    else:
+        lasts = f"its claim lasts up to {holder.ttl_s} s more unless renewed"
+    return (
+        f"identity {identity!r} is owned by worker {owner!r} ({lasts}; a live owner renews "
+        f"it every {holder.ttl_s / 3:g} s): an identity has one live owner. Drain worker "
+        f"{owner!r} first (its claim is released at once), wait for the claim of a "
+        "worker that crashed to lapse, or start this worker with another identity"
+    )
+
+
+def _warn_once(failing: bool, claim: IdentityClaim, exc: Exception) -> bool:
+    """Log the first failure of a streak; True (now failing)."""
+    if not failing:
+        log.warning("renewing the claim on identity %s failed (%r); retrying", claim.identity, exc)
+    return True

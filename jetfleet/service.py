@@ -30,13 +30,17 @@ class Service(Protocol):
 
 
 async def serve_until_signalled(
-    service: Service, drain_timeout_s: float = 30.0, metrics_port: int | None = None
+    service: Service,
+    drain_timeout_s: float = 30.0,
+    metrics_port: int | None = None,
+    stop: asyncio.Event | None = None,
 ) -> None:
-    """Start ``service`` and run it until SIGINT or SIGTERM, then drain it.
+    """Start ``service`` and run it until SIGINT or SIGTERM (or until ``stop`` is set, by
+    the service itself), then drain it.
 
     With ``metrics_port`` (0 picks a free one) its counters are served on ``/metrics``.
     """
-    stop = asyncio.Event()
+    stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

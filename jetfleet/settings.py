@@ -7,6 +7,7 @@ example ``JETFLEET_FLEET__DEDUPE_TTL_S=86400``). Every error names the key and t
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import tomllib
@@ -65,6 +66,22 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """How old (by the NATS server's clock, from when its work order was stored) a job of
     this target may grow before it is dead-lettered ``expired`` instead of run; 0 takes
     ``fleet.max_job_age_s``."""
+
+
+class IdentitySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One identity a worker may own: its session state and where its traffic leaves
+    from (docs/identities.md). At most one running worker owns it at a time."""
+
+    state_dir: str = ""
+    """Folder the identity's cookie jar is kept in between runs; empty keeps it in the
+    worker's memory only. It never leaves the worker."""
+    egress: str = ""
+    """The egress label its requests leave by (``worker.egress``, which must agree)."""
+    subnet: str = ""
+    """The egress's network, such as ``10.1.0.0/24``."""
+    region: str = ""
+    """The region it belongs to: only a worker of this region (``worker.region``) may own
+    it."""
 
 
 class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -172,6 +189,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
         default_factory=lambda: {"high": 0.5, "normal": 0.3, "bulk": 0.2}
     )
     """Each priority tier's guaranteed share of the worker's slots (idle ones are lent)."""
+    claim_ttl_s: float = 30.0
+    """How long this worker's claim on its identity lasts unrenewed, by the NATS server's
+    clock (whole seconds); it is renewed every third of it. A worker that crashed frees
+    its identity this long after its last renewal; one that drains frees it at once."""
     report_patience_s: float = 600.0
     """How long a finished job's report is sent again while the sink is busy, silent or
     absent (its lease, slot and pending place kept all along) before the worker gives up:
@@ -255,6 +276,10 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     worker: WorkerSettings = WorkerSettings()
     quarantine: QuarantineSettings = QuarantineSettings()
     targets: dict[str, TargetSettings] = {}
+    identities: dict[str, IdentitySettings] = {}
+    """Identities workers may own; when any is declared, a worker's identity must be one
+    of them. None declared: an identity is free text, with no state folder, region or
+    egress of its own."""
 
     def target(self, name: str) -> TargetSettings:
         """The declared target ``name``; raises ConfigError if it is not declared."""
@@ -349,8 +374,17 @@ def _convert(raw: dict[str, Any], source: str, origins: dict[str, str]) -> Setti
         name: _convert_part(body, TargetSettings, source, f"targets.{name}", origins)
         for name, body in raw_targets.items()
     }
+    raw_identities = raw.pop("identities", {})
+    if not isinstance(raw_identities, dict):
+        raise ConfigError(
+            f"config ({source}): identities must be a table of [identities.NAME] tables"
+        )
+    identities = {
+        name: _convert_part(body, IdentitySettings, source, f"identities.{name}", origins)
+        for name, body in raw_identities.items()
+    }
     settings = _convert_part(raw, Settings, source, "", origins)
-    return msgspec.structs.replace(settings, targets=targets)
+    return msgspec.structs.replace(settings, targets=targets, identities=identities)
 
 
 def _convert_part(
@@ -453,9 +487,98 @@ def validate(settings: Settings) -> None:
     _require(settings.nats.replicas in (1, 3, 5), "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
+    _require(
+        2 <= settings.worker.claim_ttl_s <= 600,
+        "worker.claim_ttl_s",
+        "a number of seconds from 2 to 600 (30 by default; renewed every third of it)",
+    )
+    for name, identity in settings.identities.items():
+        _validate_identity(name, identity)
+    owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
     _validate_job_ends(settings)
     _validate_quarantine(settings.quarantine)
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _validate_identity(name: str, identity: IdentitySettings) -> None:
+    key = f"identities.{name}"
+    _require(
+        0 < len(name) <= 256 and not _CONTROL_CHARS.search(name),
+        key,
+        "a name of 1 to 256 characters without control characters (as worker.identity)",
+    )
+    for field in ("egress", "region"):
+        value = getattr(identity, field)
+        _require(
+            len(value) <= 256 and not _CONTROL_CHARS.search(value),
+            f"{key}.{field}",
+            "at most 256 characters without control characters",
+        )
+    if identity.subnet:
+        try:
+            ipaddress.ip_network(identity.subnet)
+        except ValueError as exc:
+            raise ConfigError(
+                f"config: {key}.subnet is invalid ({exc}): set it to a network such as "
+                "10.1.0.0/24 or 2001:db8::/64 (host bits zero)"
+            ) from None
+
+
+def owned_identity(settings: Settings, identity: str) -> IdentitySettings | None:
+    """The declared identity a worker of these settings may own as ``identity``; None
+    for no identity, or when none is declared (an identity is then free text).
+
+    Raises:
+        ConfigError: identities are declared and ``identity`` is not one of them, or it
+            belongs to another region (an identity never leaves its region) or egress
+            than the worker's.
+    """
+    if not identity or not settings.identities:
+        return None
+    declared = settings.identities.get(identity)
+    if declared is None:
+        names = ", ".join(sorted(settings.identities))
+        raise ConfigError(
+            f"config: worker.identity (or --identity) {identity[:80]!r} is not declared: "
+            f"declare it as [identities.{identity[:80]}] or use one of {names}"
+        )
+    worker = settings.worker
+    key = f"identities.{identity}"
+    if declared.region and worker.region and declared.region != worker.region:
+        raise ConfigError(
+            f"config: worker.region is {worker.region!r} but {key}.region is "
+            f"{declared.region!r}: an identity never leaves its region; run {identity!r} "
+            f"on a worker of region {declared.region!r}, or give this worker another identity"
+        )
+    if declared.egress and worker.egress and declared.egress != worker.egress:
+        raise ConfigError(
+            f"config: worker.egress is {worker.egress!r} but {key}.egress is "
+            f"{declared.egress!r}: an identity's requests leave by its own egress; set "
+            f"worker.egress to {declared.egress!r} (or leave it empty), or give this worker "
+            "another identity"
+        )
+    return declared
+
+
+def with_identity(settings: Settings, identity: str) -> Settings:
+    """``settings`` for a worker owning ``identity``: ``worker.identity`` set to it, and
+    ``worker.region`` and ``worker.egress`` filled from the declared identity where the
+    worker's own are empty.
+
+    Raises:
+        ConfigError: as ``owned_identity``.
+    """
+    declared = owned_identity(settings, identity)
+    worker = msgspec.structs.replace(
+        settings.worker,
+        identity=identity,
+        region=settings.worker.region or (declared.region if declared else ""),
+        egress=settings.worker.egress or (declared.egress if declared else ""),
+    )
+    return msgspec.structs.replace(settings, worker=worker)
 
 
 def _validate_rate_settings(settings: Settings) -> None:

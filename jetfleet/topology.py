@@ -145,7 +145,7 @@ def bucket_ttls(settings: Settings) -> dict[str, float]:
     job's history (its id claim, fences and seal) must outlive any retry of its job and
     everything else kept under its id (its dead letter and outcome events, kept for
     ``retention_s``), since admission refuses the id only while it lives. Control
-    records last until removed. Identity announcements and hand-back notes expire by
+    records last until removed. Identity claims and hand-back notes expire by
     their own TTL.
     """
     fleet = settings.fleet

@@ -262,8 +262,9 @@ CHANNELS: tuple[Channel, ...] = (
         payload=PermitCall,
         description=(
             "A worker asks for a rate permit just before each request it sends (a job's "
-            "first, each redirect hop, a robots.txt fetch); a worker asks to hold a target "
-            "that answered 429 or 503 for the whole fleet."
+            "first, each redirect hop, a robots.txt fetch), and the leaser for the grant "
+            "of a worker from before that (sends_request true); a worker asks to hold a "
+            "target that answered 429 or 503 for the whole fleet."
         ),
         queue_group=subjects.QUEUE_RATELIMIT,
         reply="ratelimit-reply",

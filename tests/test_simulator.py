@@ -373,6 +373,8 @@ async def test_times_fails_only_the_first_requests_to_a_path_until_reset(
     assert statuses == [500, 200, 200]
     assert (await _get(session, f"{base}/error/2?times=1"))[0] == 500  # per path
     assert (await _get(session, f"{base}/error/3"))[0] == 500  # without times: always
+    challenged = [(await _get(session, f"{base}/challenge/1?times=1"))[0] for _ in range(2)]
+    assert challenged == [503, 200]
     limited = [await _get(session, f"{base}/ratelimited/1?retry_after=3&times=2") for _ in range(3)]
     assert [status for status, _, _ in limited] == [429, 429, 200]
     assert limited[0][2]["Retry-After"] == "3"

@@ -7,7 +7,6 @@ validated minimum for one attempt) so the jobs it ends do so within seconds.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import json
@@ -469,7 +468,7 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
 BUSY_S = 8.0  # longer than the pinned patience (about 10 s over two rounds)
 
 
-async def test_item3_an_identity_is_owned_while_a_worker_announces_it_and_only_then(
+async def test_item3_an_identity_is_owned_while_a_worker_claims_it_and_only_then(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = unrunnable_settings(nats_url, redis_url, simulator)
@@ -478,20 +477,13 @@ async def test_item3_an_identity_is_owned_while_a_worker_announces_it_and_only_t
         await declare(nc.jetstream(), settings)
         presence = IdentityPresence(nc.jetstream())
         assert await presence.owned("alice") is False
-        announcing = asyncio.create_task(presence.announce("alice", "w-alice"))
-        try:
-            reader = IdentityPresence(nc.jetstream())  # no cached answer
-
-            async def owned() -> bool:
-                return await reader.owned("alice")
-
-            await wait_for(owned, 10, "alice to be announced")
-            assert await reader.owned("bob") is False
-            assert owned_key("alice") != owned_key("alice ")  # any identity, its own key
-        finally:
-            announcing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await announcing
+        claim = await presence.claim("alice", "w-alice", ttl_s=30)
+        reader = IdentityPresence(nc.jetstream())  # no cached answer
+        assert await reader.owned("alice")
+        assert await reader.owned("bob") is False
+        assert owned_key("alice") != owned_key("alice ")  # any identity, its own key
+        await presence.release(claim)
+        assert await IdentityPresence(nc.jetstream()).owned("alice") is False
     finally:
         await nc.close()
 

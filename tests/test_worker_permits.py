@@ -72,3 +72,31 @@ async def test_a_grant_takes_a_permit_only_for_a_worker_from_before_the_move(
             assert isinstance(await leases.grant(current), LeaseGrant)
         finally:
             await stack.stop()
+
+
+async def test_without_leases_a_job_waits_for_its_permit_and_keeps_its_one_attempt(
+    nats_url: str, redis_url: str
+) -> None:
+    jobs = 8
+    async with TargetSimulator(SimulatorConfig()) as site:
+        # fleet.leases = false (a benchmark baseline): every delivery counts as an
+        # attempt, so a job handed back for its permit would end attempts-exhausted
+        # unsent; it waits for the permit instead, and the cap still holds.
+        slow = target(site.base_url, rate=2.0, burst=1, max_attempts=1)
+        settings = queue_settings(nats_url, redis_url, {"slow": slow}, 8, leases=False)
+        stack = InProcessStack(settings)
+        await stack.start(workers=2)
+        try:
+            js = stack.connections[0].jetstream()
+            paths = [f"/page/{n}" for n in range(jobs)]
+            await submit_paths(js, settings, "slow", paths, "bare", handler="http.get")
+
+            async def all_committed() -> bool:
+                return await committed(js, "slow") == jobs
+
+            await wait_for(all_committed, 60, f"the {jobs} jobs committed")
+            assert await dead(js, "slow") == 0
+            assert site.counts()["by_path_kind"] == {"page": jobs}
+            assert site.max_in_any_window(1.0) <= 2.0 + 1, site.counts()["windows"]
+        finally:
+            await stack.stop()

@@ -17,7 +17,7 @@ from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
 from jetfleet.connection import connect_nats
 from jetfleet.dev.devstack import DevStack
-from jetfleet.errors import JetfleetError
+from jetfleet.errors import IdentityOwned, JetfleetError
 from jetfleet.service import Service, serve_until_signalled
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings
@@ -88,7 +88,12 @@ def register(commands: Any) -> None:
         "logged at start; so is a User-Agent naming no contact (docs/robots.md).",
     )
     worker.add_argument("--id", default="", help="worker id (default: host-pid)")
-    worker.add_argument("--identity", default="", help="identity this worker owns")
+    worker.add_argument(
+        "--identity",
+        default="",
+        help="identity this worker owns (claimed at start: refused while another live "
+        "worker owns it; docs/identities.md)",
+    )
     worker.add_argument(
         "--targets",
         default="",
@@ -250,9 +255,16 @@ async def _worker(
     try:
         await declare(nc.jetstream(), settings)
         worker = Worker(settings, nc, worker_id, targets, identity=identity)
-        await serve_until_signalled(_WorkerService(worker), metrics_port=metrics_port)
+        await serve_until_signalled(
+            _WorkerService(worker), metrics_port=metrics_port, stop=worker.quit
+        )
     finally:
         await nc.close()
+    if worker.claim is not None and worker.claim.lost.is_set():
+        raise IdentityOwned(
+            f"worker {worker_id} stopped: another worker holds identity {identity!r} now "
+            "(this worker's claim lapsed unrenewed and was taken)"
+        )
     return 0
 
 

@@ -38,6 +38,10 @@ def toml_tables(tables: dict[str, dict[str, Any]]) -> str:
 def settings_toml(settings: Settings) -> str:
     """``settings`` as a complete jetfleet.toml that loads back to the same settings."""
     raw = msgspec.to_builtins(settings)
-    tables = {name: body for name, body in raw.items() if name != "targets"}
+    tables = {name: body for name, body in raw.items() if name not in ("targets", "identities")}
     tables.update({f"targets.{name}": body for name, body in raw["targets"].items()})
+    # An identity's name is free text: quoted, it is one TOML key whatever it holds.
+    tables.update(
+        {f"identities.{json.dumps(name)}": body for name, body in raw["identities"].items()}
+    )
     return toml_tables(tables)

@@ -102,6 +102,7 @@ class Actor:
                 identity=self.identity,
                 reply_subject=msg.reply or "",
                 pin_identity=order.job.pin_identity,
+                sends_request=False,  # as a real worker: permits are its own step
             )
         )
         if isinstance(reply, LeaseGrant):

@@ -163,6 +163,16 @@ class TargetSimulator:
         the route kind, ``path`` without the query."""
         return self._counters.arrivals()
 
+    def sessions_issued(self) -> list[str]:
+        """Every session token ``/session/N`` has set as its cookie since the last reset,
+        in order."""
+        return list(self._routes.sessions_issued)
+
+    def sessions_presented(self) -> list[tuple[str, str]]:
+        """Every ``/session/N`` request since the last reset, in arrival order, as
+        ``(path, token)``: the session cookie it brought ("" for none)."""
+        return list(self._routes.sessions_presented)
+
     def reset(self) -> None:
         """Zeroes the counters, as ``POST /__sim/reset`` does (``times=`` paths fail
         again)."""

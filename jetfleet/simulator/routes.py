@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import secrets
 import time
 from collections import Counter
 from email.utils import formatdate
@@ -38,6 +39,9 @@ HANG_CAP_S = 300.0
 DEFAULT_RETRY_AFTER_S = 2
 DEFAULT_BIG_BYTES = 3 * 1024 * 1024
 MAX_BIG_BYTES = 64 * 1024 * 1024
+
+# The cookie ``/session/N`` sets: a session token, the state an identity holds.
+SESSION_COOKIE = "sim_session"
 
 _CONFIG_KEYS = frozenset({"latency_s", "robots_txt", "robots_status"})
 
@@ -174,6 +178,9 @@ class TargetRoutes:
         # Only such paths are kept, so the map stays as small as the test's plan.
         self._asked_times: Counter[str] = Counter()
         self._next_retry_after: int | None = None
+        # Session tokens issued by ``/session/N``, and what each such request brought.
+        self.sessions_issued: list[str] = []
+        self.sessions_presented: list[tuple[str, str]] = []
 
     @property
     def config(self) -> SimulatorConfig:
@@ -216,6 +223,8 @@ class TargetRoutes:
         """Zeroes the counters and what ``times=`` paths have answered (they fail again)."""
         self._counters.reset()
         self._asked_times.clear()
+        self.sessions_issued.clear()
+        self.sessions_presented.clear()
 
     def rate_limit_next(self, retry_after_s: int) -> None:
         """The next counted request, whatever its path, answers 429 with
@@ -261,6 +270,7 @@ class TargetRoutes:
         app.router.add_get("/error/{n:\\d+}", self._error, name="error")
         app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
         app.router.add_get("/big/{n:\\d+}", self._big, name="big")
+        app.router.add_get("/session/{n:\\d+}", self._session, name="session")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -300,6 +310,19 @@ class TargetRoutes:
         if n >= self._config.pages:
             return _html(missing_html(request.path), status=404)
         return _html(page_html(n, self._config.pages))
+
+    async def _session(self, request: web.Request) -> web.Response:
+        """A page that keeps a session: a request without a token it issued gets a new
+        one as a cookie; one with it gets the page."""
+        n = _page_number(request)
+        presented = request.cookies.get(SESSION_COOKIE, "")
+        self.sessions_presented.append((request.path, presented))
+        response = _html(page_html(n, self._config.pages))
+        if presented not in self.sessions_issued:
+            token = secrets.token_hex(16)
+            self.sessions_issued.append(token)
+            response.set_cookie(SESSION_COOKIE, token, path="/", httponly=True)
+        return response
 
     async def _missing(self, request: web.Request) -> web.Response:
         return _html(missing_html(request.path), status=404)

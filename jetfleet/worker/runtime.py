@@ -34,7 +34,7 @@ from jetfleet import subjects
 from jetfleet.backoff import Backoff
 from jetfleet.duplicates import record_duplicate
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
-from jetfleet.identity_presence import IdentityPresence
+from jetfleet.identity_presence import IdentityClaim, IdentityPresence
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
@@ -68,7 +68,7 @@ from jetfleet.schemas.permit import (
     PermitWait,
 )
 from jetfleet.server_clock import ServerClock
-from jetfleet.settings import Settings
+from jetfleet.settings import Settings, owned_identity, with_identity
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
@@ -76,6 +76,7 @@ from jetfleet.worker.attempt_deadline import AttemptDeadline
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler, requests_target
+from jetfleet.worker.identity_cookies import IdentityCookies
 from jetfleet.worker.manners import start_warnings
 from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
@@ -148,6 +149,11 @@ class Worker:
         targets: Iterable[str] = (),
         identity: str = "",
     ) -> None:
+        # The identity's region and egress fill the worker's where it sets none; a
+        # declared identity of another region (or an undeclared one) is refused here,
+        # for --identity as for worker.identity.
+        declared = owned_identity(settings, identity)
+        settings = with_identity(settings, identity)
         check_worker_names(worker_id, identity, settings.worker.region, settings.worker.egress)
         self.settings = settings
         self.nc = nc
@@ -190,14 +196,18 @@ class Worker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
+        self.quit = asyncio.Event()
+        """Set when the worker stops by itself (it lost its identity): drain it then."""
         self.gate = TargetGate()
         self.rate_pacing = RatePacing()
         self.pace = HandBackPace(settings)
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
-        self.identities = IdentityPresence(self.js)
-        self._announcing: asyncio.Task[None] | None = None
+        self.identities = IdentityPresence(self.js, self.clock)
+        self.claim: IdentityClaim | None = None
+        self._claiming: asyncio.Task[None] | None = None
+        self.cookies = IdentityCookies(identity, declared.state_dir if declared else "")
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
         self._robots: RobotsBook | None = None
@@ -208,8 +218,16 @@ class Worker:
 
         Raises:
             ConfigError: a result with an inline body could exceed the server's max_payload.
+            IdentityOwned: another live worker owns this worker's identity.
         """
         self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
+        if self.identity:
+            # Before anything of the identity is used: a second owner never starts.
+            self.claim = await self.identities.claim(
+                self.identity, self.worker_id, self.settings.worker.claim_ttl_s
+            )
+            self._claiming = asyncio.create_task(self._keep_claim(self.claim))
+        self.cookies.load()
         if not self.settings.fleet.leases:
             log.warning(
                 "fleet.leases = false: no lease and no fence for any job (rate permits are "
@@ -220,18 +238,14 @@ class Worker:
         self._session = aiohttp.ClientSession(
             # Room for every lane's slots, so a lane that hangs cannot take the others'
             # connections.
-            connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1))
+            connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1)),
+            cookie_jar=self.cookies.jar,
         )
         self._robots = RobotsBook(
             self.settings, self.js, self.permits, self._session, self.worker_id, self.identity
         )
         for line in start_warnings(self.settings, self.targets):
             log.warning("worker %s: %s", self.worker_id, line)
-        if self.identity:
-            # So workers without it know that jobs pinned to it have an owner to wait for.
-            self._announcing = asyncio.create_task(
-                self.identities.announce(self.identity, self.worker_id)
-            )
         for lane in self.lanes:
             for tier in subjects.TIERS:
                 self._loops.append(asyncio.create_task(self._pull_loop(lane, tier)))
@@ -259,13 +273,34 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
-        if self._announcing is not None:
-            # Its key ends by its TTL. An error it somehow died of must not fail the
-            # drain and skip closing the session.
+        if self._claiming is not None:
+            # An error it somehow died of must not fail the drain and skip the rest.
             with contextlib.suppress(Exception):
-                await _stop(self._announcing)
+                await _stop(self._claiming)
+        if self.claim is None or not self.claim.lost.is_set():
+            # (An identity lost to another worker is its state now, folder and all.)
+            try:
+                self.cookies.save()
+            except OSError as exc:
+                log.warning("cookies of identity %s not saved: %s", self.identity, exc)
+        if self.claim is not None:
+            # Released once nothing uses the identity any more: a successor may start now.
+            await self.identities.release(self.claim)
         if self._session is not None:
             await self._session.close()
+
+    async def _keep_claim(self, claim: IdentityClaim) -> None:
+        """Renew the identity's claim; if another worker holds the identity now, stop
+        taking jobs (those running end as they are: their leases still fence them)."""
+        await self.identities.keep(claim)
+        if claim.lost.is_set():
+            log.error(
+                "worker %s no longer owns identity %s: it takes no more jobs",
+                self.worker_id,
+                self.identity,
+            )
+            self._stopping.set()
+            self.quit.set()
 
     async def _pull_loop(self, lane: WorkLane, tier: str) -> None:
         """Pull one (lane, tier).
@@ -463,6 +498,15 @@ class Worker:
             await self._hand_back(msg, target, "retry-elsewhere", delay)
             return
         wait = self.gate.admit(target)
+        if (
+            wait is not None
+            and not self.settings.fleet.leases
+            and self.gate.waiting_for_permit(target)
+        ):
+            # Without leases every delivery is an attempt: a job fetched while the
+            # target's next permit is not free waits for it in place (``_first_permit``)
+            # rather than spend an attempt going back.
+            wait = None
         if wait is not None:
             # The target asked us to back off (maybe after this job was fetched), or a
             # probe is out, or its next permit is not free yet (the rest of a fetched
@@ -688,8 +732,8 @@ class Worker:
 
     async def _nobody_owns_pin(self, msg: Msg, order: WorkOrder) -> bool:
         """Whether the job is pinned to an identity this worker lacks, has had its
-        patience, and no running worker announces the identity (one busy elsewhere does,
-        and its jobs wait for it)."""
+        patience, and no running worker holds a claim on the identity (one busy elsewhere
+        does, and its jobs wait for it)."""
         pin = order.job.pin_identity
         if not pin or pin == self.identity:
             return False
@@ -784,9 +828,10 @@ class Worker:
         handler runs, so the limiter's clock and the request's arrival at the target are
         milliseconds apart (taken at the lease grant, they were up to a quarter second
         apart under load, and the target's windows saw bursts the cap forbids: issue 9).
-        None when taken; otherwise an ``unrun`` verdict: the lease is released with a
-        refund and the job handed back for as long as the answer says, and this worker
-        fetches no more of the target's jobs until then (the gate).
+        None when taken (or ``lost``: the lease went meanwhile); otherwise an ``unrun``
+        verdict: the lease is released with a refund and the job handed back for as long
+        as the answer says, and this worker fetches no more of the target's jobs until
+        then (the gate).
 
         Never waited for holding the lease: the jobs of a fetched batch ask together, and
         waiting, all of them would ask again together at the moment the next permit
@@ -798,8 +843,9 @@ class Worker:
         # Without leases a hand-back is a delivery, and deliveries count as attempts
         # there: a job handed back for its permit would run out of attempts unsent. No
         # lease or place is held, so it waits here (its +WPI beats go on).
-        patience_s = 0.0 if held.fence else self.settings.targets[target].max_retry_after_s
-        reply = await self._await_permit(target, patience_s)
+        leased = bool(held.fence)
+        patience_s = self.settings.targets[target].max_retry_after_s
+        reply = await self._await_permit(target, 0.0 if leased else patience_s, not leased)
         if reply is None:
             return None  # a loss meanwhile is caught just before the handler starts
         if isinstance(reply, PermitRefused):
@@ -820,14 +866,15 @@ class Worker:
         return Verdict("unrun", reason=reason, detail=reply.detail, delay_s=delay, called=False)
 
     async def _await_permit(
-        self, target: str, patience_s: float
+        self, target: str, patience_s: float, through_refusals: bool = False
     ) -> PermitWait | PermitRefused | None:
         """A permit for one request to ``target`` (None), waiting for it while each of
         the limiter's answers says wait no longer than ``patience_s``; else the answer
         that would have us wait longer, or the refusal. Each wait also holds the target
         in this worker (stop fetching its jobs until then) and marks it rate-bound.
-        Several waits in a row (another worker took the permit that freed) are bounded
-        by the caller: an attempt's deadline, or a drain."""
+        With ``through_refusals`` a refusal (no limiter to ask) is waited out the same
+        way. Several waits in a row (another worker took the permit that freed) are
+        bounded by an attempt's deadline for a hop; a drain ends any wait."""
         request = PermitRequest(
             target=target,
             worker=self.worker_id,
@@ -838,14 +885,18 @@ class Worker:
             reply = await self.permits.permit(request)
             if isinstance(reply, PermitAllowed):
                 return None
-            if isinstance(reply, PermitRefused):
-                return reply
             wait = max(MIN_RATE_WAIT_S, reply.retry_after_s)
-            self.rate_pacing.rate_bound(target)
-            self.gate.wait_for_permit(target, wait)
-            if wait > patience_s:
-                return reply
-            await asyncio.sleep(wait)
+            if isinstance(reply, PermitRefused):
+                if not through_refusals or wait > patience_s:
+                    return reply
+            else:
+                self.rate_pacing.rate_bound(target)
+                self.gate.wait_for_permit(target, wait)
+                if wait > patience_s:
+                    return reply
+            await self._pause(wait)
+            if self._stopping.is_set():
+                return reply  # draining: the job goes back now, not after the wait
 
     async def _expired(self, msg: Msg, order: WorkOrder) -> Verdict | None:
         """A permanent ``expired`` verdict (not run) for a job past its target's max age,
@@ -1032,12 +1083,17 @@ class Worker:
         if not held.fence:
             return True
         backoff = Backoff()
+        unanswered = False
         while True:
             released = await self.leases.release(order.job.id, held.fence, refund=True)
-            if released is not None:
+            if released or (released is False and not unanswered):
                 return released
-            if not held.may_nak_unanswered():
-                return False
+            # Unanswered, or gone after an unanswered ask (which may have released and
+            # refunded it): whether the nak may follow depends on the delivery's ack
+            # wait, as for any unanswered release.
+            if released is False or not held.may_nak_unanswered():
+                return held.may_nak_unanswered()
+            unanswered = True
             await asyncio.sleep(backoff.next_s())
 
     async def _back_off(self, msg: Msg, order: WorkOrder, held: Held, verdict: Verdict) -> None:
@@ -1062,6 +1118,17 @@ class Worker:
         hold = min(hold, self.settings.targets[target].max_retry_after_s)
         self.gate.blocked(target, hold)
         self.stats[f"blocked:{verdict.reason}"] += 1
+        if verdict.reason == "challenged":
+            # The session that was challenged is dead: the job goes back, its cookies
+            # do not (DESIGN I5).
+            dropped = self.cookies.discard_for(self.settings.targets[target])
+            log.info(
+                "worker %s discarded %d cookie(s) of identity %s for %s after a challenge",
+                self.worker_id,
+                dropped,
+                self.identity or "(none)",
+                target,
+            )
         delivered = msg.metadata.num_delivered or 1
         delay = max(hold, self.pace.growing_s(target, delivered, first))
         if await self._give_back(order, held, refund=True):
