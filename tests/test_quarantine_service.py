@@ -8,7 +8,12 @@ from __future__ import annotations
 import msgspec
 import pytest
 from jetfleet.schemas import Outcome, Versions
-from jetfleet.schemas.lease import QuarantineList, QuarantineRecord, QuarantineRelease
+from jetfleet.schemas.lease import (
+    QuarantineList,
+    QuarantineRecord,
+    QuarantineRelease,
+    QuarantineSet,
+)
 from jetfleet.services.quarantine import QuarantineService
 from nats.aio.client import Client as NatsClient
 
@@ -202,3 +207,22 @@ async def test_by_default_one_block_cools_the_worker_off_that_target(
         assert [e.reason for e in record.evidence] == ["blocked"]
     finally:
         await replica.drain(5.0)
+
+
+async def test_a_rule_firing_keeps_an_operators_until_released_record(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    held = QuarantineRecord(
+        scope="identity", name=IDENTITY, target=SHOP, reason="held", set_by="operator"
+    )
+    assert (await send(settings, QuarantineSet(record=held))).ok
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    for n in range(3):
+        await js.publish(subjects.outcome(SHOP, f"h{n}"), _challenged(SHOP, f"h{n}"))
+
+    async def fired() -> bool:
+        return replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="kept") == 1
+
+    await wait_for(fired, 30.0, "the rule met on the held identity")
+    assert await records(settings) == [held]

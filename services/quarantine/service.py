@@ -129,7 +129,7 @@ class QuarantineService:
         )
         self.fired = CounterFamily(
             "jetfleet_quarantine_fired_total",
-            "Rules met, by rule, target and what came of it (set, already-fired, failed)",
+            "Rules met, by rule, target and what came of it (set, kept, already-fired, failed)",
         )
         self.metrics = [self.events, self.fired]
         self.next_seq: int | None = None
@@ -249,6 +249,17 @@ class QuarantineService:
             self._count(firing, "failed")
             return
         await self._mark(firing)
+        if reply.detail:  # the leaser kept a record in force (an operator's, or longer)
+            log.info(
+                "%s: %s %s on %s: %s",
+                record.set_by,
+                record.scope,
+                record.name,
+                record.target,
+                reply.detail,
+            )
+            self._count(firing, "kept")
+            return
         self._count(firing, "set")
         log.warning(
             "%s: quarantined %s %s on %s for %g s; the leaser revoked %d lease(s)",
