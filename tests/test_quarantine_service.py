@@ -9,12 +9,16 @@ import msgspec
 import pytest
 from jetfleet.schemas import Outcome, Versions
 from jetfleet.schemas.lease import (
+    QuarantineFired,
     QuarantineList,
     QuarantineRecord,
     QuarantineRelease,
     QuarantineSet,
 )
 from jetfleet.services.quarantine import QuarantineService
+from jetfleet.services.quarantine import service as quarantine_service
+from jetfleet.services.quarantine.rule_windows import Firing
+from jetfleet.services.quarantine.service import marker_key
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -226,3 +230,97 @@ async def test_a_rule_firing_keeps_an_operators_until_released_record(
 
     await wait_for(fired, 30.0, "the rule met on the held identity")
     assert await records(settings) == [held]
+
+
+async def test_a_firing_waits_for_a_leaser_that_is_down_however_long(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(quarantine_service, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(quarantine_service, "RETRY_CAP_S", 0.1)
+    assert services.leaser is not None
+    await services.leaser.drain()
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    for n in range(3):
+        await js.publish(subjects.outcome(SHOP, f"d{n}"), _challenged(SHOP, f"d{n}"))
+
+    async def asked_often() -> bool:
+        # More tries than the five the service used to give up after.
+        return any(p.attempts >= 8 for p in replica.pending)
+
+    await wait_for(asked_often, 30.0, "the firing asked again while no leaser answers")
+    await services.start_leaser()
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the pending firing set once the leaser is back")
+    assert replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="set") == 1
+    assert replica.pending == []
+
+
+async def test_names_the_leaser_would_refuse_are_skipped_not_asked_for(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    for n, identity in enumerate(["x" * 300, "id\x1bforged", "x" * 300]):
+        event = msgspec.structs.replace(
+            msgspec.json.decode(_challenged(SHOP, f"m{n}"), type=Outcome), identity=identity
+        )
+        await js.publish(subjects.outcome(SHOP, f"m{n}"), msgspec.json.encode(event))
+    await read_everything(nc, replica)
+    assert replica.events.get(verdict="skipped") == 3
+    assert replica.fired.values == {}
+    assert replica.pending == []
+
+
+async def test_two_replicas_meeting_a_rule_set_it_once(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replicas = [await services.add_quarantine(), await services.add_quarantine()]
+    js = nc.jetstream()
+    for n in range(3):
+        await js.publish(subjects.outcome(SHOP, f"t{n}"), _challenged(SHOP, f"t{n}"))
+
+    def total(outcome: str) -> int:
+        return sum(r.fired.get(rule=RETIRE.label, target=SHOP, outcome=outcome) for r in replicas)
+
+    async def both_met() -> bool:
+        return total("set") + total("already-fired") == 2
+
+    await wait_for(both_met, 30.0, "both replicas meeting the rule")
+    assert (total("set"), total("already-fired")) == (1, 1)
+
+
+async def test_events_newer_than_the_fired_marker_count_on(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    js = nc.jetstream()
+    seqs = []
+    for n in range(3):
+        ack = await js.publish(subjects.outcome(SHOP, f"r{n}"), _challenged(SHOP, f"r{n}"))
+        seqs.append(ack.seq)
+    # Another replica fired on evidence up to r1: r2 did not fire anything yet.
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    fired_before = Firing(RETIRE, IDENTITY, SHOP, ())
+    await control.create(
+        marker_key(fired_before), msgspec.json.encode(QuarantineFired(seq=seqs[1]))
+    )
+    replica = await services.add_quarantine()
+    await read_everything(nc, replica)
+    assert replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="already-fired") == 1
+    assert await records(settings) == []
+
+    for n in range(3, 5):
+        await js.publish(subjects.outcome(SHOP, f"r{n}"), _challenged(SHOP, f"r{n}"))
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "r2, r3 and r4 retiring the identity")
+    (record,) = await records(settings)
+    assert [e.job_id for e in record.evidence] == ["r2", "r3", "r4"]

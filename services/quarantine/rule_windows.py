@@ -71,6 +71,16 @@ class RuleWindows:
                 window.events.clear()
         return fired
 
+    def restore(self, firing: Firing, after_seq: int) -> None:
+        """Put back a firing's events newer than ``after_seq``: the firing was not taken
+        (its oldest evidence fired before), so only the events that did fire leave the
+        window, and the newer ones count towards the next firing."""
+        n = next(i for i, rule in enumerate(self.rules) if rule is firing.rule)
+        window = self._windows.setdefault((n, firing.name, firing.target), _Window())
+        kept = [e for e in firing.evidence if e.seq > after_seq] + list(window.events)
+        window.events = deque(sorted({e.seq: e for e in kept}.values(), key=lambda e: e.seq))
+        window.newest_s = max([window.newest_s, *(e.at_s for e in kept)])
+
     def _count(self, window: _Window, rule: QuarantineRule, seen: Seen) -> bool:
         """Add ``seen`` to ``window`` (once: a redelivered event is not counted again)
         and drop what fell out; whether the rule's count is met."""
