@@ -781,10 +781,12 @@ def _validate_quarantine(quarantine: QuarantineSettings) -> None:
             "lasts; an operator lifts it early with `jetfleet quarantine release`)",
         )
         _require(
-            bool(re.fullmatch(r"[a-z0-9][a-z0-9._-]{0,63}", rule.label)),
+            # A KV key token may not be empty: no "..", and no "." at the end.
+            bool(re.fullmatch(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?", rule.label))
+            and ".." not in rule.label,
             f"{key}.name",
-            "lowercase letters, digits, '-', '_' or '.', at most 64 characters (it becomes "
-            "part of a KV key)",
+            "lowercase letters, digits, '-', '_' or '.', at most 64 characters, starting and "
+            "ending with a letter or digit, no '..' (it becomes part of a KV key)",
         )
         _require(
             rule.label not in names, f"{key}.name", f"a name no other rule has, not {rule.label!r}"

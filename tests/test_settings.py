@@ -407,6 +407,22 @@ def test_a_bad_rule_names_its_key_and_the_fix(
     assert f"{key} is invalid" in message and fix in message
 
 
+@pytest.mark.parametrize("name", ["cool.", "a..b", "cool-", ".a"])
+def test_a_rule_name_that_would_make_an_invalid_kv_key_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    message = config_error(
+        tmp_path, RULE.replace("[[quarantine.rules]]\n", f'[[quarantine.rules]]\nname = "{name}"\n')
+    )
+    assert "quarantine.rules[0].name is invalid" in message and "no '..'" in message
+
+
+def test_a_rule_name_with_single_dots_is_taken(tmp_path: Path) -> None:
+    text = RULE.replace("[[quarantine.rules]]\n", '[[quarantine.rules]]\nname = "cool.v2.b"\n')
+    (rule,) = load_text(tmp_path, text).quarantine.rules
+    assert rule.label == "cool.v2.b"
+
+
 def test_a_rule_with_an_unknown_action_names_the_key(tmp_path: Path) -> None:
     message = config_error(tmp_path, RULE.replace('action = "retire"', 'action = "ban"'))
     assert "quarantine.rules[0].action" in message
