@@ -170,7 +170,8 @@ class QuarantineService:
         self.clock = ServerClock(nc, subjects.STREAM_OUTCOMES)
         self.events = CounterFamily(
             "jetfleet_quarantine_events_total",
-            "Outcome events read by the quarantine service: counted, skipped (unreadable) or "
+            "Outcome events read by the quarantine service: counted (readable, of a declared "
+            "target, of any kind), skipped (unreadable, or a name the leaser refuses) or "
             "unknown-target",
         )
         self.fired = CounterFamily(
