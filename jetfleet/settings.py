@@ -15,7 +15,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
@@ -201,6 +201,73 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     it releases the lease with a refund and naks the job with backoff, to run again."""
 
 
+QUARANTINE_REASONS = ("challenged", "blocked", "rate-limited")
+"""The outcome reasons a quarantine rule may count: a ``blocked`` outcome's kinds."""
+QuarantineAction = Literal["retire", "cool"]
+QuarantineRuleScope = Literal["identity", "worker"]
+ACTION_SCOPES: dict[str, str] = {"retire": "identity", "cool": "worker"}
+"""Each action's scope: an identity is retired, a worker is cooled off."""
+
+
+class QuarantineRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One rule of the quarantine service: ``count`` outcomes with a reason in ``on``,
+    from one scope on one target, within ``window_s`` seconds by the NATS server's clock,
+    set a quarantine record on (scope, target) lasting ``for_s`` (docs/quarantine.md)."""
+
+    on: str | tuple[str, ...]
+    """An outcome reason (``challenged``, ``blocked``, ``rate-limited``) or a list of them."""
+    scope: QuarantineRuleScope
+    count: int
+    window_s: float
+    action: QuarantineAction
+    for_s: float
+    name: str = ""
+    """What records and logs call the rule; empty: made from its fields."""
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The outcome reasons it counts."""
+        return (self.on,) if isinstance(self.on, str) else self.on
+
+    @property
+    def label(self) -> str:
+        """Its name, or one made from what it counts."""
+        if self.name:
+            return self.name
+        return f"{self.action}-{'-'.join(self.reasons)}-{self.count}-in-{self.window_s:g}s"
+
+
+DEFAULT_QUARANTINE_RULES = (
+    QuarantineRule(
+        name="cool-after-block",
+        on="blocked",
+        scope="worker",
+        count=1,
+        window_s=60.0,
+        action="cool",
+        for_s=300.0,
+    ),
+    QuarantineRule(
+        name="retire-after-3-refusals",
+        on=("challenged", "blocked"),
+        scope="identity",
+        count=3,
+        window_s=600.0,
+        action="retire",
+        for_s=3600.0,
+    ),
+)
+
+
+class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The quarantine service (``jetfleet serve quarantine``)."""
+
+    rules: tuple[QuarantineRule, ...] = DEFAULT_QUARANTINE_RULES
+    """``[[quarantine.rules]]``; an empty list (``rules = []``) sets no rule."""
+    max_evidence: int = 20
+    """How many of the outcome events that fired a rule its record names (job ids)."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Everything a jetfleet process is configured with."""
 
@@ -209,6 +276,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     fleet: FleetSettings = FleetSettings()
     gateway: GatewaySettings = GatewaySettings()
     worker: WorkerSettings = WorkerSettings()
+    quarantine: QuarantineSettings = QuarantineSettings()
     targets: dict[str, TargetSettings] = {}
     identities: dict[str, IdentitySettings] = {}
     """Identities workers may own; when any is declared, a worker's identity must be one
@@ -438,6 +506,7 @@ def validate(settings: Settings) -> None:
     owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
     _validate_job_ends(settings)
+    _validate_quarantine(settings.quarantine)
 
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -702,6 +771,58 @@ def _validate_job_ends(settings: Settings) -> None:
     _require(0 < fleet.max_job_age_s <= fleet.retention_s, "fleet.max_job_age_s", "> 0 and " + keep)
     for name, target in settings.targets.items():
         _require(target.max_age_s <= fleet.retention_s, f"targets.{name}.max_age_s", keep)
+
+
+MAX_RULE_WINDOW_S = 7 * 86400.0
+"""The longest window or record a rule may have: a week, as long as outcome events are
+kept by default (a longer window would count events already gone)."""
+
+
+def _validate_quarantine(quarantine: QuarantineSettings) -> None:
+    _require(
+        1 <= quarantine.max_evidence <= 100,
+        "quarantine.max_evidence",
+        "a whole number from 1 to 100 (job ids a record names)",
+    )
+    names: set[str] = set()
+    for n, rule in enumerate(quarantine.rules):
+        key = f"quarantine.rules[{n}]"
+        reasons = rule.reasons
+        _require(
+            bool(reasons) and all(r in QUARANTINE_REASONS for r in reasons),
+            f"{key}.on",
+            f"one of {', '.join(QUARANTINE_REASONS)} or a list of them, not {rule.on!r}",
+        )
+        _require(
+            ACTION_SCOPES[rule.action] == rule.scope,
+            f"{key}.scope",
+            f'"{ACTION_SCOPES[rule.action]}" for action = "{rule.action}" (retire acts on '
+            "an identity, cool on a worker), or change the action",
+        )
+        _require(rule.count >= 1, f"{key}.count", "a whole number >= 1 (outcomes in the window)")
+        _require(
+            0 < rule.window_s <= MAX_RULE_WINDOW_S and math.isfinite(rule.window_s),
+            f"{key}.window_s",
+            f"a number of seconds above 0 and at most {MAX_RULE_WINDOW_S:g} (a week)",
+        )
+        _require(
+            1 <= rule.for_s <= MAX_RULE_WINDOW_S,
+            f"{key}.for_s",
+            f"a number of seconds from 1 to {MAX_RULE_WINDOW_S:g} (how long the record "
+            "lasts; an operator lifts it early with `jetfleet quarantine release`)",
+        )
+        _require(
+            # A KV key token may not be empty: no "..", and no "." at the end.
+            bool(re.fullmatch(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?", rule.label))
+            and ".." not in rule.label,
+            f"{key}.name",
+            "lowercase letters, digits, '-', '_' or '.', at most 64 characters, starting and "
+            "ending with a letter or digit, no '..' (it becomes part of a KV key)",
+        )
+        _require(
+            rule.label not in names, f"{key}.name", f"a name no other rule has, not {rule.label!r}"
+        )
+        names.add(rule.label)
 
 
 def _require(ok: bool, key: str, what: str) -> None:

@@ -29,6 +29,8 @@ BUCKET_CONTROL = "jf-control"  # pause switches, quarantine records, approved ve
 BUCKET_WORKERS = "jf-workers"  # what workers say: identities owned, last hand-backs (TTLs)
 BUCKET_TARGETS = "jf-targets"  # target -> limits set at run time (jetfleet target set)
 BUCKET_ROBOTS = "jf-robots"  # target -> its robots.txt as fetched (max age: the cache TTL)
+# In jf-control: which outcome event last fired a quarantine rule (per rule, scope, target).
+QUARANTINE_FIRED_PREFIX = "quarantine-fired"
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message

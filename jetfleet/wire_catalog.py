@@ -33,6 +33,7 @@ from jetfleet.schemas.lease import (
     LeaseCall,
     LeaseRecord,
     QuarantineCommand,
+    QuarantineFired,
     QuarantineRecord,
     QuarantineReply,
 )
@@ -295,6 +296,15 @@ CHANNELS: tuple[Channel, ...] = (
         kind="kv",
         payload=QuarantineRecord,
         description="A quarantine in force (optionally with a server-side TTL).",
+    ),
+    Channel(
+        name="quarantine-fired",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.QUARANTINE_FIRED_PREFIX}"
+        ".{target}.{rule}.{scope_hash}",
+        kind="kv",
+        payload=QuarantineFired,
+        description="The newest outcome event that fired a quarantine rule for one scope "
+        "on one target, kept past the longest rule window (docs/quarantine.md).",
     ),
 )
 

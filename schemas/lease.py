@@ -151,6 +151,15 @@ class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
 QuarantineScope = Literal["worker", "identity"]
 
 
+class Evidence(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One outcome event a quarantine rule counted: where to read it in ``JF_OUTCOMES``."""
+
+    job_id: str
+    seq: int
+    """Its sequence in ``JF_OUTCOMES``."""
+    reason: str = ""
+
+
 class QuarantineRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """A (worker or identity, target) scope that gets no grants, in ``jf-control``."""
 
@@ -160,6 +169,18 @@ class QuarantineRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     reason: str = ""
     for_s: float = 0.0
     """How long it lasts (0: until released); a duration, never a deadline (I9)."""
+    set_by: str = ""
+    """Who set it: ``rule:<name>`` for the quarantine service's rules, ``operator`` for
+    ``jetfleet quarantine set``; empty in records from before this field."""
+    evidence: list[Evidence] = []
+    """The outcome events that fired the rule (at most ``quarantine.max_evidence``)."""
+
+
+class QuarantineFired(msgspec.Struct, frozen=True):
+    """Per (rule, scope, target), in ``jf-control``: the newest ``JF_OUTCOMES`` sequence
+    that fired the rule there, so the same evidence never sets a record twice."""
+
+    seq: int
 
 
 class QuarantineSet(msgspec.Struct, frozen=True, tag="set", omit_defaults=True):

@@ -8,4 +8,4 @@ if __name__ != "jetfleet.services":
     )
 
 
-SERVICE_NAMES = ("scheduler", "ratelimit", "leaser", "sink", "gateway")
+SERVICE_NAMES = ("scheduler", "ratelimit", "leaser", "sink", "gateway", "quarantine")

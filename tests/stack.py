@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from jetfleet.services.leaser import Leaser
+from jetfleet.services.quarantine import QuarantineService
 from jetfleet.services.ratelimit import RateLimiter
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
@@ -28,6 +29,7 @@ class InProcessStack:
         self.leaser: Leaser | None = None
         self.ratelimit: RateLimiter | None = None
         self.workers: list[Worker] = []
+        self.quarantines: list[QuarantineService] = []
 
     async def _connect(self, name: str) -> NatsClient:
         nc = await connect_nats(self.settings.nats, name)
@@ -62,6 +64,13 @@ class InProcessStack:
         self.leaser = Leaser(self.settings, await self._connect("leaser"))
         await self.leaser.start()
 
+    async def add_quarantine(self) -> QuarantineService:
+        """Start a quarantine replica (tests that need rules start one or more)."""
+        replica = QuarantineService(self.settings, await self._connect("quarantine"))
+        await replica.start()
+        self.quarantines.append(replica)
+        return replica
+
     async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
         worker = Worker(self.settings, await self._connect(worker_id), worker_id, identity=identity)
         await worker.start()
@@ -81,6 +90,7 @@ class InProcessStack:
             first.append(self.scheduler.drain(5.0))
         if self.sink is not None:
             first.append(self.sink.stop_backstop(5.0))
+        first += [replica.drain(5.0) for replica in self.quarantines]
         await asyncio.gather(*first)
         services = (self.sink, self.leaser, self.ratelimit)
         await asyncio.gather(*(s.drain(5.0) for s in services if s is not None))

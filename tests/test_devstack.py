@@ -18,6 +18,7 @@ import nats
 import nats.js.errors
 import psutil
 import pytest
+from jetfleet.services import SERVICE_NAMES
 
 from jetfleet import subjects
 from jetfleet.dev.stack_env import read_env
@@ -151,7 +152,13 @@ def test_two_dev_stacks_serve_the_cli_and_stop_leaving_no_process(
     assert other["totals"]["submitted"] == 0
 
     children = first.descendants() + second.descendants()
-    assert len(children) >= 2 * 7  # nats, redis, 4 services, 2 workers each
+    # nats, redis, every service (the quarantine service too), 2 workers each.
+    assert "quarantine" in SERVICE_NAMES
+    for stack in (first, second):
+        names = [" ".join(p.cmdline()) for p in stack.descendants()]
+        for service in SERVICE_NAMES:
+            assert any(f"serve {service}" in name for name in names), (service, names)
+    assert len(children) >= 2 * (2 + len(SERVICE_NAMES) + 2)
     assert first.stop() == 0 and second.stop() == 0
     _, alive = psutil.wait_procs(children, timeout=15)
     assert alive == [], [p.info if hasattr(p, "info") else p.pid for p in alive]

@@ -160,6 +160,17 @@ BAD_COMMANDS = [
     ("duration over a year", _record(for_s=1e12), "366 days"),
     ("reason too long", _record(reason="r" * 5000), "record.reason"),
     ("reason with control", _record(reason="a\x00b"), "printable"),
+    ("set_by too long", _record(set_by="s" * 200), "record.set_by"),
+    (
+        "too much evidence",
+        _record(evidence=[{"job_id": "j", "seq": 1}] * 101),
+        "record.evidence names 101",
+    ),
+    (
+        "evidence with a long job id",
+        _record(evidence=[{"job_id": "j" * 200, "seq": 1}]),
+        "record.evidence[0]",
+    ),
     (
         "release of a wildcard target",
         {"type": "release", "scope": "worker", "name": "w", "target": "*"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from jetfleet.schemas.lease import QuarantineRelease
+from jetfleet.schemas.lease import QuarantineRelease, QuarantineSet
 
 from jetfleet.cli.quarantine_commands import _command
 from jetfleet.errors import JetfleetError
@@ -35,3 +35,12 @@ def test_the_cli_releases_a_quarantine_on_a_target_the_settings_no_longer_declar
         _command(_args("release", "Not A Target"), settings)
     with pytest.raises(JetfleetError):
         _command(_args("set", "gone"), settings)
+
+
+def test_a_quarantine_set_from_the_cli_says_an_operator_set_it() -> None:
+    settings = make_settings(
+        "nats://127.0.0.1:1", "redis://127.0.0.1:1", {"demo": target("http://127.0.0.1:1/")}
+    )
+    command = _command(_args("set", "demo"), settings)
+    assert isinstance(command, QuarantineSet)
+    assert (command.record.set_by, command.record.evidence) == ("operator", [])

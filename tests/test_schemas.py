@@ -34,8 +34,10 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.schemas.lease import (
+    Evidence,
     JobLeaseHistory,
     LeaseRecord,
+    QuarantineFired,
     QuarantineList,
     QuarantineRecord,
     QuarantineRelease,
@@ -378,7 +380,15 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         QuarantineRelease(scope="identity", name="p-osaka", target="example"),
         QuarantineList(),
         QuarantineReply(ok=True, revoked=[JOB.id]),
-        QuarantineRecord(scope="identity", name="p-osaka", target="example", for_s=60.0),
+        QuarantineRecord(
+            scope="identity",
+            name="p-osaka",
+            target="example",
+            for_s=60.0,
+            set_by="rule:retire-3",
+            evidence=[Evidence(job_id=JOB.id, seq=41, reason="challenged")],
+        ),
+        QuarantineFired(seq=41),
         PermitRequest(target="example", worker="w1", identity="p-osaka", egress="eu-1"),
         HoldRequest(target="example", status=429, said_how_long=True, retry_after_s=3.0),
         PermitAllowed(),
@@ -422,3 +432,9 @@ def test_channel_payload_round_trips_through_json(
 def test_a_minimal_job_and_work_order_encode_only_what_was_set() -> None:
     assert msgspec.json.decode(msgspec.json.encode(JOB)) == {"id": JOB.id, "url": JOB.url}
     assert msgspec.json.decode(msgspec.json.encode(ORDER), type=WorkOrder) == ORDER
+
+
+def test_a_quarantine_record_kept_before_set_by_and_evidence_still_decodes() -> None:
+    old = b'{"scope":"worker","name":"w1","target":"example","reason":"403 storm","for_s":60}'
+    record = msgspec.json.decode(old, type=QuarantineRecord)
+    assert (record.set_by, record.evidence, record.reason) == ("", [], "403 storm")

@@ -353,3 +353,82 @@ def test_settings_target_names_an_undeclared_target_and_the_fix(tmp_path: Path) 
     assert settings.target("demo").base_url == "https://example.org/"
     with pytest.raises(ConfigError, match=r"\[targets\.ghost\]"):
         settings.target("ghost")
+
+
+# --- quarantine rules -----------------------------------------------------------------
+
+RULE = (
+    '[[quarantine.rules]]\non = "challenged"\nscope = "identity"\ncount = 3\n'
+    'window_s = 600\naction = "retire"\nfor_s = 3600\n'
+)
+
+
+def test_quarantine_rules_default_to_cooling_a_blocked_worker_and_retiring_an_identity() -> None:
+    rules = load_settings(None, {}).quarantine.rules
+    assert [(r.action, r.scope, r.reasons, r.count, r.window_s) for r in rules] == [
+        ("cool", "worker", ("blocked",), 1, 60.0),
+        ("retire", "identity", ("challenged", "blocked"), 3, 600.0),
+    ]
+
+
+def test_a_configured_rule_replaces_the_defaults_and_gets_a_name_from_its_fields(
+    tmp_path: Path,
+) -> None:
+    (rule,) = load_text(tmp_path, RULE).quarantine.rules
+    assert (rule.reasons, rule.count, rule.for_s) == (("challenged",), 3, 3600.0)
+    assert rule.label == "retire-challenged-3-in-600s"
+
+
+def test_an_empty_rule_list_sets_no_rule(tmp_path: Path) -> None:
+    assert load_text(tmp_path, "[quarantine]\nrules = []\n").quarantine.rules == ()
+
+
+def test_a_rule_may_count_several_reasons(tmp_path: Path) -> None:
+    text = RULE.replace('on = "challenged"', 'on = ["challenged", "blocked"]')
+    (rule,) = load_text(tmp_path, text).quarantine.rules
+    assert rule.reasons == ("challenged", "blocked")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key", "fix"),
+    [
+        ('on = "challenged"', 'on = "http-404"', "quarantine.rules[0].on", "challenged, blocked"),
+        ('on = "challenged"', "on = []", "quarantine.rules[0].on", "rate-limited"),
+        ('scope = "identity"', 'scope = "worker"', "quarantine.rules[0].scope", '"identity"'),
+        ("count = 3", "count = 0", "quarantine.rules[0].count", ">= 1"),
+        ("window_s = 600", "window_s = 0", "quarantine.rules[0].window_s", "above 0"),
+        ("for_s = 3600", "for_s = 0", "quarantine.rules[0].for_s", "from 1 to"),
+    ],
+)
+def test_a_bad_rule_names_its_key_and_the_fix(
+    tmp_path: Path, old: str, new: str, key: str, fix: str
+) -> None:
+    message = config_error(tmp_path, RULE.replace(old, new))
+    assert f"{key} is invalid" in message and fix in message
+
+
+@pytest.mark.parametrize("name", ["cool.", "a..b", "cool-", ".a"])
+def test_a_rule_name_that_would_make_an_invalid_kv_key_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    message = config_error(
+        tmp_path, RULE.replace("[[quarantine.rules]]\n", f'[[quarantine.rules]]\nname = "{name}"\n')
+    )
+    assert "quarantine.rules[0].name is invalid" in message and "no '..'" in message
+
+
+def test_a_rule_name_with_single_dots_is_taken(tmp_path: Path) -> None:
+    text = RULE.replace("[[quarantine.rules]]\n", '[[quarantine.rules]]\nname = "cool.v2.b"\n')
+    (rule,) = load_text(tmp_path, text).quarantine.rules
+    assert rule.label == "cool.v2.b"
+
+
+def test_a_rule_with_an_unknown_action_names_the_key(tmp_path: Path) -> None:
+    message = config_error(tmp_path, RULE.replace('action = "retire"', 'action = "ban"'))
+    assert "quarantine.rules[0].action" in message
+
+
+def test_two_rules_with_one_name_are_refused(tmp_path: Path) -> None:
+    message = config_error(tmp_path, RULE + RULE)
+    assert "quarantine.rules[1].name is invalid" in message
+    assert "retire-challenged-3-in-600s" in message

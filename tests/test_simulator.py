@@ -170,6 +170,16 @@ async def test_block_pages_send_retry_after_only_when_asked(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize(("kind", "status"), [("blocked", 403), ("challenge", 503)])
+async def test_block_pages_with_times_refuse_only_the_first_requests_to_a_path(
+    sim: TargetSimulator, session: aiohttp.ClientSession, kind: str, status: int
+) -> None:
+    statuses = [(await _get(session, f"{sim.base_url}/{kind}/1?times=2"))[0] for _ in range(3)]
+    assert statuses == [status, status, 200]
+    assert (await _get(session, f"{sim.base_url}/{kind}/2?times=x"))[0] == 400
+
+
+@pytest.mark.asyncio
 async def test_slow_waits_at_least_delay(
     sim: TargetSimulator, session: aiohttp.ClientSession
 ) -> None:

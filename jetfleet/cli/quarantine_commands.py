@@ -78,7 +78,12 @@ def _command(args: argparse.Namespace, settings: Settings) -> QuarantineCommand:
         raise JetfleetError("--for must be >= 0 seconds")
     return QuarantineSet(
         record=QuarantineRecord(
-            scope=scope, name=name, target=args.target, reason=args.reason, for_s=args.for_s
+            scope=scope,
+            name=name,
+            target=args.target,
+            reason=args.reason,
+            for_s=args.for_s,
+            set_by="operator",
         )
     )
 
@@ -94,8 +99,11 @@ def _run(args: argparse.Namespace) -> int:
         raise JetfleetError(f"the leaser refused: {reply.detail}")
     elif args.quarantine_action == "list":
         print_table(
-            ["target", "scope", "name", "reason", "for_s"],
-            [[r.target, r.scope, r.name, r.reason, r.for_s or "-"] for r in reply.records],
+            ["target", "scope", "name", "reason", "for_s", "set_by"],
+            [
+                [r.target, r.scope, r.name, r.reason, r.for_s or "-", r.set_by or "-"]
+                for r in reply.records
+            ],
         )
     elif args.quarantine_action == "set":
         print(

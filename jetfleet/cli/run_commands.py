@@ -64,6 +64,10 @@ def register(commands: Any) -> None:
         "serve",
         help="run one service (any number of replicas)",
         description="Run one jetfleet service until SIGINT/SIGTERM, then drain it.",
+        epilog="scheduler: admission; ratelimit: permits (Redis); leaser: leases and "
+        "quarantine commands; sink: commits and dead letters; gateway: HTTP API and "
+        "dashboard; quarantine: applies [[quarantine.rules]] to outcome events and sets "
+        "records through the leaser (docs/quarantine.md).",
     )
     serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
     serve.add_argument(
@@ -201,6 +205,10 @@ def _make_service(name: str, settings: Settings, nc: NatsClient) -> Service:
         from jetfleet.services.gateway import Gateway
 
         return Gateway(settings, nc)
+    if name == "quarantine":
+        from jetfleet.services.quarantine import QuarantineService
+
+        return QuarantineService(settings, nc)
     raise JetfleetError(f"unknown service {name!r}; choose one of {', '.join(SERVICE_NAMES)}")
 
 

@@ -140,6 +140,8 @@ class DevStack:
             "gateway": {"host": "127.0.0.1", "port": self.gateway_port},
             "fleet": fleet,
         }
+        if "quarantine" in user:
+            tables["quarantine"] = dict(user["quarantine"])
         tables.update({f"targets.{name}": body for name, body in targets.items()})
         header = "# Written by `jetfleet dev`; regenerated on every start.\n"
         self.config_path.write_text(header + toml_tables(tables))

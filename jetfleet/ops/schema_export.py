@@ -47,6 +47,11 @@ _PARAMETERS: Mapping[str, JsonObject] = {
     "job_id": {"description": "A job id (letters, digits, _ = . -; at most 128)."},
     "scope": {"description": "The quarantined scope's kind.", "enum": ["worker", "identity"]},
     "name": {"description": "The worker id or identity quarantined."},
+    "rule": {"description": "A quarantine rule's name (quarantine.rules[].name)."},
+    "scope_hash": {
+        "description": "The first 32 hex digits of the SHA-256 of the scope's kind, a NUL "
+        "and its worker id or identity.",
+    },
 }
 
 

@@ -366,15 +366,20 @@ class TargetRoutes:
         return response
 
     async def _blocked(self, request: web.Request) -> web.Response:
-        return _with_optional_retry_after(request, _html(blocked_html(), status=403))
+        return self._refusal(request, _html(blocked_html(), status=403))
 
     async def _challenge(self, request: web.Request) -> web.Response:
+        return self._refusal(request, _html(challenge_html(), status=503))
+
+    def _refusal(self, request: web.Request, refusal: web.Response) -> web.Response:
+        """A block or challenge page; with ``times=K`` only for the first K requests to
+        its path (a refusal that stops, so a test can count exactly how many were met)."""
         try:
             if not self._fails_now(request):
                 return _html(page_html(_page_number(request), self._config.pages))
         except ValueError as exc:
             return _bad_request(str(exc))
-        return _with_optional_retry_after(request, _html(challenge_html(), status=503))
+        return _with_optional_retry_after(request, refusal)
 
     async def _noselector(self, request: web.Request) -> web.Response:
         return _html(page_html(_page_number(request), self._config.pages, with_content=False))

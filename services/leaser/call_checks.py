@@ -25,6 +25,9 @@ UNKNOWN_TARGET = "unknown-target"
 QUARANTINE_MAX_FOR_S = 366 * 24 * 3600.0
 """The longest timed quarantine (a year); for longer, quarantine until released."""
 QUARANTINE_MAX_REASON_CHARS = 1024
+QUARANTINE_MAX_SET_BY_CHARS = 128
+QUARANTINE_MAX_EVIDENCE = 100
+"""As many outcome events as ``quarantine.max_evidence`` may name."""
 
 
 def undeclared(settings: Settings, target: str, service: str) -> str | None:
@@ -77,4 +80,22 @@ def record_objection(settings: Settings, record: QuarantineRecord) -> str | None
             f"record.reason: at most {QUARANTINE_MAX_REASON_CHARS} printable characters "
             f"(it is {len(record.reason)}, shown in every refusal and log line)"
         )
+    return _provenance_objection(record)
+
+
+def _provenance_objection(record: QuarantineRecord) -> str | None:
+    """What is wrong with who set the record and the evidence it names, or None."""
+    if len(record.set_by) > QUARANTINE_MAX_SET_BY_CHARS or not record.set_by.isprintable():
+        return f"record.set_by: at most {QUARANTINE_MAX_SET_BY_CHARS} printable characters"
+    if len(record.evidence) > QUARANTINE_MAX_EVIDENCE:
+        return (
+            f"record.evidence names {len(record.evidence)} outcome events: at most "
+            f"{QUARANTINE_MAX_EVIDENCE}"
+        )
+    for n, item in enumerate(record.evidence):
+        if len(item.job_id) > 128 or len(item.reason) > 64 or item.seq < 0:
+            return (
+                f"record.evidence[{n}]: a job id of at most 128 characters, a reason of at "
+                "most 64 and a stream sequence >= 0"
+            )
     return None

@@ -294,6 +294,14 @@ class Leaser:
         if isinstance(command, QuarantineRelease):
             await self.quarantine.remove(command.scope, command.name, command.target)
             return QuarantineReply(ok=True)
+        kept = await self._kept_over(command.record)
+        if kept is not None:
+            return QuarantineReply(
+                ok=True,
+                records=[kept],
+                detail=f"kept the record in force (set by {kept.set_by or 'unknown'}, "
+                f"for_s {kept.for_s:g}): a rule does not shorten or replace it",
+            )
         await self.quarantine.put(command.record)
         revoked = await self.revoke_scope(
             command.record.scope, command.record.name, command.record.target
@@ -308,6 +316,21 @@ class Leaser:
         )
         self._spawn_task(self._sweep_again(command.record))
         return QuarantineReply(ok=True, records=[command.record], revoked=revoked)
+
+    async def _kept_over(self, record: QuarantineRecord) -> QuarantineRecord | None:
+        """The record in force that a rule's ``record`` must not replace, if any.
+
+        The book's put purges and recreates the key, so without this a rule firing on a
+        scope an operator holds until released would turn that hold into a 300 s one.
+        """
+        if not record.set_by.startswith("rule:"):
+            return None
+        current = await self.quarantine.get(record.scope, record.name, record.target)
+        if current is None:
+            return None
+        if current.set_by == "operator" or current.for_s == 0 or current.for_s > record.for_s:
+            return current
+        return None
 
     async def _sweep_again(self, record: QuarantineRecord) -> None:
         # Other replicas learn of the quarantine through their KV watch within
