@@ -30,6 +30,7 @@ from nats.js import JetStreamContext
 
 from jetfleet.cli.quarantine_commands import send as send_quarantine
 from jetfleet.dev.embedded import EmbeddedRedis
+from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.status import confirmed_status
 from jetfleet.settings import Settings, TargetSettings
 from jetfleet.simulator import Arrival, SimulatorConfig, TargetSimulator, most_in_any_window
@@ -170,6 +171,7 @@ QUARANTINE_AT_S = 6.0
 LEASER_RESTART_AT_S = 12.0
 
 
+@pytest.mark.timeout(200)
 async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a_leaser_restart(
     nats_url: str, redis_url: str, redis_client: aioredis.Redis
 ) -> None:
@@ -184,6 +186,22 @@ async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a
             await submit_pages(stack, CAPPED, paths, "storm")
             start = await first_arrival(site)
             await watch_until(start + QUARANTINE_AT_S)
+            store = await LeaseStore.open(js_of(stack))
+            quarantined_worker = stack.workers[0].worker_id
+
+            async def mid_request() -> bool:
+                # The worker holds a lease whose request the target is still answering
+                # (each takes STORM_LATENCY_S): then the quarantine has one to revoke.
+                now = time.monotonic()
+                recent = {a.path for a in site.arrivals() if now - 0.8 < a.at <= now}
+                held = {
+                    f"/error/{live.record.job_id.rsplit('-', 1)[1]}"
+                    for live in await store.all_live()
+                    if live.record.worker == quarantined_worker
+                }
+                return bool(recent & held)
+
+            await wait_for(mid_request, 10, "worker 0 in the middle of a request")
             # Quarantining a worker revokes its leases in flight and requeues their
             # jobs at once: their second requests must fit under the cap too.
             record = QuarantineRecord(
@@ -217,7 +235,9 @@ async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a
                 later = {a.path for a in site.arrivals() if a.at > quarantined_at}
                 return requeued <= later
 
-            await wait_for(requeued_asked_again, 40, f"the revoked jobs asked again {requeued}")
+            # A bound, not a speed: a clean-clone CI run once saw four of them not
+            # asked again within 40 s (cause not found; recorded for issue 14).
+            await wait_for(requeued_asked_again, 90, f"the revoked jobs asked again {requeued}")
             arrivals = site.arrivals()
     observed = [a for a in observed if a.at < start + OBSERVE_S]
     seen = figures(stamps_of(observed), RATE, start, OBSERVE_S)
