@@ -171,7 +171,7 @@ QUARANTINE_AT_S = 6.0
 LEASER_RESTART_AT_S = 12.0
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(260)
 async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a_leaser_restart(
     nats_url: str, redis_url: str, redis_client: aioredis.Redis
 ) -> None:
@@ -190,10 +190,14 @@ async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a
             quarantined_worker = stack.workers[0].worker_id
 
             async def mid_request() -> bool:
-                # The worker holds a lease whose request the target is still answering
-                # (each takes STORM_LATENCY_S): then the quarantine has one to revoke.
+                # The worker holds a lease whose first request (the 500) the target is
+                # still answering (each takes STORM_LATENCY_S): then the quarantine has
+                # one to revoke and requeue.
                 now = time.monotonic()
-                recent = {a.path for a in site.arrivals() if now - 0.8 < a.at <= now}
+                first_at: dict[str, float] = {}
+                for a in site.arrivals():
+                    first_at.setdefault(a.path, a.at)
+                recent = {path for path, at in first_at.items() if now - 0.8 < at <= now}
                 held = {
                     f"/error/{live.record.job_id.rsplit('-', 1)[1]}"
                     for live in await store.all_live()
@@ -218,14 +222,18 @@ async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a
             await watch_until(start + OBSERVE_S)
             observed = site.arrivals()
             assert reply.ok, reply
-            # The revoked jobs whose requests were still being answered (each takes
-            # STORM_LATENCY_S): not committed, so they must be asked again. A revoked
-            # lease can also be a committed job's that had not gone yet.
+            # The revoked jobs whose first request (the 500) was still being answered
+            # (each takes STORM_LATENCY_S): not committed, so they must be asked again.
+            # A revoked lease can also be a committed job's that had not gone yet (its
+            # second request, the 200, answered just before the revoke): not counted.
             revoked = {f"/error/{job_id.rsplit('-', 1)[1]}" for job_id in reply.revoked}
+            first_at: dict[str, float] = {}
+            for a in site.arrivals():
+                first_at.setdefault(a.path, a.at)
             requeued = {
-                a.path
-                for a in site.arrivals()
-                if quarantined_at - STORM_LATENCY_S < a.at <= quarantined_at and a.path in revoked
+                path
+                for path, at in first_at.items()
+                if quarantined_at - STORM_LATENCY_S < at <= quarantined_at and path in revoked
             }
             assert requeued, f"the quarantine revoked nothing in flight: {reply}"
 
@@ -235,9 +243,11 @@ async def test_I4_the_cap_holds_through_a_retry_storm_a_quarantine_requeue_and_a
                 later = {a.path for a in site.arrivals() if a.at > quarantined_at}
                 return requeued <= later
 
-            # A bound, not a speed: a clean-clone CI run once saw four of them not
-            # asked again within 40 s (cause not found; recorded for issue 14).
-            await wait_for(requeued_asked_again, 90, f"the revoked jobs asked again {requeued}")
+            # A bound, not a speed: a clean-clone CI run once saw four revoked jobs not
+            # asked again within 40 s. A job the quarantined worker fetches before its
+            # first refusal goes back with a delay growing with its deliveries (issue 10
+            # needs a flat one for a refusal of one worker), so the bound is generous.
+            await wait_for(requeued_asked_again, 150, f"the revoked jobs asked again {requeued}")
             arrivals = site.arrivals()
     observed = [a for a in observed if a.at < start + OBSERVE_S]
     seen = figures(stamps_of(observed), RATE, start, OBSERVE_S)
