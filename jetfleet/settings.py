@@ -181,6 +181,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     egress: str = ""
     """The egress (network exit) this worker's requests leave by: the key of each
     target's ``egress_rate``."""
+    subnet: str = ""
+    """The network its requests leave from (such as ``10.1.0.0/24``); filled from the
+    identity's ``subnet`` when empty. No two workers of one subnet serve a target at once,
+    and an egress quarantine is on a (subnet, target)."""
     concurrency: int = 8
     """Jobs at once per work lane: per target with consumers of its own, per partition for
     the others (each lane has its own slots, so a target that hangs cannot take another
@@ -503,6 +507,7 @@ def validate(settings: Settings) -> None:
         "worker.identity",
         "at most 256 characters without control characters",
     )
+    _validate_subnet("worker.subnet", settings.worker.subnet)
     owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
     _validate_job_ends(settings)
@@ -526,12 +531,16 @@ def _validate_identity(name: str, identity: IdentitySettings) -> None:
             f"{key}.{field}",
             "at most 256 characters without control characters",
         )
-    if identity.subnet:
+    _validate_subnet(f"{key}.subnet", identity.subnet)
+
+
+def _validate_subnet(key: str, subnet: str) -> None:
+    if subnet:
         try:
-            ipaddress.ip_network(identity.subnet)
+            ipaddress.ip_network(subnet)
         except ValueError as exc:
             raise ConfigError(
-                f"config: {key}.subnet is invalid ({exc}): set it to a network such as "
+                f"config: {key} is invalid ({exc}): set it to a network such as "
                 "10.1.0.0/24 or 2001:db8::/64 (host bits zero)"
             ) from None
 
@@ -584,6 +593,13 @@ def owned_identity(settings: Settings, identity: str) -> IdentitySettings | None
             f"{declared.region!r}: an identity never leaves its region; run {identity!r} "
             f"on a worker of region {declared.region!r}, or give this worker another identity"
         )
+    if declared.subnet and worker.subnet and declared.subnet != worker.subnet:
+        raise ConfigError(
+            f"config: worker.subnet is {worker.subnet!r} but {key}.subnet is "
+            f"{declared.subnet!r}: an identity's requests leave from its own subnet; set "
+            f"worker.subnet to {declared.subnet!r} (or leave it empty), or give this worker "
+            "another identity"
+        )
     if declared.egress and worker.egress and declared.egress != worker.egress:
         raise ConfigError(
             f"config: worker.egress is {worker.egress!r} but {key}.egress is "
@@ -608,6 +624,7 @@ def with_identity(settings: Settings, identity: str) -> Settings:
         identity=identity,
         region=settings.worker.region or (declared.region if declared else ""),
         egress=settings.worker.egress or (declared.egress if declared else ""),
+        subnet=settings.worker.subnet or (declared.subnet if declared else ""),
     )
     return msgspec.structs.replace(settings, worker=worker)
 

@@ -70,6 +70,8 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     reason: str = ""
     fence: int = 0
     detail: str = ""
+    subnet: str = ""
+    """The worker's subnet (``worker.subnet``), for egress and second-order rules."""
 
 
 class Duplicate(msgspec.Struct, frozen=True, omit_defaults=True):

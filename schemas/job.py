@@ -42,6 +42,8 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     """An explicit key meaning "this unit of work is done"; empty derives one from the URL."""
     pin_identity: ShortText = ""
     """Only a worker owning this identity may run the job."""
+    pin_region: ShortText = ""
+    """Only a worker of this region (``worker.region``) may run the job."""
     store_body: bool = False
     timeout_s: Seconds = 0.0
     """Per-attempt time budget; 0 takes the target's."""

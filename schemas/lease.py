@@ -38,6 +38,10 @@ class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True)
     """The identity the job is pinned to, if any (as long as ``Job.pin_identity``)."""
     egress: Name = ""
     """The egress the worker's requests leave by (its per-egress rate limit)."""
+    subnet: ShortText = ""
+    """The network the worker's requests leave from (``worker.subnet``), if declared."""
+    pin_region: ShortText = ""
+    """The region the job is pinned to, if any (``Job.pin_region``)."""
     sends_request: bool = True
     """True: the grant takes the rate permit of the attempt's first request. Workers
     before permits moved to the worker sent True (the default, so they omit it) unless
@@ -106,6 +110,9 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     worker: str
     identity: str = ""
     reply_subject: str = ""
+    subnet: str = ""
+    """The holder's subnet (``LeaseRequest.subnet``), so a quarantine of it finds its
+    leases."""
     fence: int = 0
     """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
 

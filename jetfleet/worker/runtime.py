@@ -667,6 +667,8 @@ class Worker:
             reply_subject=msg.reply or "",
             pin_identity=order.job.pin_identity,
             egress=self.settings.worker.egress,
+            subnet=self.settings.worker.subnet,
+            pin_region=order.job.pin_region,
             # This worker takes its permits itself, just before each request; false
             # also keeps a leaser from before that from taking a second one at grant.
             sends_request=False,
@@ -1343,6 +1345,7 @@ class Worker:
             reason=verdict.reason,
             fence=fence,
             detail=verdict.detail[:500],
+            subnet=self.settings.worker.subnet,
         )
         subject = subjects.outcome(order.target, order.job.id)
         if kind == "ok":

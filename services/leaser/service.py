@@ -207,6 +207,7 @@ class Leaser:
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,
+                subnet=request.subnet,
             )
             try:
                 fence = await self.store.create(record, self.ttl_s)
