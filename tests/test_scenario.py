@@ -1,4 +1,5 @@
-"""The leasing walkthrough's JSON, run against the real services (its own nats-server)."""
+"""The leasing and containment walkthroughs' JSON, run against the real services (their
+own nats-server and redis-server)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ REFERENCE_SAME = {
 
 def test_scenario_json_matches_the_reference_walkthrough() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "jetfleet", "scenario", "--json"],
+        [sys.executable, "-m", "jetfleet", "scenario", "--json", "--leasing-only"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -47,3 +48,37 @@ def test_scenario_json_matches_the_reference_walkthrough() -> None:
     events = [e["detail"] for e in with_keys["events"]]
     assert "j-101 by w-south: rejected:fenced-out" in events
     assert "j-105 by w-north: rejected:lease-expired" in events
+
+
+# What the containment walkthrough must show, written out here rather than read from the
+# module, so a change to its expectations has to change the test too.
+CONTAINMENT = {
+    "challenges_met": 3,
+    "retirements": 1,
+    "retired_on_other_targets": 0,
+    "requeued_committed_elsewhere": 4,
+    "revoked_committed_by_retired": 0,
+    "shop_requests_by_retired_after_retirement": 0,
+    "news_commits_by_retired": 3,
+    "second_order_retirements": 0,
+    "side_effects": 10,
+    "distinct_jobs": 10,
+}
+
+
+def test_scenario_containment_retires_one_identity_on_one_target_and_requeues_its_work() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "jetfleet", "scenario", "--json", "--containment-only"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-4000:]
+    report = json.loads(out.stdout)
+    assert report["runs"] == []
+    run = report["containment"]
+    assert run["figures"] == CONTAINMENT
+    assert run["matches"] is True
+    assert run["shop_max_1s"] <= run["shop_cap_1s"]
+    what = [e["what"] for e in run["events"]]
+    assert what == ["submit", "submit", "streak", "retire", "start", "requeue"]

@@ -18,7 +18,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.client import submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.dev.embedded import EmbeddedNats
+from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.errors import PermanentFailure
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
@@ -32,7 +32,7 @@ from jetfleet.services.ratelimit import RateLimiter
 from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from jetfleet.services.sink.commit import CommitPolicy
-from jetfleet.settings import FleetSettings, NatsSettings, Settings, TargetSettings
+from jetfleet.settings import FleetSettings, NatsSettings, RedisSettings, Settings, TargetSettings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import read_stream
 from jetfleet.worker.builtin import http_get
@@ -49,10 +49,11 @@ WORKERS = (
 )
 
 
-def scenario_settings(nats_url: str, base_url: str) -> Settings:
+def scenario_settings(nats_url: str, base_url: str, redis_url: str) -> Settings:
     """A 30 s lease and an attempt cap of 3, compressed ``SCALE`` times."""
     return Settings(
         nats=NatsSettings(url=nats_url),
+        redis=RedisSettings(url=redis_url),
         fleet=FleetSettings(
             lease_ttl_s=LEASE_S * SCALE,
             ack_wait_s=40.0 * SCALE,
@@ -90,11 +91,17 @@ def scenario_jobs(base_url: str) -> list[Job]:
 async def run_walkthrough(dedupe: bool) -> Run:
     """One run against a fresh nats-server; returns what it saw."""
     with tempfile.TemporaryDirectory(prefix="jetfleet-scenario-") as folder:
-        server = await asyncio.to_thread(EmbeddedNats(Path(folder)).start)
+        server = await asyncio.to_thread(EmbeddedNats(Path(folder) / "nats").start)
         try:
-            async with TargetSimulator(SimulatorConfig()) as sim:
-                settings = scenario_settings(server.url, sim.base_url)
-                return await _run(settings, sim.base_url, dedupe)
+            # Its own Redis too: the in-flight places and rate cells of a replay never
+            # land in a server the user runs.
+            redis = await asyncio.to_thread(EmbeddedRedis(Path(folder) / "redis").start)
+            try:
+                async with TargetSimulator(SimulatorConfig()) as sim:
+                    settings = scenario_settings(server.url, sim.base_url, redis.url)
+                    return await _run(settings, sim.base_url, dedupe)
+            finally:
+                await asyncio.to_thread(redis.stop)
         finally:
             await asyncio.to_thread(server.stop)
 
