@@ -75,3 +75,21 @@ def test_a_wait_for_the_next_permit_is_known_as_such_unless_a_longer_hold_covers
     blocked.blocked("t", 30.0)  # the target said to wait: a permit wait inside it is not
     blocked.wait_for_permit("t", 0.5)
     assert not blocked.waiting_for_permit("t")
+
+
+def test_a_hold_about_this_worker_alone_is_known_as_such_until_a_fleet_hold_covers_it() -> None:
+    gate = TargetGate()
+    gate.hold("shop", 5.0, only_here=True)
+    assert gate.only_here("shop")
+    # A pause or closed window (about the target, for everyone) ends later: jobs then
+    # wait like any held job, since no other worker may run them either.
+    gate.hold("shop", 10.0)
+    assert not gate.only_here("shop")
+    assert not gate.only_here("news")
+
+
+def test_a_permit_wait_inside_a_hold_about_this_worker_leaves_it_about_this_worker() -> None:
+    gate = TargetGate()
+    gate.hold("shop", 5.0, only_here=True)
+    gate.wait_for_permit("shop", 0.5)  # shorter: within the hold, changes nothing
+    assert gate.only_here("shop") and not gate.waiting_for_permit("shop")

@@ -113,6 +113,9 @@ TARGET_WIDE_REFUSALS = frozenset(
         "caps-unavailable",
     }
 )
+# Of those, the ones about this worker or its identity only (the others may run the job):
+# its jobs go back at a flat pace, not one growing with their deliveries.
+WORKER_SCOPED_REFUSALS = frozenset({"quarantined", "version-not-approved"})
 # Refusals whose retry-after is the moment the target's next permit frees.
 RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
 MIN_RATE_WAIT_S = 0.01
@@ -434,6 +437,14 @@ class Worker:
         """
         return max(wait, self.pace.growing_s(target, msg.metadata.num_delivered or 1))
 
+    def _elsewhere_delay(self, msg: Msg, target: str) -> float:
+        """How long a job refused to this worker alone (its quarantine) stays away: as
+        long as a target-busy job, the same for every delivery while it has deliveries
+        to spare, so another worker runs it soon. A delay growing with its deliveries
+        kept jobs revoked by a quarantine away for minutes (issue 10). This worker
+        holds the target meanwhile, so it refuses each job at most once a hold."""
+        return self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
+
     def _rate_wait_delay(self, msg: Msg, target: str, wait: float) -> float:
         """How long a job handed back for want of a rate permit stays away: ``wait``, and
         at least a target-busy job's (hand_back_pace.py), the same for every delivery
@@ -528,6 +539,8 @@ class Worker:
             # batch): do not call it yet. No lease is taken, so nothing is spent.
             if self.gate.waiting_for_permit(target):
                 delay = self._rate_wait_delay(msg, target, wait)
+            elif self.gate.only_here(target):
+                delay = self._elsewhere_delay(msg, target)
             else:
                 delay = self._hand_back_delay(msg, target, wait)
             await self._hand_back(msg, target, "held", delay)
@@ -716,8 +729,12 @@ class Worker:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
-                self.gate.hold(target, retry_after)
-                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+                if reply.reason in WORKER_SCOPED_REFUSALS:
+                    self.gate.hold(target, retry_after, only_here=True)
+                    delay = self._elsewhere_delay(msg, target)
+                else:
+                    self.gate.hold(target, retry_after)
+                    delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
                 # each delivery, to one lease request per HAND_BACK_MAX_S; a job pinned to

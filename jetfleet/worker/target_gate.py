@@ -22,6 +22,7 @@ class TargetGate:
         self._suspect: set[str] = set()
         self._probing: set[str] = set()
         self._blocks: dict[str, int] = {}
+        self._only_here: dict[str, float] = {}
 
     def block_streak(self, target: str) -> int:
         """How many blocks in a row ``target`` answered this worker (0 once it answers
@@ -32,9 +33,21 @@ class TargetGate:
         """Seconds this worker must still leave ``target`` alone (0 when free)."""
         return max(0.0, self._until.get(target, 0.0) - time.monotonic())
 
-    def hold(self, target: str, seconds: float) -> None:
-        """Leave ``target`` alone for ``seconds`` (a refusal that concerns the target)."""
-        self._until[target] = max(self._until.get(target, 0.0), time.monotonic() + seconds)
+    def hold(self, target: str, seconds: float, only_here: bool = False) -> None:
+        """Leave ``target`` alone for ``seconds`` (a refusal that concerns the target).
+        ``only_here``: the refusal is about this worker or its identity (a quarantine),
+        so other workers may run the target's jobs meanwhile (``only_here_for``)."""
+        until = time.monotonic() + seconds
+        self._until[target] = max(self._until.get(target, 0.0), until)
+        if only_here:
+            self._only_here[target] = max(self._only_here.get(target, 0.0), until)
+
+    def only_here(self, target: str) -> bool:
+        """Whether the hold on ``target`` in force now is only about this worker: no
+        hold for the whole fleet (a pause, a closed window, a permit wait) or a block
+        ends later. A job put back meanwhile should go to another worker soon."""
+        held = self.held_for(target) > 0
+        return held and self._only_here.get(target, 0.0) >= self._until[target]
 
     def wait_for_permit(self, target: str, seconds: float) -> None:
         """Leave ``target`` alone until its next rate permit frees, in ``seconds``: the
