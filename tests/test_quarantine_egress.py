@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -278,12 +280,11 @@ async def test_bad_egress_commands_are_refused_with_what_to_fix(
 
 @pytest.fixture
 def retiring(settings: Settings) -> Settings:
-    """The retire rule too (2 challenges retire an identity), and a 3 s second-order
-    window, so a neighbour's mark lapses within a test."""
+    """The retire rule (2 challenges retire an identity) and no egress rule."""
     quarantine = msgspec.structs.replace(
         settings.quarantine,
         rules=(RETIRE,),
-        second_order_window_s=3.0,
+        second_order_window_s=120.0,
         egress=EgressRule(identities=0),
     )
     return msgspec.structs.replace(settings, quarantine=quarantine)
@@ -300,6 +301,17 @@ async def retire(nc: NatsClient, identity: str, subnet: str) -> None:
     await wait_for(retired, 30.0, f"{identity} retired on shop")
 
 
+@contextlib.asynccontextmanager
+async def serving(settings: Settings, services: InProcessStack) -> AsyncIterator[QuarantineService]:
+    """A quarantine replica with ``settings`` (not the stack's), drained at the end."""
+    replica = QuarantineService(settings, services.connections[0])
+    await replica.start()
+    try:
+        yield replica
+    finally:
+        await replica.drain(5.0)
+
+
 def second_order(records: QuarantineView) -> dict[str, str]:
     return {r.name: r.second_order_of for r in records.records}
 
@@ -307,9 +319,7 @@ def second_order(records: QuarantineView) -> dict[str, str]:
 async def test_I6_second_order_count_is_zero_when_one_identity_is_retired(
     retiring: Settings, nc: NatsClient, services: InProcessStack
 ) -> None:
-    replica = QuarantineService(retiring, services.connections[0])
-    await replica.start()
-    try:
+    async with serving(retiring, services) as replica:
         await retire(nc, "id-a", NET_A)
         await retire(nc, "id-c", NET_B)  # another subnet: no neighbour
         assert second_order(await view(nc)) == {"id-a": "", "id-c": ""}
@@ -317,16 +327,12 @@ async def test_I6_second_order_count_is_zero_when_one_identity_is_retired(
         status = await services.status()
         assert status.second_order == 0 and len(status.quarantines) == 2
         assert {r.subnet for r in status.quarantines} == {NET_A, NET_B}
-    finally:
-        await replica.drain(5.0)
 
 
 async def test_I6_second_order_counts_a_neighbour_retired_within_the_window(
     retiring: Settings, nc: NatsClient, services: InProcessStack
 ) -> None:
-    replica = QuarantineService(retiring, services.connections[0])
-    await replica.start()
-    try:
+    async with serving(retiring, services) as replica:
         await retire(nc, "id-a", NET_A)
         # Released at once: the retirement still happened, and its mark stays.
         assert (
@@ -335,32 +341,41 @@ async def test_I6_second_order_counts_a_neighbour_retired_within_the_window(
         await retire(nc, "id-b", NET_A)
         assert second_order(await view(nc)) == {"id-b": "id-a"}
         assert replica.second_order.counted.get(target=SHOP) == 1
-    finally:
-        await replica.drain(5.0)
 
     # A restarted service sees the same neighbours: the marks are in jf-control.
-    restarted = QuarantineService(retiring, services.connections[0])
-    await restarted.start()
-    try:
+    async with serving(retiring, services) as restarted:
         await retire(nc, "id-d", NET_A)
         assert second_order(await view(nc))["id-d"] in ("id-a", "id-b")
         assert restarted.second_order.counted.get(target=SHOP) == 1
         status = await services.status()
         assert status.second_order == 2
 
-        # Once the window has passed (the marks lapse by the server's TTL), a retirement
-        # on the subnet is first-order again.
+
+async def test_I6_a_retirement_after_the_neighbours_window_is_first_order(
+    retiring: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    short = msgspec.structs.replace(
+        retiring,
+        quarantine=msgspec.structs.replace(retiring.quarantine, second_order_window_s=3.0),
+    )
+    async with serving(short, services) as replica:
+        await retire(nc, "id-a", NET_A)
         marks = f"$KV.{subjects.BUCKET_CONTROL}.{subjects.QUARANTINE_RETIRED_PREFIX}.>"
+        control_stream = f"KV_{subjects.BUCKET_CONTROL}"
+
+        async def marked() -> bool:
+            return await count_messages(nc.jetstream(), control_stream, marks) == 1
 
         async def marks_lapsed() -> bool:
-            return await count_messages(nc.jetstream(), f"KV_{subjects.BUCKET_CONTROL}", marks) == 0
+            return await count_messages(nc.jetstream(), control_stream, marks) == 0
 
-        await wait_for(marks_lapsed, 15.0, "the retirement marks to lapse")
-        await retire(nc, "id-e", NET_A)
-        assert second_order(await view(nc))["id-e"] == ""
-        assert restarted.second_order.counted.get(target=SHOP) == 1
-    finally:
-        await restarted.drain(5.0)
+        await wait_for(marked, 10.0, "id-a's retirement mark")
+
+        # The mark lapses by the server's TTL once the window has passed.
+        await wait_for(marks_lapsed, 15.0, "id-a's retirement mark to lapse")
+        await retire(nc, "id-b", NET_A)
+        assert second_order(await view(nc)) == {"id-a": "", "id-b": ""}
+        assert replica.second_order.counted.values == {}
 
 
 async def test_status_and_the_cli_list_show_records_and_proposals(
@@ -374,14 +389,10 @@ async def test_status_and_the_cli_list_show_records_and_proposals(
         retiring,
         quarantine=msgspec.structs.replace(retiring.quarantine, egress=EGRESS),
     )
-    replica = QuarantineService(both, services.connections[0])
-    await replica.start()
-    try:
+    async with serving(both, services):
         await retire(nc, "id-a", NET_A)
         await retire(nc, "id-b", NET_A)  # also the second identity of NET_A: a proposal
         id_ = await proposed(nc)
-    finally:
-        await replica.drain(5.0)
     config = tmp_path / "jetfleet.toml"
     config.write_text(settings_toml(both))
 
