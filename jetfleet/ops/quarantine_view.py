@@ -10,6 +10,10 @@ timestamp.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
 import msgspec
 from nats.js import JetStreamContext
 
@@ -23,6 +27,7 @@ from jetfleet.stream_reader import read_stream
 CONTROL_STREAM = f"KV_{subjects.BUCKET_CONTROL}"
 RECORD_PREFIX = "quarantine"
 _record_decoder = msgspec.json.Decoder(QuarantineRecord)
+T = TypeVar("T")
 
 
 class RecordShown(QuarantineRecord, frozen=True):
@@ -70,8 +75,25 @@ async def _latest(js: JetStreamContext, prefix: str) -> list[tuple[bytes, float 
     return list(latest.values())
 
 
+def _decoded(
+    decode: Callable[[bytes], T], entries: list[tuple[bytes, float | None, float]]
+) -> Iterator[tuple[T, float | None, float]]:
+    """The entries that decode. One that does not (written by hand, or by a version that
+    spelled it otherwise) is left out: status must answer whatever a key holds."""
+    for data, ttl_s, stored_s in entries:
+        try:
+            yield decode(data), ttl_s, stored_s
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+
+
 async def read_quarantines(js: JetStreamContext) -> QuarantineView:
     """Every record in force and every proposal, oldest first, with time left."""
+    found = await asyncio.gather(_latest(js, RECORD_PREFIX), _latest(js, PROPOSAL_PREFIX))
+    records, proposals = (sorted(entries, key=lambda e: e[2]) for entries in found)
+    view = QuarantineView()
+    if not records and not proposals:
+        return view  # the usual answer: no round trip for the server's time
     # nats-py's JetStreamContext has no public getter for its connection; the clock needs
     # it to read the server's time.
     now = await ServerClock(js._nc, CONTROL_STREAM).now()
@@ -83,15 +105,12 @@ async def read_quarantines(js: JetStreamContext) -> QuarantineView:
         age_s = max(0.0, now_s - stored_s)
         return round(age_s, 1), None if ttl_s is None else round(max(0.0, ttl_s - age_s), 1)
 
-    view = QuarantineView()
-    for data, ttl_s, stored_s in sorted(await _latest(js, RECORD_PREFIX), key=lambda e: e[2]):
-        record = _record_decoder.decode(data)
+    for record, ttl_s, stored_s in _decoded(_record_decoder.decode, records):
         age_s, left_s = timing(ttl_s or (record.for_s or None), stored_s)
         view.records.append(
             RecordShown(**msgspec.structs.asdict(record), age_s=age_s, left_s=left_s)
         )
-    for data, ttl_s, stored_s in sorted(await _latest(js, PROPOSAL_PREFIX), key=lambda e: e[2]):
-        proposal = decode_proposal(data)
+    for proposal, ttl_s, stored_s in _decoded(decode_proposal, proposals):
         age_s, left_s = timing(ttl_s, stored_s)
         view.proposals.append(
             ProposalShown(**msgspec.structs.asdict(proposal), age_s=age_s, left_s=left_s)
