@@ -14,6 +14,10 @@ also rebuilds the windows after a restart: the service keeps no state of its own
 that fired it, so neither a second replica nor a replay after a restart sets a record
 again from the same evidence (and a record an operator released stays released). The
 marker is claimed by compare-and-set before the record is sent, so only one replica sends.
+
+Each event also feeds the egress rule (``egress_proposals``: several identities of one
+subnet blocked propose an egress quarantine for an operator), and each retirement set is
+marked for ``second_order`` counting; their logic lives in those modules.
 """
 
 from __future__ import annotations
