@@ -263,6 +263,31 @@ DEFAULT_QUARANTINE_RULES = (
 )
 
 
+class EgressRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """``[quarantine.egress]``: ``identities`` distinct identities of one subnet with an
+    outcome whose reason is in ``on``, on one target within ``window_s`` seconds by the
+    NATS server's clock, propose an egress quarantine of (subnet, target) for an operator
+    to approve (docs/quarantine.md#egress-proposals)."""
+
+    identities: int = 2
+    """Distinct identities of one subnet that make a proposal; 0 proposes nothing."""
+    window_s: float = 600.0
+    for_s: float = 3600.0
+    """How long the egress record lasts once approved (0: until released)."""
+    on: str | tuple[str, ...] = ("challenged", "blocked")
+    """An outcome reason (``challenged``, ``blocked``, ``rate-limited``) or a list."""
+    proposal_ttl_s: float = 86400.0
+    """How long a proposal waits for an answer before it lapses (and how long a rejected
+    one is shown), by the server's per-key TTL."""
+    name: str = "egress-subnet-blocked"
+    """What the proposal's ``set_by`` (``rule:<name>``) and its fired marker call it."""
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The outcome reasons it counts."""
+        return (self.on,) if isinstance(self.on, str) else self.on
+
+
 class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The quarantine service (``jetfleet serve quarantine``)."""
 
@@ -270,6 +295,11 @@ class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     """``[[quarantine.rules]]``; an empty list (``rules = []``) sets no rule."""
     max_evidence: int = 20
     """How many of the outcome events that fired a rule its record names (job ids)."""
+    egress: EgressRule = EgressRule()
+    """``[quarantine.egress]``: when blocks on one subnet propose an egress quarantine."""
+    second_order_window_s: float = 3600.0
+    """A retirement whose neighbour (another identity of the same subnet) was retired on
+    the same target this recently counts as second-order."""
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -840,6 +870,52 @@ def _validate_quarantine(quarantine: QuarantineSettings) -> None:
             rule.label not in names, f"{key}.name", f"a name no other rule has, not {rule.label!r}"
         )
         names.add(rule.label)
+    _validate_egress(quarantine.egress, names)
+    _require(
+        0 < quarantine.second_order_window_s <= MAX_RULE_WINDOW_S,
+        "quarantine.second_order_window_s",
+        f"a number of seconds above 0 and at most {MAX_RULE_WINDOW_S:g} (a week)",
+    )
+
+
+_RULE_NAME = re.compile(r"[a-z0-9](?:[a-z0-9._-]{0,62}[a-z0-9])?")
+
+
+def _validate_egress(egress: EgressRule, rule_names: set[str]) -> None:
+    key = "quarantine.egress"
+    _require(
+        egress.identities == 0 or egress.identities >= 2,
+        f"{key}.identities",
+        "a whole number >= 2 (distinct identities of one subnet), or 0 to propose nothing",
+    )
+    _require(
+        bool(egress.reasons) and all(r in QUARANTINE_REASONS for r in egress.reasons),
+        f"{key}.on",
+        f"one of {', '.join(QUARANTINE_REASONS)} or a list of them, not {egress.on!r}",
+    )
+    _require(
+        0 < egress.window_s <= MAX_RULE_WINDOW_S and math.isfinite(egress.window_s),
+        f"{key}.window_s",
+        f"a number of seconds above 0 and at most {MAX_RULE_WINDOW_S:g} (a week)",
+    )
+    _require(
+        egress.for_s == 0 or 1 <= egress.for_s <= MAX_RULE_WINDOW_S,
+        f"{key}.for_s",
+        f"0 (until released) or a number of seconds from 1 to {MAX_RULE_WINDOW_S:g}",
+    )
+    _require(
+        1 <= egress.proposal_ttl_s <= MAX_RULE_WINDOW_S,
+        f"{key}.proposal_ttl_s",
+        f"a number of seconds from 1 to {MAX_RULE_WINDOW_S:g} (how long a proposal waits)",
+    )
+    _require(
+        bool(_RULE_NAME.fullmatch(egress.name))
+        and ".." not in egress.name
+        and egress.name not in rule_names,
+        f"{key}.name",
+        "lowercase letters, digits, '-', '_' or '.', at most 64 characters, starting and "
+        "ending with a letter or digit, no '..', and no rule's name",
+    )
 
 
 def _require(ok: bool, key: str, what: str) -> None:

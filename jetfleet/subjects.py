@@ -31,6 +31,8 @@ BUCKET_TARGETS = "jf-targets"  # target -> limits set at run time (jetfleet targ
 BUCKET_ROBOTS = "jf-robots"  # target -> its robots.txt as fetched (max age: the cache TTL)
 # In jf-control: which outcome event last fired a quarantine rule (per rule, scope, target).
 QUARANTINE_FIRED_PREFIX = "quarantine-fired"
+QUARANTINE_PROPOSAL_PREFIX = "quarantine-proposal"  # egress proposals awaiting an operator
+QUARANTINE_RETIRED_PREFIX = "quarantine-retired"  # recent retirements, for second-order counts
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message

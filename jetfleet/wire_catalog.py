@@ -34,8 +34,10 @@ from jetfleet.schemas.lease import (
     LeaseRecord,
     QuarantineCommand,
     QuarantineFired,
+    QuarantineProposal,
     QuarantineRecord,
     QuarantineReply,
+    QuarantineRetired,
 )
 from jetfleet.schemas.permit import PermitCall, RatelimitReply
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
@@ -222,8 +224,9 @@ CHANNELS: tuple[Channel, ...] = (
         kind="request",
         payload=QuarantineCommand,
         description=(
-            "Operators set, release or list quarantines of a (worker or identity, target) "
-            "scope; setting one revokes its live leases and requeues their jobs at once."
+            "Operators set, release or list quarantines of a (worker, identity or egress "
+            "subnet, target) scope, and approve or reject egress proposals; setting one "
+            "revokes its live leases and requeues their jobs at once."
         ),
         queue_group=QUEUE_LEASER,
         reply="quarantine-reply",
@@ -305,6 +308,23 @@ CHANNELS: tuple[Channel, ...] = (
         payload=QuarantineFired,
         description="The newest outcome event that fired a quarantine rule for one scope "
         "on one target, kept past the longest rule window (docs/quarantine.md).",
+    ),
+    Channel(
+        name="quarantine-proposals",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.QUARANTINE_PROPOSAL_PREFIX}.{{id}}",
+        kind="kv",
+        payload=QuarantineProposal,
+        description="An egress quarantine a rule proposes for an operator to approve or "
+        "reject, with a per-key TTL: one nobody answers lapses (docs/quarantine.md).",
+    ),
+    Channel(
+        name="quarantine-retired",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.QUARANTINE_RETIRED_PREFIX}"
+        ".{target}.{subnet_hash}.{identity_hash}",
+        kind="kv",
+        payload=QuarantineRetired,
+        description="A retirement the quarantine service set, kept for "
+        "quarantine.second_order_window_s, so a neighbour's counts as second-order.",
     ),
 )
 

@@ -6,7 +6,7 @@ the server's per-key TTL; no worker or service clock decides whether a lease is 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas.events import CommittedResult, DeadLetter
@@ -155,7 +155,9 @@ class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
     yet marked). A redelivered submission whose claim is routed is not routed again."""
 
 
-QuarantineScope = Literal["worker", "identity"]
+QuarantineScope = Literal["worker", "identity", "egress"]
+"""What a record keeps from a target: one worker, one identity (on any worker), or every
+worker whose requests leave from one egress subnet (its name is the subnet)."""
 
 
 class Evidence(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -181,6 +183,53 @@ class QuarantineRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     ``jetfleet quarantine set``; empty in records from before this field."""
     evidence: list[Evidence] = []
     """The outcome events that fired the rule (at most ``quarantine.max_evidence``)."""
+    subnet: str = ""
+    """The subnet the retired identity's requests left from (its newest evidence's
+    ``Outcome.subnet``), so a neighbour's retirement can be told second-order."""
+    second_order_of: str = ""
+    """The identity of the same subnet retired on the same target within
+    ``quarantine.second_order_window_s`` before this one, if any: containment failed to
+    stop the block from spreading to a neighbour."""
+    proposed_by: str = ""
+    """For an egress record an operator approved: the rule that proposed it
+    (``rule:<name>``); ``set_by`` is then ``operator``."""
+
+
+ProposalId = Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
+"""An egress proposal's id: 16 hex digits (``jetfleet quarantine list`` shows them)."""
+ProposalState = Literal["proposed", "rejected"]
+
+
+class QuarantineProposal(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An egress quarantine a rule proposes and an operator approves or rejects, in
+    ``jf-control`` under ``quarantine-proposal.<id>`` with a per-key TTL: one nobody
+    answers lapses. Approved, it becomes a ``QuarantineRecord`` of scope ``egress``."""
+
+    id: str
+    subnet: str
+    target: str
+    reason: str = ""
+    for_s: float = 0.0
+    """How long the egress record lasts once approved (0: until released)."""
+    set_by: str = ""
+    """The rule that proposed it: ``rule:<name>``."""
+    identities: list[str] = []
+    """The distinct identities of the subnet whose blocks made the proposal."""
+    evidence: list[Evidence] = []
+    state: ProposalState = "proposed"
+    """``rejected``: an operator said no; kept (until its TTL) so it shows, and so the
+    same evidence does not propose it again."""
+    answered_by: str = ""
+    """Who rejected it, and why (``jetfleet quarantine reject --reason``)."""
+
+
+class QuarantineRetired(msgspec.Struct, frozen=True):
+    """Per (target, subnet, identity), in ``jf-control``: the quarantine service retired
+    the identity there, kept for ``quarantine.second_order_window_s`` by the server's
+    per-key TTL, so a neighbour retired after it counts as second-order."""
+
+    identity: str
+    subnet: str
 
 
 class QuarantineFired(msgspec.Struct, frozen=True):
@@ -208,7 +257,23 @@ class QuarantineList(msgspec.Struct, frozen=True, tag="list"):
     """List quarantine records."""
 
 
-QuarantineCommand = QuarantineSet | QuarantineRelease | QuarantineList
+class QuarantineApprove(msgspec.Struct, frozen=True, tag="approve"):
+    """Approve an egress proposal: it becomes an egress record in force (the subnet's
+    held leases on the target revoked and requeued) and the proposal goes."""
+
+    id: ProposalId
+
+
+class QuarantineReject(msgspec.Struct, frozen=True, tag="reject", omit_defaults=True):
+    """Reject an egress proposal: no record; it stays, rejected, until its TTL."""
+
+    id: ProposalId
+    reason: ShortText = ""
+
+
+QuarantineCommand = (
+    QuarantineSet | QuarantineRelease | QuarantineList | QuarantineApprove | QuarantineReject
+)
 
 
 class QuarantineReply(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -219,3 +284,5 @@ class QuarantineReply(msgspec.Struct, frozen=True, omit_defaults=True):
     revoked: list[str] = []
     """Job ids whose leases were revoked and requeued at once."""
     detail: str = ""
+    proposals: list[QuarantineProposal] = []
+    """The egress proposal an approve or reject answered."""

@@ -44,3 +44,18 @@ def test_a_quarantine_set_from_the_cli_says_an_operator_set_it() -> None:
     command = _command(_args("set", "demo"), settings)
     assert isinstance(command, QuarantineSet)
     assert (command.record.set_by, command.record.evidence) == ("operator", [])
+
+
+def test_the_cli_sets_and_releases_an_egress_quarantine_by_subnet() -> None:
+    settings = make_settings(
+        "nats://127.0.0.1:1", "redis://127.0.0.1:1", {"demo": target("http://127.0.0.1:1/")}
+    )
+    args = _args("set", "demo")
+    args.worker, args.subnet = None, "10.1.0.0/24"
+    command = _command(args, settings)
+    assert isinstance(command, QuarantineSet)
+    assert (command.record.scope, command.record.name) == ("egress", "10.1.0.0/24")
+    args.quarantine_action = "release"
+    assert _command(args, settings) == QuarantineRelease(
+        scope="egress", name="10.1.0.0/24", target="demo"
+    )

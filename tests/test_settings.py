@@ -432,3 +432,24 @@ def test_two_rules_with_one_name_are_refused(tmp_path: Path) -> None:
     message = config_error(tmp_path, RULE + RULE)
     assert "quarantine.rules[1].name is invalid" in message
     assert "retire-challenged-3-in-600s" in message
+
+
+def test_quarantine_egress_and_second_order_load_from_toml(tmp_path: Path) -> None:
+    text = (
+        "[quarantine]\nsecond_order_window_s = 1800\n"
+        '[quarantine.egress]\nidentities = 3\nwindow_s = 120\nfor_s = 0\non = "challenged"\n'
+        'proposal_ttl_s = 600\nname = "subnet-3"\n'
+    )
+    quarantine = load_text(tmp_path, text).quarantine
+    egress = quarantine.egress
+    assert (egress.identities, egress.window_s, egress.for_s) == (3, 120.0, 0.0)
+    assert (egress.reasons, egress.proposal_ttl_s, egress.name) == (
+        ("challenged",),
+        600.0,
+        "subnet-3",
+    )
+    assert quarantine.second_order_window_s == 1800.0
+    defaults = load_settings(None, {}).quarantine
+    assert (defaults.egress.identities, defaults.second_order_window_s) == (2, 3600.0)
+    with pytest.raises(ConfigError, match=r"quarantine\.egress\.identities is invalid"):
+        load_text(tmp_path, "[quarantine.egress]\nidentities = 1\n")

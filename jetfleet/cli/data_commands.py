@@ -14,6 +14,7 @@ import msgspec
 
 from jetfleet import subjects
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
+from jetfleet.cli.quarantine_commands import print_quarantines
 from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -22,6 +23,9 @@ from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
+
+MAX_QUARANTINES_SHOWN = 50
+"""Rows of quarantines and of proposals ``jetfleet status`` prints (``--json``: all)."""
 
 
 def register(commands: Any) -> None:
@@ -51,8 +55,10 @@ def register(commands: Any) -> None:
         help="per-target counts from durable state",
         description="submitted, queued, leased, committed, dead, rejected per target and in "
         "total, read from the streams and consumers (not from any service's memory); then "
-        "the rate limiter's health (ok, or failing-closed while its Redis does not answer) "
-        "and the targets held fleet-wide with the seconds left (at most 50 listed).",
+        "the rate limiter's health (ok, or failing-closed while its Redis does not answer), "
+        "the targets held fleet-wide with the seconds left (at most 50 listed), and the "
+        "quarantines in force and egress proposals (second-order retirements counted; at "
+        "most 50 of each listed).",
     )
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_run_status)
@@ -195,6 +201,9 @@ async def _status(settings: Settings, as_json: bool) -> int:
     if status.admitting:
         print(f"\n{status.admitting} submission(s) awaiting admission")
     _print_limiter(status)
+    if status.quarantines or status.proposals:
+        print()
+        print_quarantines(status.quarantines, status.proposals, most=MAX_QUARANTINES_SHOWN)
     if not status.conserved:
         # Read again already; a difference that lasts while jobs flow fast can still be
         # jobs in motion, so say how to tell.

@@ -45,12 +45,26 @@ _PARAMETERS: Mapping[str, JsonObject] = {
     },
     "key": {"description": "An idempotency key (u-<sha256 prefix> or x-<sha256 prefix>)."},
     "job_id": {"description": "A job id (letters, digits, _ = . -; at most 128)."},
-    "scope": {"description": "The quarantined scope's kind.", "enum": ["worker", "identity"]},
-    "name": {"description": "The worker id or identity quarantined."},
-    "rule": {"description": "A quarantine rule's name (quarantine.rules[].name)."},
+    "scope": {
+        "description": "The quarantined scope's kind.",
+        "enum": ["worker", "identity", "egress"],
+    },
+    "name": {
+        "description": "The worker id, identity or egress subnet quarantined (spelled in "
+        "base32 after b32- when it is not a plain key token).",
+    },
+    "rule": {
+        "description": "A quarantine rule's name (quarantine.rules[].name, or "
+        "quarantine.egress.name).",
+    },
     "scope_hash": {
         "description": "The first 32 hex digits of the SHA-256 of the scope's kind, a NUL "
-        "and its worker id or identity.",
+        "and its worker id, identity or subnet.",
+    },
+    "id": {"description": "An egress proposal's id: 16 hex digits."},
+    "subnet_hash": {"description": "The first 32 hex digits of the SHA-256 of the subnet."},
+    "identity_hash": {
+        "description": "The first 32 hex digits of the SHA-256 of the identity.",
     },
 }
 

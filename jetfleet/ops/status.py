@@ -17,6 +17,7 @@ from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.ops.dead_letters import purged_counts
 from jetfleet.ops.limiter_state import LimiterHealth, TargetHold, limiter_state
+from jetfleet.ops.quarantine_view import ProposalShown, RecordShown, read_quarantines
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
 from jetfleet.target_places import TargetPlaces
@@ -77,6 +78,12 @@ class FleetStatus(msgspec.Struct):
     ``MAX_HOLDS_SHOWN`` of them."""
     held: int = 0
     """How many targets are held in all (``holds`` may list fewer)."""
+    quarantines: list[RecordShown] = msgspec.field(default_factory=list)
+    """The quarantine records in force (worker, identity and egress), with time left."""
+    proposals: list[ProposalShown] = msgspec.field(default_factory=list)
+    """Egress proposals waiting for an operator (and rejected ones until they lapse)."""
+    second_order: int = 0
+    """Retirements in force that followed a neighbour's on the same subnet and target."""
 
 
 async def confirmed_status(
@@ -132,6 +139,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(dedicated, lambda t: _leased(js, t)),
         _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
         limiter_state(settings),
+        read_quarantines(js),
     )
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
@@ -141,6 +149,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
             leased_by_consumers,
             shared_leased,
             limiter,
+            quarantines,
         ),
     ) = await asyncio.gather(first, second)
     committed = Counter(results) + duplicates
@@ -176,6 +185,9 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         rate_limiter_detail=limiter.detail,
         holds=limiter.holds,
         held=limiter.held,
+        quarantines=quarantines.records,
+        proposals=quarantines.proposals,
+        second_order=quarantines.second_order,
     )
 
 

@@ -283,7 +283,7 @@ class _Containment:
             "news_commits_by_retired": sum(
                 1 for r in results if r.target == NEWS and r.identity == identity
             ),
-            "second_order_retirements": _neighbours_retired(records),
+            "second_order_retirements": sum(1 for r in records if r.second_order_of),
             "side_effects": len(results),
             "distinct_jobs": len({r.job_id for r in results}),
         }
@@ -303,17 +303,6 @@ class _Containment:
             shop_max_1s=most_in_any_window(stamps, 1.0),
             shop_cap_1s=int(SHOP_RATE) + SHOP_BURST,
         )
-
-
-def _neighbours_retired(records: list[QuarantineRecord]) -> int:
-    """Identities retired on a target after another of their subnet was retired there
-    (every record of a run falls within one window)."""
-    seen: dict[tuple[str, str], int] = {}
-    for r in records:
-        if r.scope == "identity" and r.name in IDENTITIES:
-            key = (r.target, IDENTITIES[r.name].subnet)
-            seen[key] = seen.get(key, 0) + 1
-    return sum(n - 1 for n in seen.values())
 
 
 async def _outcomes(js: object) -> list[tuple[int, Outcome]]:

@@ -6,6 +6,8 @@ be read."""
 
 from __future__ import annotations
 
+import ipaddress
+
 import msgspec
 from jetfleet.schemas.lease import (
     LeaseCall,
@@ -13,6 +15,8 @@ from jetfleet.schemas.lease import (
     LeaseRequest,
     QuarantineCommand,
     QuarantineRecord,
+    QuarantineReject,
+    QuarantineRelease,
     QuarantineReply,
     QuarantineSet,
 )
@@ -51,10 +55,28 @@ def refuse_lease_call(settings: Settings, call: LeaseCall) -> LeaseRefusal | Non
 def refuse_command(settings: Settings, command: QuarantineCommand) -> QuarantineReply | None:
     """A quarantine set that is out of bounds, with what to fix. A release may name any
     valid target (one dropped from the settings may still have records to lift)."""
+    if isinstance(command, QuarantineReject) and not command.reason.isprintable():
+        return QuarantineReply(ok=False, detail="reason: printable characters only")
+    if isinstance(command, QuarantineRelease) and command.scope == "egress":
+        why = subnet_objection(command.name)
+        return QuarantineReply(ok=False, detail=f"quarantine not released: {why}") if why else None
     if not isinstance(command, QuarantineSet):
         return None
     why = record_objection(settings, command.record)
     return QuarantineReply(ok=False, detail=f"quarantine not set: {why}") if why else None
+
+
+def subnet_objection(subnet: str) -> str | None:
+    """What is wrong with ``subnet`` as an egress record's name, or None. It is compared
+    with what workers send (``worker.subnet``) as written, so only the canonical spelling
+    of a network is taken: any other would quarantine nobody."""
+    try:
+        network = ipaddress.ip_network(subnet)
+    except ValueError as exc:
+        return f"{subnet!r} is not a network ({exc}): give one such as 10.1.0.0/24"
+    if str(network) != subnet:
+        return f"write the subnet {subnet!r} as {str(network)!r}, as worker.subnet spells it"
+    return None
 
 
 def record_objection(settings: Settings, record: QuarantineRecord) -> str | None:
@@ -70,6 +92,10 @@ def record_objection(settings: Settings, record: QuarantineRecord) -> str | None
     why = undeclared(settings, record.target, "leaser")
     if why:
         return f"record.target: {why}"
+    if record.scope == "egress":
+        why = subnet_objection(record.name)
+        if why:
+            return f"record.name: {why}"
     if not 0 <= record.for_s <= QUARANTINE_MAX_FOR_S:
         return (
             f"record.for_s is {record.for_s}: give a duration from 0 (until released) to "
@@ -87,6 +113,10 @@ def _provenance_objection(record: QuarantineRecord) -> str | None:
     """What is wrong with who set the record and the evidence it names, or None."""
     if len(record.set_by) > QUARANTINE_MAX_SET_BY_CHARS or not record.set_by.isprintable():
         return f"record.set_by: at most {QUARANTINE_MAX_SET_BY_CHARS} printable characters"
+    for field in ("subnet", "second_order_of", "proposed_by"):
+        value = getattr(record, field)
+        if len(value) > 256 or not value.isprintable():
+            return f"record.{field}: at most 256 printable characters"
     if len(record.evidence) > QUARANTINE_MAX_EVIDENCE:
         return (
             f"record.evidence names {len(record.evidence)} outcome events: at most "

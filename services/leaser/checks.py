@@ -112,9 +112,13 @@ async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
 
 
 async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
-    """The worker or its identity is quarantined on this target."""
+    """The worker, its identity or its egress subnet is quarantined on this target."""
     req = ctx.request
-    for scope, name in (("worker", req.worker), ("identity", req.identity)):
+    for scope, name in (
+        ("worker", req.worker),
+        ("identity", req.identity),
+        ("egress", req.subnet),
+    ):
         record = await ctx.quarantine.get(scope, name, req.target)  # type: ignore[arg-type]
         if record is not None:
             return LeaseRefusal(

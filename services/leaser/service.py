@@ -20,12 +20,13 @@ from jetfleet.schemas.lease import (
     LeaseRenew,
     LeaseReply,
     LeaseRequest,
+    QuarantineApprove,
     QuarantineCommand,
     QuarantineList,
     QuarantineRecord,
+    QuarantineReject,
     QuarantineRelease,
     QuarantineReply,
-    QuarantineSet,
     Sealed,
 )
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
@@ -35,6 +36,7 @@ from jetfleet.services.leaser.checks import (
     first_objection,
     taking_objection,
 )
+from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
@@ -106,8 +108,10 @@ class Leaser:
                 "(the in-flight caps cannot be checked)",
                 self.settings.redis.url,
             )
-        self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
+        control = await self.js.key_value(subjects.BUCKET_CONTROL)
+        self.quarantine = QuarantineBook(self.js, control)
         await self.quarantine.start()
+        self.proposals = ProposalAnswers(self.settings, self.js, control, self.set_record)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -286,16 +290,21 @@ class Leaser:
         await self.places.free(request.target, request.job_id)
         return await answer_settled(self.js, request, sealed)
 
-    async def command(
-        self, command: QuarantineSet | QuarantineRelease | QuarantineList
-    ) -> QuarantineReply:
-        """Apply an operator's quarantine command."""
+    async def command(self, command: QuarantineCommand) -> QuarantineReply:
+        """Apply a quarantine command (an operator's, or a rule's set)."""
         if isinstance(command, QuarantineList):
             return QuarantineReply(ok=True, records=await self.quarantine.all())
         if isinstance(command, QuarantineRelease):
             await self.quarantine.remove(command.scope, command.name, command.target)
             return QuarantineReply(ok=True)
-        kept = await self._kept_over(command.record)
+        if isinstance(command, QuarantineApprove | QuarantineReject):
+            return await self.proposals.answer(command)
+        return await self.set_record(command.record)
+
+    async def set_record(self, record: QuarantineRecord) -> QuarantineReply:
+        """Store a quarantine record (unless a rule's would replace one it must keep),
+        then revoke the scope's held leases on the target and requeue their jobs."""
+        kept = await self._kept_over(record)
         if kept is not None:
             return QuarantineReply(
                 ok=True,
@@ -303,20 +312,18 @@ class Leaser:
                 detail=f"kept the record in force (set by {kept.set_by or 'unknown'}, "
                 f"for_s {kept.for_s:g}): a rule does not shorten or replace it",
             )
-        await self.quarantine.put(command.record)
-        revoked = await self.revoke_scope(
-            command.record.scope, command.record.name, command.record.target
-        )
+        await self.quarantine.put(record)
+        revoked = await self.revoke_scope(record.scope, record.name, record.target)
         log.warning(
             "quarantined %s %s on %s (%s); revoked %d lease(s)",
-            command.record.scope,
-            command.record.name,
-            command.record.target,
-            command.record.reason,
+            record.scope,
+            record.name,
+            record.target,
+            record.reason,
             len(revoked),
         )
-        self._spawn_task(self._sweep_again(command.record))
-        return QuarantineReply(ok=True, records=[command.record], revoked=revoked)
+        self._spawn_task(self._sweep_again(record))
+        return QuarantineReply(ok=True, records=[record], revoked=revoked)
 
     async def _kept_over(self, record: QuarantineRecord) -> QuarantineRecord | None:
         """The record in force that a rule's ``record`` must not replace, if any.
@@ -358,7 +365,9 @@ class Leaser:
         revoked = []
         for live in await self.store.all_live():
             record = live.record
-            holder = record.worker if scope == "worker" else record.identity
+            holder = {"worker": record.worker, "identity": record.identity}.get(
+                scope, record.subnet
+            )
             if record.target != target or holder != name:
                 continue
             if await self.store.revoke(live):

@@ -14,6 +14,10 @@ also rebuilds the windows after a restart: the service keeps no state of its own
 that fired it, so neither a second replica nor a replay after a restart sets a record
 again from the same evidence (and a record an operator released stays released). The
 marker is claimed by compare-and-set before the record is sent, so only one replica sends.
+
+Each event also feeds the egress rule (``egress_proposals``: several identities of one
+subnet blocked propose an egress quarantine for an operator), and each retirement set is
+marked for ``second_order`` counting; their logic lives in those modules.
 """
 
 from __future__ import annotations
@@ -29,29 +33,25 @@ from dataclasses import dataclass, field
 import msgspec
 from jetfleet.schemas.lease import (
     Evidence,
-    QuarantineFired,
     QuarantineRecord,
     QuarantineReply,
     QuarantineSet,
 )
 from jetfleet.schemas.names import RequiredName
+from jetfleet.services.quarantine.egress_proposals import EgressProposals
+from jetfleet.services.quarantine.fired_markers import Claim, FiredMarkers
 from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
+from jetfleet.services.quarantine.second_order import SecondOrder
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import (
-    APIError,
-    FetchTimeoutError,
-    KeyNotFoundError,
-    KeyWrongLastSequenceError,
-)
+from nats.js.errors import FetchTimeoutError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
-from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.metrics import CounterFamily
 from jetfleet.outcome_events import read_outcome
 from jetfleet.server_clock import ServerClock
@@ -71,7 +71,6 @@ INACTIVE_S = 300.0
 # leaser answers or its evidence is older than the record would last. A refusal is final.
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
-CLAIM_ATTEMPTS = 5
 SET_TIMEOUT_S = 10.0
 # A fired marker outlives the longest window by this much, so a replay that could
 # rebuild the same window always finds it.
@@ -84,9 +83,6 @@ FORGET_EVERY = 1000
 
 _encoder = msgspec.json.Encoder()
 _reply_decoder = msgspec.json.Decoder(QuarantineReply)
-
-
-_marker_decoder = msgspec.json.Decoder(QuarantineFired)
 
 
 def _wire_name(name: str) -> bool:
@@ -135,16 +131,6 @@ def record_for(firing: Firing, max_evidence: int) -> QuarantineRecord:
 
 
 @dataclass
-class Claim:
-    """A fired marker this replica moved to its firing's newest evidence."""
-
-    key: str
-    revision: int
-    previous: int | None
-    """The marker's seq before (None: there was none), put back if the send fails."""
-
-
-@dataclass
 class Pending:
     """A firing not yet answered by the leaser."""
 
@@ -178,7 +164,10 @@ class QuarantineService:
             "jetfleet_quarantine_fired_total",
             "Rules met, by rule, target and what came of it (set, kept, already-fired, failed)",
         )
-        self.metrics = [self.events, self.fired]
+        self.egress = EgressProposals(settings)
+        self.second_order = SecondOrder(settings)
+        self.metrics = [self.events, self.fired, *self.egress.metrics, *self.second_order.metrics]
+        self.markers: FiredMarkers | None = None
         self.next_seq: int | None = None
         """The ``JF_OUTCOMES`` sequence to read next (None: start from the server's now
         less the longest window)."""
@@ -193,11 +182,15 @@ class QuarantineService:
     @property
     def longest_window_s(self) -> float:
         """The longest rule window: how far back a (re)started replica reads."""
-        return max((r.window_s for r in self.settings.quarantine.rules), default=0.0)
+        windows = [r.window_s for r in self.settings.quarantine.rules]
+        return max([*windows, self.egress.window_s], default=0.0)
 
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
         self._control = await self.js.key_value(subjects.BUCKET_CONTROL)
+        self.markers = FiredMarkers(self.js, self._control, self.longest_window_s + MARKER_MARGIN_S)
+        self.egress.start(self.js, self._control, self.markers)
+        self.second_order.start(self.js)
         if not self.settings.quarantine.rules:
             log.warning("no quarantine.rules configured: the quarantine service sets nothing")
         self._loop = asyncio.create_task(self._read())
@@ -292,12 +285,15 @@ class QuarantineService:
         self.events.inc(verdict="counted")
         at_s = msg.metadata.timestamp.timestamp()
         self._newest_at_s = max(self._newest_at_s, at_s)
-        for firing in self.windows.observe(Seen(at_s=at_s, seq=seq, outcome=event)):
+        seen = Seen(at_s=at_s, seq=seq, outcome=event)
+        for firing in self.windows.observe(seen):
             await self.apply(firing)
+        await self.egress.observe(seen)
         self._read_since_forget += 1
         if self._read_since_forget >= FORGET_EVERY:
             self._read_since_forget = 0
             self.windows.forget_before(at_s)
+            self.egress.forget_before(at_s)
 
     async def apply(self, firing: Firing) -> None:
         """Claim the firing's marker and send its record, unless its evidence fired before.
@@ -379,6 +375,7 @@ class QuarantineService:
         unanswered (kept pending)."""
         firing = pending.firing
         record = record_for(firing, self.settings.quarantine.max_evidence)
+        record = await self.second_order.neighboured(firing, record)
         command = _encoder.encode(QuarantineSet(record=record))
         try:
             answer = await self.nc.request(subjects.QUARANTINE, command, timeout=SET_TIMEOUT_S)
@@ -421,6 +418,7 @@ class QuarantineService:
             self._count(firing, "kept")
             return
         self._count(firing, "set")
+        await self.second_order.retired(firing, record)
         log.warning(
             "%s: quarantined %s %s on %s for %g s; the leaser revoked %d lease(s)",
             record.set_by,
@@ -438,48 +436,12 @@ class QuarantineService:
         """Move the firing's marker to its newest evidence, atomically (compare and set on
         the marker's revision), so of two replicas only one sends; or the marker's seq if
         it already covers the firing's oldest evidence."""
-        assert self._control is not None
-        key = marker_key(firing)
-        for _ in range(CLAIM_ATTEMPTS):
-            try:
-                entry = await self._control.get(key)
-                revision, value = entry.revision or 0, entry.value
-            except KeyNotFoundError as exc:  # none, or deleted (its tombstone's revision)
-                gone = getattr(exc, "entry", None)
-                revision, value = (gone.revision or 0) if gone is not None else 0, b""
-            previous = _marker_decoder.decode(value).seq if value else None
-            if previous is not None and previous >= firing.evidence[0].seq:
-                return previous
-            try:
-                mine = await self._write_marker(key, firing.evidence[-1].seq, revision)
-            except KeyWrongLastSequenceError:
-                continue  # another replica moved it meanwhile: read it again
-            return Claim(key, mine, previous)
-        raise RuntimeError(f"the fired marker {key} kept changing")
-
-    async def _write_marker(self, key: str, seq: int, last: int) -> int:
-        """Write a marker if its revision is still ``last`` (0: it does not exist), with
-        the TTL every marker carries; its new revision."""
-        ttl = ttl_whole_seconds(self.longest_window_s + MARKER_MARGIN_S)
-        subject = f"$KV.{subjects.BUCKET_CONTROL}.{key}"
-        headers = {js_api.Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(last)}
-        try:
-            ack = await self.js.publish(
-                subject, _encoder.encode(QuarantineFired(seq=seq)), headers=headers, msg_ttl=ttl
-            )
-        except APIError as err:
-            if err.err_code in (10071, 10164):
-                raise KeyWrongLastSequenceError from err
-            raise
-        return int(ack.seq)
+        assert self.markers is not None
+        return await self.markers.claim(
+            marker_key(firing), firing.evidence[0].seq, firing.evidence[-1].seq
+        )
 
     async def _unclaim(self, claim: Claim | None) -> None:
-        """Put a claimed marker back as it was, so the firing is not taken as sent (a
-        replay may set it); unless another replica moved the marker on since."""
-        if claim is None or self._control is None:
-            return
-        with contextlib.suppress(Exception):
-            if claim.previous is None:
-                await self._control.delete(claim.key, last=claim.revision)
-            else:
-                await self._write_marker(claim.key, claim.previous, claim.revision)
+        """Put a claimed marker back as it was (unless another replica moved it on)."""
+        if self.markers is not None:
+            await self.markers.unclaim(claim)
