@@ -565,14 +565,22 @@ def _validate_identity(name: str, identity: IdentitySettings) -> None:
 
 
 def _validate_subnet(key: str, subnet: str) -> None:
-    if subnet:
-        try:
-            ipaddress.ip_network(subnet)
-        except ValueError as exc:
-            raise ConfigError(
-                f"config: {key} is invalid ({exc}): set it to a network such as "
-                "10.1.0.0/24 or 2001:db8::/64 (host bits zero)"
-            ) from None
+    if not subnet:
+        return
+    try:
+        network = ipaddress.ip_network(subnet)
+    except ValueError as exc:
+        raise ConfigError(
+            f"config: {key} is invalid ({exc}): set it to a network such as "
+            "10.1.0.0/24 or 2001:db8::/64 (host bits zero)"
+        ) from None
+    # Subnets are compared as text (egress records, the subnet lanes): one network
+    # spelled two ways would be two subnets.
+    if str(network) != subnet:
+        raise ConfigError(
+            f"config: {key} is {subnet!r}: write it as {str(network)!r} (the canonical "
+            "spelling; subnets are compared as written)"
+        )
 
 
 def _validate_state_dirs(identities: dict[str, IdentitySettings]) -> None:

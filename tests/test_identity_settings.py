@@ -94,6 +94,16 @@ def test_a_subnet_that_is_not_a_network_is_refused_with_an_example(tmp_path: Pat
     )
 
 
+def test_a_subnet_spelled_other_than_canonically_is_refused_with_its_canonical_spelling(
+    tmp_path: Path,
+) -> None:
+    # Egress records and subnet lanes compare subnets as text.
+    message = config_error(tmp_path, TARGET + '[identities.x]\nsubnet = "2001:DB8::/64"\n')
+    assert "identities.x.subnet is '2001:DB8::/64'" in message and "'2001:db8::/64'" in message
+    message = config_error(tmp_path, TARGET + '[worker]\nsubnet = "2001:db8:0::/64"\n')
+    assert "worker.subnet" in message and "'2001:db8::/64'" in message
+
+
 def test_an_unknown_key_inside_an_identity_is_named_with_the_identity(tmp_path: Path) -> None:
     message = config_error(tmp_path, TARGET + '[identities.alice]\ncookies = "x"\n')
     assert "unknown key 'identities.alice.cookies'" in message
