@@ -128,15 +128,15 @@ def _span(text: str) -> tuple[int, int]:
     if len(parts) != 2:
         raise WindowError(
             "active_hours",
-            f"span {text!r} is not START-END: write it as \"08:00-18:00\" (HH:MM or "
-            "HH:MM:SS, 24-hour; an end before the start crosses midnight)"
+            f'span {text!r} is not START-END: write it as "08:00-18:00" (HH:MM or '
+            "HH:MM:SS, 24-hour; an end before the start crosses midnight)",
         )
     start, end = (_seconds(part.strip(), text) for part in parts)
     if start == end or start >= DAY_S:
         raise WindowError(
             "active_hours",
             f"span {text!r} is empty or starts at 24:00: give a start from 00:00 to "
-            "23:59:59 and a different end (\"00:00-24:00\" is the whole day)"
+            '23:59:59 and a different end ("00:00-24:00" is the whole day)',
         )
     return start, end
 
@@ -147,7 +147,7 @@ def _seconds(part: str, span: str) -> int:
         raise WindowError(
             "active_hours",
             f"span {span!r}: {part!r} is not a time: write HH:MM or HH:MM:SS, 24-hour "
-            "(\"08:00\", \"22:30:15\")"
+            '("08:00", "22:30:15")',
         )
     hours, minutes, seconds = int(match[1]), int(match[2]), int(match[3] or 0)
     if hours == 24 and (minutes or seconds):
@@ -173,11 +173,13 @@ def _zone(name: str) -> ZoneInfo:
         raise WindowError(
             "timezone",
             f"time zone {name!r} is not known ({exc}): use an IANA name such as "
-            "\"Europe/Lisbon\" or \"UTC\""
+            '"Europe/Lisbon" or "UTC"',
         ) from None
 
 
 @functools.lru_cache(maxsize=1024)
-def window_of(hours: tuple[str, ...], days: tuple[str, ...], timezone: str) -> ActivityWindow | None:
+def window_of(
+    hours: tuple[str, ...], days: tuple[str, ...], timezone: str
+) -> ActivityWindow | None:
     """``ActivityWindow.parse``, kept: the leaser asks on every grant."""
     return ActivityWindow.parse(hours, days, timezone)

@@ -19,7 +19,9 @@ def at(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text)
 
 
-def window(hours: tuple[str, ...] = (), days: tuple[str, ...] = (), tz: str = "UTC"):
+def window(
+    hours: tuple[str, ...] = (), days: tuple[str, ...] = (), tz: str = "UTC"
+) -> ActivityWindow:
     parsed = ActivityWindow.parse(hours, days, tz)
     assert parsed is not None
     return parsed
@@ -156,7 +158,9 @@ def test_a_bad_window_setting_names_its_key_and_the_fix(
 def test_a_window_closed_longer_than_the_jobs_max_age_is_refused(tmp_path: Path) -> None:
     # Open one hour a week; jobs live a day: a job submitted at closing would expire.
     with pytest.raises(ConfigError) as info:
-        _load(tmp_path, 'active_hours = ["10:00-11:00"]\nactive_days = ["mon"]\nmax_age_s = 86400\n')
+        _load(
+            tmp_path, 'active_hours = ["10:00-11:00"]\nactive_days = ["mon"]\nmax_age_s = 86400\n'
+        )
     message = str(info.value)
     assert "targets.shop.active_hours is invalid" in message
     assert "closed for up to 167 h" in message
