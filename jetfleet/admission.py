@@ -35,7 +35,13 @@ _Reject = Callable[..., Rejection]
 def job_key(job: Job) -> str:
     """The idempotency key of ``job``: the one derivation admission and replay share."""
     return idempotency_key(
-        job.handler, job.url, job.pin_identity, job.idempotency_key, job.args, job.store_body
+        job.handler,
+        job.url,
+        job.pin_identity,
+        job.idempotency_key,
+        job.args,
+        job.store_body,
+        pin_region=job.pin_region,
     )
 
 
