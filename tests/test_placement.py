@@ -13,17 +13,24 @@ from zoneinfo import ZoneInfo
 
 import msgspec
 import pytest
-from jetfleet.schemas import CommittedResult
+from jetfleet.schemas import CommittedResult, Job, Rejection, WorkOrder
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.admission import admit
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import confirmed_status
 from jetfleet.results import iter_results
 from jetfleet.server_clock import ServerClock
-from jetfleet.settings import Settings, TargetSettings, min_max_deliver, validate
+from jetfleet.settings import (
+    IdentitySettings,
+    Settings,
+    TargetSettings,
+    min_max_deliver,
+    validate,
+)
 from jetfleet.simulator import TargetSimulator
 from jetfleet.simulator.counters import Visit
 from jetfleet.stream_reader import count_messages
@@ -268,3 +275,29 @@ async def test_a_target_outside_its_window_gets_nothing_and_its_backlog_drains_w
 
 async def _refused(stack: InProcessStack) -> bool:
     return refusals(stack, "outside-window") > 0
+
+
+# --- admission --------------------------------------------------------------------------
+
+
+def test_admission_refuses_an_identity_pin_and_a_region_pin_that_can_never_agree(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    base = placement_settings(nats_url, redis_url, simulator)
+    settings = msgspec.structs.replace(base, identities={"alice": IdentitySettings(region="eu")})
+    url = base.targets["demo"].base_url + "page/1"
+
+    def verdict(pin_identity: str = "", pin_region: str = "") -> WorkOrder | Rejection:
+        job = Job(id="pinned-1", url=url, pin_identity=pin_identity, pin_region=pin_region)
+        return admit("jf.submit.demo", msgspec.json.encode(job), settings)
+
+    refused = verdict(pin_identity="alice", pin_region="us")
+    assert isinstance(refused, Rejection)
+    assert refused.reason == "unsatisfiable-pin"
+    assert "identities.alice.region" in refused.message
+    assert "drop one of the pins" in refused.message
+    # Agreeing pins, one pin alone, or an identity whose region is not declared here:
+    # admitted (whether a worker of a region runs cannot be known at admission).
+    assert isinstance(verdict(pin_identity="alice", pin_region="eu"), WorkOrder)
+    assert isinstance(verdict(pin_region="mars"), WorkOrder)
+    assert isinstance(verdict(pin_identity="bob", pin_region="us"), WorkOrder)
