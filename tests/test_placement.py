@@ -8,7 +8,9 @@ import asyncio
 import contextlib
 import datetime
 import itertools
+import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import msgspec
@@ -16,10 +18,12 @@ import pytest
 from jetfleet.schemas import CommittedResult, Job, Rejection, WorkOrder
 from nats.aio.client import Client as NatsClient
 
+import jetfleet.cli.main as cli_main
 from jetfleet import subjects
 from jetfleet.admission import admit
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
+from jetfleet.dev.settings_file import settings_toml
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import confirmed_status
 from jetfleet.results import iter_results
@@ -301,3 +305,28 @@ def test_admission_refuses_an_identity_pin_and_a_region_pin_that_can_never_agree
     assert isinstance(verdict(pin_identity="alice", pin_region="eu"), WorkOrder)
     assert isinstance(verdict(pin_region="mars"), WorkOrder)
     assert isinstance(verdict(pin_identity="bob", pin_region="us"), WorkOrder)
+
+
+async def test_jetfleet_submit_pins_jobs_to_a_region(
+    nats_url: str,
+    redis_url: str,
+    simulator: TargetSimulator,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    settings = placement_settings(nats_url, redis_url, simulator)
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(settings))
+    async with running(settings) as stack:
+        nc = stack.connections[0]
+        await add_worker(stack, "w-eu", region="eu")
+        await add_worker(stack, "w-us", region="us")
+        argv = ["--config", str(config), "--stack", str(tmp_path / "none"), "submit", "demo"]
+        argv += [*pages(6), "--pin-region", "us", "--json"]
+        capsys.readouterr()
+        assert await asyncio.to_thread(cli_main.main, argv) == 0
+        ids = json.loads(capsys.readouterr().out)["submitted"]
+        await wait_committed(nc, len(ids), 60, "the pinned jobs committed")
+        results = await committed(nc)
+        assert set(results) == set(ids)
+        assert {r.worker for r in results.values()} == {"w-us"}
