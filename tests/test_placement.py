@@ -26,6 +26,7 @@ from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import confirmed_status
+from jetfleet.region_presence import RegionPresence
 from jetfleet.results import iter_results
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import (
@@ -330,3 +331,26 @@ async def test_jetfleet_submit_pins_jobs_to_a_region(
         results = await committed(nc)
         assert set(results) == set(ids)
         assert {r.worker for r in results.values()} == {"w-us"}
+
+
+async def test_a_region_is_present_while_a_worker_of_it_announces_and_lapses_after(
+    settings: Settings, nc: NatsClient
+) -> None:
+    announcing = asyncio.create_task(RegionPresence(nc.jetstream()).announce("eu", 2.0))
+    try:
+
+        async def eu_present() -> bool:
+            return await RegionPresence(nc.jetstream()).present("eu")  # uncached
+
+        await wait_for(eu_present, 10, "region eu announced")
+        assert not await RegionPresence(nc.jetstream()).present("ap")
+    finally:
+        announcing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await announcing
+
+    async def eu_gone() -> bool:
+        return not await RegionPresence(nc.jetstream()).present("eu")
+
+    # The last announcement lapses by the server's per-key TTL (2 s).
+    await wait_for(eu_gone, 10, "region eu's announcement to lapse")
