@@ -22,22 +22,16 @@ from typing import Any, cast
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.inflight_caps import NOW_MS_LUA, CapsUnavailable
 
 KEY_PREFIX = "jf:subnet:"
 
-_NOW_MS = """
-redis.replicate_commands()
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-"""
 
 # ARGV: job id, worker, subnet, ttl ms. Returns {1, 0} when the job's member is taken or
 # lengthened, {0, ms} when another worker of the subnet holds the target (ms: until the
 # soonest of its members runs out, unless renewed).
 _TAKE = (
-    _NOW_MS
+    NOW_MS_LUA
     + """
 local mine = ARGV[1] .. '\\n' .. ARGV[2] .. '\\n' .. ARGV[3]
 local suffix = '\\n' .. ARGV[3]
@@ -67,7 +61,7 @@ return {1, 0}
 # ARGV: member, ttl ms. Lengthens a member still there (XX): a renewal that lands after
 # the job's release must not bring it back. 1 when it was there.
 _KEEP = (
-    _NOW_MS
+    NOW_MS_LUA
     + """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 redis.call('ZADD', KEYS[1], 'XX', 'GT', now + tonumber(ARGV[2]), ARGV[1])

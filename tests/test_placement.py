@@ -9,7 +9,6 @@ import contextlib
 import datetime
 import itertools
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -42,7 +41,7 @@ from jetfleet.stream_reader import count_messages
 from jetfleet.topology import declare
 from jetfleet.worker import Worker
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.stack import InProcessStack
+from tests.stack import InProcessStack, running_stack
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -67,17 +66,6 @@ def placement_settings(
 
 def pages(n: int, route: str = "page") -> list[str]:
     return [f"/{route}/{next(_PAGES)}" for _ in range(n)]
-
-
-@contextlib.asynccontextmanager
-async def running(settings: Settings) -> AsyncIterator[InProcessStack]:
-    """The services, no workers yet; stopped (workers too) on the way out."""
-    stack = InProcessStack(settings)
-    await stack.start(workers=0)
-    try:
-        yield stack
-    finally:
-        await stack.stop()
 
 
 async def add_worker(
@@ -127,7 +115,7 @@ async def test_region_pinned_jobs_run_only_on_workers_of_their_region(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = placement_settings(nats_url, redis_url, simulator)
-    async with running(settings) as stack:
+    async with running_stack(settings) as stack:
         nc = stack.connections[0]
         await add_worker(stack, "w-eu", region="eu")
         await add_worker(stack, "w-us", region="us")
@@ -152,7 +140,7 @@ async def test_a_job_pinned_to_a_region_no_worker_serves_ends_dead_no_eligible_w
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = placement_settings(nats_url, redis_url, simulator)
-    async with running(settings) as stack:
+    async with running_stack(settings) as stack:
         nc = stack.connections[0]
         await add_worker(stack, "w-eu", region="eu")
         [job] = jobs_for("demo", settings, pages(1), pin_region="ap")
@@ -186,7 +174,7 @@ async def test_two_workers_of_one_subnet_never_serve_a_target_at_once(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
     settings = placement_settings(nats_url, redis_url, simulator)
-    async with running(settings) as stack:
+    async with running_stack(settings) as stack:
         nc = stack.connections[0]
         # Three slots each, so the backlog outlasts the hand-over below.
         first = await add_worker(stack, "w-a1", subnet=SUBNET_A, concurrency=3)
@@ -253,7 +241,7 @@ async def test_a_target_outside_its_window_gets_nothing_and_its_backlog_drains_w
     settings = placement_settings(
         nats_url, redis_url, simulator, active_hours=(span,), timezone=zone
     )
-    async with running(settings) as stack:
+    async with running_stack(settings) as stack:
         nc = stack.connections[0]
         await add_worker(stack, "w-0")
         jobs = jobs_for("demo", settings, pages(8))
@@ -318,7 +306,7 @@ async def test_jetfleet_submit_pins_jobs_to_a_region(
     settings = placement_settings(nats_url, redis_url, simulator)
     config = tmp_path / "jetfleet.toml"
     config.write_text(settings_toml(settings))
-    async with running(settings) as stack:
+    async with running_stack(settings) as stack:
         nc = stack.connections[0]
         await add_worker(stack, "w-eu", region="eu")
         await add_worker(stack, "w-us", region="us")
