@@ -35,7 +35,13 @@ _Reject = Callable[..., Rejection]
 def job_key(job: Job) -> str:
     """The idempotency key of ``job``: the one derivation admission and replay share."""
     return idempotency_key(
-        job.handler, job.url, job.pin_identity, job.idempotency_key, job.args, job.store_body
+        job.handler,
+        job.url,
+        job.pin_identity,
+        job.idempotency_key,
+        job.args,
+        job.store_body,
+        pin_region=job.pin_region,
     )
 
 
@@ -141,6 +147,27 @@ def rejection(
     )
 
 
+def _pins_clash(job: Job, settings: Settings) -> str:
+    """Why no worker could ever run a job pinned to both an identity and a region, or ''.
+
+    Only this can be judged at admission: a declared identity's region is in the
+    settings, and an identity never leaves its region. Whether any worker of a region
+    exists is not (workers are not declared centrally; they come and go), so a job
+    pinned to a region nobody serves is admitted and ends at the backstop
+    (``no-eligible-worker``, docs/leases.md)."""
+    if not job.pin_identity or not job.pin_region:
+        return ""
+    declared = settings.identities.get(job.pin_identity)
+    if declared is None or not declared.region or declared.region == job.pin_region:
+        return ""
+    return (
+        f"pin_identity {job.pin_identity!r} is of region {declared.region!r} "
+        f"(identities.{job.pin_identity}.region) and an identity never leaves its region, "
+        f"so no worker of pin_region {job.pin_region!r} can own it: drop one of the pins "
+        "or make them agree"
+    )
+
+
 def _decode_job(data: bytes, default_id: str) -> tuple[Job, list[str]]:
     """The job in ``data`` (with ``default_id`` when it has no ``id``), and the names of
     any fields it has that the schema does not.
@@ -192,6 +219,9 @@ def _check_job(
             f"handler {job.handler!r} is not known (known: {', '.join(handlers)})",
             job.id,
         )
+    clash = _pins_clash(job, settings)
+    if clash:
+        return reject("unsatisfiable-pin", clash, job.id)
     attempts = min(job.max_attempts or config.max_attempts, config.max_attempts)
     return WorkOrder(
         job=job,

@@ -41,6 +41,7 @@ def idempotency_key(
     explicit: str = "",
     args: Mapping[str, str] | None = None,
     store_body: bool = False,
+    pin_region: str = "",
 ) -> str:
     """The key for one unit of work, safe to use as a NATS KV key and subject token.
 
@@ -48,6 +49,8 @@ def idempotency_key(
     meaning through every retry; otherwise the key is built from the work itself: what
     is fetched (handler, pinned identity, canonical URL) and what is made of it (the
     handler's args, whether the body is kept), so two different jobs never share one.
+    A pinned region counts too (a page seen from another region may differ); it is
+    added only when set, so every key from before region pins stays what it was.
     """
     if explicit:
         return "x-" + _digest(explicit)
@@ -56,6 +59,8 @@ def idempotency_key(
         work += "\n" + json.dumps(sorted(args.items()))
     if store_body:
         work += "\nstore-body"
+    if pin_region:
+        work += "\nregion:" + pin_region
     return "u-" + _digest(work)
 
 

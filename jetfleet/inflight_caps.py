@@ -25,8 +25,9 @@ KEY_PREFIX = "jf:inflight:"
 # Connections one leaser keeps to Redis; each call holds one for a single round trip.
 POOL_SIZE = 32
 
-# Every script first drops the places whose lease ran out, by Redis's clock.
-_NOW_MS = """
+# Every script first drops the places whose lease ran out, by Redis's clock (a sorted
+# set scored by expiry in ms; jetfleet/subnet_holds.py starts its scripts with it too).
+NOW_MS_LUA = """
 redis.replicate_commands()
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -38,7 +39,7 @@ redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 # The key itself expires once idle (twice the longest lease seen); its expiry only ever
 # grows, so a shorter lease cannot take other jobs' places with it.
 _TAKE = (
-    _NOW_MS
+    NOW_MS_LUA
     + """
 local taken = 1
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
@@ -62,7 +63,7 @@ return taken
 # still running (Redis lost its places). GT: a place is only ever lengthened, never cut
 # short. Returns 1 when the job held its place, 0 when it was missing.
 _KEEP = (
-    _NOW_MS
+    NOW_MS_LUA
     + """
 local held = redis.call('ZSCORE', KEYS[1], ARGV[1]) and 1 or 0
 if held == 1 or ARGV[3] == '1' then

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from jetfleet.activity_window import WindowError, window_of
 from jetfleet.errors import ConfigError
 from jetfleet.subjects import TARGET_NAME_RE
 
@@ -68,6 +69,14 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """How old (by the NATS server's clock, from when its work order was stored) a job of
     this target may grow before it is dead-lettered ``expired`` instead of run; 0 takes
     ``fleet.max_job_age_s``."""
+    active_hours: tuple[str, ...] = ()
+    """Local times the target may be sent work in (``"08:00-18:00"``, ``"22:00-02:00"``
+    crosses midnight; HH:MM or HH:MM:SS); empty with ``active_days`` empty: always.
+    Outside them the leaser grants nothing (``outside-window``); jobs wait, unspent."""
+    active_days: tuple[str, ...] = ()
+    """Days (``mon`` ... ``sun``) the spans start on; empty: every day."""
+    timezone: str = ""
+    """The IANA zone of ``active_hours`` (``Europe/Lisbon``); empty: UTC."""
 
 
 class IdentitySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -736,6 +745,10 @@ def _validate_target(name: str, target: TargetSettings) -> None:
         f"{key}.max_age_s",
         "a number of seconds >= 0 (0 takes fleet.max_job_age_s)",
     )
+    try:
+        window_of(target.active_hours, target.active_days, target.timezone)
+    except WindowError as exc:
+        raise ConfigError(f"config: {key}.{exc.setting} is invalid: {exc}") from None
 
 
 _REDIRECT_HOST_RE = re.compile(r"^[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?(?::[0-9]{1,5})?$")
@@ -826,6 +839,28 @@ def _validate_job_ends(settings: Settings) -> None:
     _require(0 < fleet.max_job_age_s <= fleet.retention_s, "fleet.max_job_age_s", "> 0 and " + keep)
     for name, target in settings.targets.items():
         _require(target.max_age_s <= fleet.retention_s, f"targets.{name}.max_age_s", keep)
+        _validate_window_fits_max_age(settings, name)
+
+
+def _validate_window_fits_max_age(settings: Settings, name: str) -> None:
+    """A job submitted as its target's window closes waits the whole closed spell: one
+    longer than the job's max age would end it ``expired`` unrun."""
+    target = settings.targets[name]
+    window = window_of(target.active_hours, target.active_days, target.timezone)
+    if window is None:
+        return
+    closed = window.longest_closed_s()
+    max_age = settings.max_age_s(name)
+    # An hour of margin: a DST change lengthens one closed spell by an hour.
+    if closed + 3600 >= max_age:
+        raise ConfigError(
+            f"config: targets.{name}.active_hours is invalid: the window is closed for up to "
+            f"{closed / 3600:g} h at a stretch, and a job of {name} expires after "
+            f"{max_age / 3600:g} h (targets.{name}.max_age_s, else fleet.max_job_age_s): a job "
+            "submitted at closing would be dead-lettered expired unrun. Widen active_hours "
+            f"or active_days, or set targets.{name}.max_age_s above {closed + 3600:.0f} "
+            "(the longest closed spell plus an hour for a DST change)"
+        )
 
 
 MAX_RULE_WINDOW_S = 7 * 86400.0

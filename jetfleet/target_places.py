@@ -7,6 +7,8 @@ three times the cap. So the leaser takes a place in Redis for every grant
 (``InFlightCaps``), keeps it with each renewal and frees it on release or revoke; the
 sink frees it when it settles the job. Keeping and freeing are best effort, since a place
 also expires with its lease; only taking one can refuse (docs/rate-limits.md).
+A job leased to a worker that declares a subnet also holds its target for that subnet
+(``SubnetHolds``, in the same Redis), kept and freed with its place.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Literal
 
 from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.settings import Settings
+from jetfleet.subnet_holds import SubnetHolds
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +35,29 @@ class TargetPlaces:
         self.targets = list(settings.targets)
         """Every declared target, in declaration order."""
         self.caps = InFlightCaps.connect(settings.redis.url)
+        self.subnets = SubnetHolds(self.caps.client)
+
+    async def hold_subnet(self, target: str, job_id: str, worker: str, subnet: str) -> float | None:
+        """Hold ``target`` for ``subnet`` with this job of ``worker``: None when held,
+        else the seconds until another worker's hold runs out unless renewed. Raises
+        CapsUnavailable when Redis cannot say."""
+        return await self.subnets.take(target, job_id, worker, subnet, self.ttl_s)
+
+    async def unhold_subnet(self, target: str, job_id: str, worker: str, subnet: str) -> None:
+        """Drop the hold an ask took that led to no lease."""
+        try:
+            await self.subnets.drop_member(target, job_id, worker, subnet)
+        except CapsUnavailable as exc:
+            log.warning("could not drop %s's subnet hold (it expires): %s", job_id, exc)
+
+    async def keep_subnet(self, target: str, job_id: str, worker: str, subnet: str) -> bool:
+        """Lengthen the job's subnet hold with its renewed lease; False when it was
+        missing (True when Redis could not say)."""
+        try:
+            return await self.subnets.keep(target, job_id, worker, subnet, self.ttl_s)
+        except CapsUnavailable as exc:
+            log.warning("could not extend %s's subnet hold: %s", job_id, exc)
+            return True
 
     async def take(self, target: str, job_id: str, cap: int) -> Taken:
         """A place for ``job_id`` under ``cap``; raises CapsUnavailable when Redis
@@ -49,10 +75,18 @@ class TargetPlaces:
             log.warning("could not extend %s's place under its cap: %s", job_id, exc)
             return True
 
-    async def free(self, target: str, job_id: str) -> None:
-        """Free the job's place now (released, revoked or settled)."""
+    async def free_place(self, target: str, job_id: str) -> None:
+        """Free only the job's place (the ask that took it led to no lease)."""
         try:
             await self.caps.drop(target, job_id)
+        except CapsUnavailable as exc:
+            log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
+
+    async def free(self, target: str, job_id: str) -> None:
+        """Free the job's place and its subnet holds now (released, revoked or settled)."""
+        try:
+            await self.caps.drop(target, job_id)
+            await self.subnets.drop(target, job_id)
         except CapsUnavailable as exc:
             log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
 

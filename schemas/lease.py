@@ -89,6 +89,10 @@ class LeaseRefusal(msgspec.Struct, frozen=True, tag="refused", omit_defaults=Tru
     reason: str
     retry_after_s: float = 0.0
     detail: str = ""
+    opens_in_s: float = 0.0
+    """``outside-window``: seconds until the target's activity window opens (its
+    ``retry_after_s`` is capped, so the worker asks again meanwhile); the job itself may
+    stay away this long, spending one delivery, not one per ask."""
 
 
 class LeaseAlreadyDone(msgspec.Struct, frozen=True, tag="already-done", omit_defaults=True):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 from jetfleet.services.leaser import Leaser
 from jetfleet.services.quarantine import QuarantineService
@@ -96,3 +98,14 @@ class InProcessStack:
         await asyncio.gather(*(s.drain(5.0) for s in services if s is not None))
         for nc in self.connections:
             await nc.close()
+
+
+@contextlib.asynccontextmanager
+async def running_stack(settings: Settings, workers: int = 0) -> AsyncIterator[InProcessStack]:
+    """The services and ``workers`` workers (none by default), stopped on the way out."""
+    stack = InProcessStack(settings)
+    await stack.start(workers=workers)
+    try:
+        yield stack
+    finally:
+        await stack.stop()

@@ -6,6 +6,7 @@ hypothesis is not installed here, so the property tests draw their cases from a 
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from urllib.parse import quote
@@ -271,6 +272,15 @@ def test_a_different_pinned_identity_is_different_work() -> None:
     alice = idempotency_key("http.get", "http://h/a", pin_identity="alice")
     bob = idempotency_key("http.get", "http://h/a", pin_identity="bob")
     assert len({base, alice, bob}) == 3
+
+
+def test_a_different_pinned_region_is_different_work_and_no_region_keeps_the_old_key() -> None:
+    base = idempotency_key("http.get", "http://h/a")
+    eu = idempotency_key("http.get", "http://h/a", pin_region="eu")
+    us = idempotency_key("http.get", "http://h/a", pin_region="us")
+    assert len({base, eu, us}) == 3
+    # The key of a job without a region pin is the one it had before pins existed.
+    assert base == "u-" + hashlib.sha256(b"http.get\n\nhttp://h/a").hexdigest()[:40]
 
 
 def test_an_explicit_key_wins_over_handler_url_and_pin() -> None:

@@ -47,6 +47,19 @@ def register(commands: Any) -> None:
     submit.add_argument("--handler", default="http.get", help="handler name (default http.get)")
     submit.add_argument("--tier", default="normal", choices=("high", "normal", "bulk"))
     submit.add_argument("--store-body", action="store_true", help="keep response bodies")
+    submit.add_argument(
+        "--pin-identity",
+        default="",
+        metavar="IDENTITY",
+        help="only the worker owning IDENTITY may run the jobs",
+    )
+    submit.add_argument(
+        "--pin-region",
+        default="",
+        metavar="REGION",
+        help="only workers of REGION (worker.region) may run the jobs; one nobody serves "
+        "ends dead-lettered no-eligible-worker",
+    )
     submit.add_argument("--json", action="store_true", help="print job ids and refusals as JSON")
     submit.set_defaults(run=_run_submit)
 
@@ -128,6 +141,12 @@ def _run_submit(args: argparse.Namespace) -> int:
     # Job (an empty URL, say): the scheduler refuses it with the same reason as anywhere.
     urls = _read_urls(args)
     ids = [new_job_id() for _ in urls]
+    # Pins only when given: the JSON stays what any client sends without them.
+    pins = {
+        name: value
+        for name, value in (("pin_identity", args.pin_identity), ("pin_region", args.pin_region))
+        if value
+    }
     payloads = [
         msgspec.json.encode(
             {
@@ -136,6 +155,7 @@ def _run_submit(args: argparse.Namespace) -> int:
                 "handler": args.handler,
                 "tier": args.tier,
                 "store_body": args.store_body,
+                **pins,
             }
         )
         for job_id, url in zip(ids, urls, strict=True)

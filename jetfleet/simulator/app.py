@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from jetfleet.simulator.config import SimulatorConfig
-from jetfleet.simulator.counters import Arrival, RequestCounters
+from jetfleet.simulator.counters import Arrival, RequestCounters, Visit
 from jetfleet.simulator.routes import TargetRoutes
 
 # How long stop() waits for cancelled handlers to unwind before tearing down anyway.
@@ -162,6 +162,13 @@ class TargetSimulator:
         (``time.monotonic()``, so several simulators in one process line up), ``kind``
         the route kind, ``path`` without the query."""
         return self._counters.arrivals()
+
+    def visits(self) -> list[Visit]:
+        """Returns every answered request since the last reset (the last 100,000 at
+        most) as ``(client, began, ended, path)``: who sent it (the ``X-Jetfleet-Worker``
+        header, else the user agent) and when it arrived and was answered, on the
+        monotonic clock. Who was being served at the same moment is read from these."""
+        return self._counters.visits()
 
     def sessions_issued(self) -> list[str]:
         """Every session token ``/session/N`` has set as its cookie since the last reset,

@@ -27,6 +27,16 @@ class Arrival(NamedTuple):
     path: str
 
 
+class Visit(NamedTuple):
+    """One counted request from arrival to answer (monotonic seconds), and who sent it
+    (``client_id``: the worker header, else the user agent, else the address)."""
+
+    client: str
+    began: float
+    ended: float
+    path: str
+
+
 def most_in_any_window(stamps: Iterable[float], seconds: float) -> int:
     """The most of ``stamps`` (seconds, one clock) in any half-open window
     ``[t, t + seconds)``: the same count for one simulator's arrivals or for several
@@ -76,6 +86,7 @@ class RequestCounters:
         self._most_in_flight: Counter[str] = Counter()
         self._windows: dict[int, int] = {}
         self._arrivals: deque[Arrival] = deque(maxlen=MAX_TIMESTAMPS)
+        self._visits: deque[Visit] = deque(maxlen=MAX_TIMESTAMPS)
 
     def record(self, client_id: str, kind: str, user_agent: str = "", path: str = "") -> None:
         """Counts one request.
@@ -112,6 +123,20 @@ class RequestCounters:
         self._in_flight[kind] -= 1
         self._in_flight[ALL_KINDS] -= 1
 
+    def visited(self, client_id: str, began: float, path: str) -> None:
+        """A request that arrived at ``began`` (this counter's clock) is answered now."""
+        self._visits.append(Visit(client_id, began, self._clock(), path))
+
+    def now(self) -> float:
+        """This counter's clock (monotonic seconds)."""
+        return self._clock()
+
+    def visits(self) -> list[Visit]:
+        """Every answered request since the last reset (the last 100,000 at most), in
+        the order they were answered, with who sent it and when it arrived and ended:
+        for checks of who was being served at the same time."""
+        return list(self._visits)
+
     def in_flight(self, kind: str = ALL_KINDS) -> int:
         """Requests of ``kind`` (default: any) being handled now."""
         return self._in_flight[kind]
@@ -127,6 +152,7 @@ class RequestCounters:
         self._most_in_flight = Counter({k: n for k, n in self._in_flight.items() if n})
         self._windows.clear()
         self._arrivals.clear()
+        self._visits.clear()
 
     def requests_by_path(self) -> dict[str, int]:
         """Requests per path (query left out), for the first 100,000 distinct paths since

@@ -287,7 +287,9 @@ class TargetRoutes:
         if retry_after is not None:
             kind = RATELIMITED_KIND
         agent = request.headers.get("User-Agent", "")
-        self._counters.record(client_id(request), kind, agent, request.path)
+        client = client_id(request)
+        began = self._counters.now()
+        self._counters.record(client, kind, agent, request.path)
         self._counters.began(kind)
         task = asyncio.current_task()
         if task is not None:
@@ -302,6 +304,7 @@ class TargetRoutes:
             return await handler(request)
         finally:
             self._counters.ended(kind)
+            self._counters.visited(client, began, request.path)
             if task is not None:
                 self._inflight.discard(task)
 

@@ -40,6 +40,7 @@ from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.permit_client import PermitClient
 from jetfleet.publish import publish_durably
+from jetfleet.region_presence import RegionPresence
 from jetfleet.retry import RetryPolicy
 from jetfleet.schemas import (
     AttemptRecord,
@@ -111,11 +112,12 @@ TARGET_WIDE_REFUSALS = frozenset(
         "outside-window",
         "version-not-approved",
         "caps-unavailable",
+        "subnet-busy",
     }
 )
 # Of those, the ones about this worker or its identity only (the others may run the job):
 # its jobs go back at a flat pace, not one growing with their deliveries.
-WORKER_SCOPED_REFUSALS = frozenset({"quarantined", "version-not-approved"})
+WORKER_SCOPED_REFUSALS = frozenset({"quarantined", "version-not-approved", "subnet-busy"})
 # Refusals whose retry-after is the moment the target's next permit frees.
 RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
 MIN_RATE_WAIT_S = 0.01
@@ -136,6 +138,9 @@ HAND_BACK_MAX_S = 2.0
 # (the backstop) in moments and leaves the pending window to runnable jobs. A job whose
 # owner is running but busy keeps the growing delay and waits for it.
 PINNED_PATIENCE = 8
+# A job refused outside its target's activity window returns within this many seconds
+# after the window opens (spread, so a backlog does not all ask at the opening instant).
+WINDOW_SPREAD_S = 2.0
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
 RETRY_ELSEWHERE_S = 0.5
@@ -212,6 +217,8 @@ class Worker:
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
         self.identities = IdentityPresence(self.js, self.clock)
+        self.regions = RegionPresence(self.js)
+        self._announcing: asyncio.Task[None] | None = None
         self.claim: IdentityClaim | None = None
         self._claiming: asyncio.Task[None] | None = None
         self.cookies = IdentityCookies(identity, declared.state_dir if declared else "")
@@ -235,6 +242,11 @@ class Worker:
             )
             self._claiming = asyncio.create_task(self._keep_claim(self.claim))
         self.cookies.load()
+        if self.settings.worker.region:
+            # So workers elsewhere know a job pinned to this region has somebody to wait for.
+            self._announcing = asyncio.create_task(
+                self.regions.announce(self.settings.worker.region, self.settings.worker.claim_ttl_s)
+            )
         if not self.settings.fleet.leases:
             log.warning(
                 "fleet.leases = false: no lease and no fence for any job (rate permits are "
@@ -280,6 +292,10 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._announcing is not None:
+            # Not deleted: other workers of the region may share the key; it lapses.
+            with contextlib.suppress(Exception):
+                await _stop(self._announcing)
         if self._claiming is not None:
             # An error it somehow died of must not fail the drain and skip the rest.
             with contextlib.suppress(Exception):
@@ -664,9 +680,10 @@ class Worker:
     async def _ask_and_decide(self, msg: Msg, order: WorkOrder, target: str) -> Held | None:
         if not self.settings.fleet.leases:
             return Held(fence=0, ttl_s=0.0, attempt=0)
-        if await self._nobody_owns_pin(msg, order):
-            # The leaser would refuse it (wrong-identity), and no running worker owns the
-            # identity: straight back, towards the backstop (no-eligible-worker).
+        if await self._nobody_owns_pin(msg, order) or await self._nobody_in_region(msg, order):
+            # The leaser would refuse it (wrong-identity, wrong-region), and no running
+            # worker owns the identity or is of the region: straight back, towards the
+            # backstop (no-eligible-worker).
             await self._hand_back(msg, target, "no-eligible-worker", 0.0)
             return None
         request = LeaseRequest(
@@ -735,6 +752,11 @@ class Worker:
                 else:
                     self.gate.hold(target, retry_after)
                     delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
+                if reply.opens_in_s > 0:
+                    # Outside the target's activity window: the job stays away until it
+                    # opens (jittered, so the backlog does not return at one instant),
+                    # one delivery per closed spell however long, not one per ask.
+                    delay = reply.opens_in_s + random.uniform(0.0, WINDOW_SPREAD_S)
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
                 # each delivery, to one lease request per HAND_BACK_MAX_S; a job pinned to
@@ -774,6 +796,17 @@ class Worker:
         if (msg.metadata.num_delivered or 0) <= PINNED_PATIENCE:
             return False
         return not await self.identities.owned(pin)
+
+    async def _nobody_in_region(self, msg: Msg, order: WorkOrder) -> bool:
+        """Whether the job is pinned to a region this worker is not in, has had its
+        patience, and no running worker of that region announces itself
+        (jetfleet/region_presence.py; one that is only busy does, and its jobs wait)."""
+        pin = order.job.pin_region
+        if not pin or pin == self.settings.worker.region:
+            return False
+        if (msg.metadata.num_delivered or 0) <= PINNED_PATIENCE:
+            return False
+        return not await self.regions.present(pin)
 
     async def _ask_for_lease(
         self, msg: Msg, request: LeaseRequest, timer: AckTimer

@@ -10,8 +10,9 @@ to the worker), so they run one after another, and only once nothing else object
 current worker takes the rate permit itself, just before the request, so the limiter's
 clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
-Later capabilities (pause, approved versions, activity windows) add their check to the
-right tuple; order matters: the most final answers come first.
+Later capabilities (pause, approved versions) add their check to the right tuple; order
+matters: the most final answers come first. A taking check that refuses frees what the
+checks before it took (``free_taken``).
 """
 
 from __future__ import annotations
@@ -32,13 +33,16 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
+from jetfleet.activity_window import window_of
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
 from jetfleet.permit_client import PermitClient
 from jetfleet.results import committed_job
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.settlement import land
+from jetfleet.subnet_holds import canonical_subnet
 from jetfleet.target_places import TargetPlaces
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
@@ -48,6 +52,14 @@ QUARANTINE_RETRY_S = 30.0
 TARGET_BUSY_RETRY_S = 0.25
 CAPS_UNAVAILABLE_RETRY_S = 1.0
 RATELIMIT_UNAVAILABLE = "ratelimit-unavailable"
+# A target outside its activity window is asked about again at least this often, however
+# far off the opening: a config change or a new clock reading may open it sooner.
+WINDOW_RETRY_S = 60.0
+# The server's time cannot be read: a windowed target gets nothing until it can.
+CLOCK_UNKNOWN_RETRY_S = 5.0
+# Another worker of the subnet serves the target: its hold lasts while it keeps leasing
+# jobs of the target, so ask again now and then, not at once.
+SUBNET_BUSY_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +76,11 @@ class GrantContext:
     permits: PermitClient
     took_place: list[bool] = field(default_factory=lambda: [False])
     """Whether ``in_flight_cap`` took a new place (a refused permit frees it)."""
+    clock: ServerClock | None = None
+    """The NATS server's time, for activity windows (never this host's clock)."""
+    took_subnet: list[str] = field(default_factory=list)
+    """The subnet ``subnet_exclusive`` holds the target for with this ask, if it took a
+    hold (freed when the ask leads to no lease)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -143,6 +160,52 @@ async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
     return None
 
 
+async def pinned_region(ctx: GrantContext) -> LeaseRefusal | None:
+    """A job pinned to a region goes only to a worker of that region (``worker.region``,
+    or its identity's)."""
+    req = ctx.request
+    if req.pin_region and req.pin_region != req.region:
+        return LeaseRefusal(
+            reason="wrong-region",
+            # Another worker may be of the region; give it the job quickly.
+            retry_after_s=0.0,
+            detail=f"job is pinned to region {req.pin_region}, worker is in "
+            f"{req.region or 'no region'}",
+        )
+    return None
+
+
+async def outside_window(ctx: GrantContext) -> LeaseRefusal | None:
+    """The target declares an activity window (``active_hours``, ``active_days``,
+    ``timezone``) and the NATS server's now is outside it: no grant, for any worker.
+    ``retry_after_s`` is the time until it opens, at most ``WINDOW_RETRY_S``;
+    ``opens_in_s`` the whole of it, so the job itself may stay away until then."""
+    req = ctx.request
+    target = ctx.settings.targets[req.target]
+    window = window_of(target.active_hours, target.active_days, target.timezone)
+    if window is None:
+        return None
+    now = await ctx.clock.now() if ctx.clock is not None else None
+    if now is None:
+        return LeaseRefusal(
+            reason="outside-window",
+            retry_after_s=CLOCK_UNKNOWN_RETRY_S,
+            detail=f"{req.target} has an activity window and the NATS server's time "
+            "cannot be read now: nothing is granted until it can",
+        )
+    opens_in = window.opens_in_s(now)
+    if opens_in <= 0:
+        return None
+    return LeaseRefusal(
+        reason="outside-window",
+        retry_after_s=min(opens_in, WINDOW_RETRY_S),
+        opens_in_s=opens_in,
+        detail=f"{req.target} is outside its activity window "
+        f"(targets.{req.target}.active_hours): it opens in {opens_in:.0f} s by the NATS "
+        "server's clock",
+    )
+
+
 async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     """Take one of the target's ``max_in_flight`` places (in Redis: they count across
     its tiers and partition), or refuse. After every reading check, so a place is only
@@ -167,6 +230,59 @@ async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
+async def subnet_exclusive(ctx: GrantContext) -> LeaseRefusal | None:
+    """No two workers of one egress subnet serve a target at once: hold the target for
+    the worker's subnet (``LeaseRequest.subnet``; none declared, no constraint) with
+    this job, or refuse ``subnet-busy`` while another worker of the subnet holds a lease
+    of it (jetfleet/subnet_holds.py). After ``in_flight_cap``: a refusal frees the place
+    it took."""
+    req = ctx.request
+    if not req.subnet:
+        return None
+    try:
+        subnet = canonical_subnet(req.subnet)
+    except ValueError as exc:
+        await _free_place(ctx)
+        return LeaseRefusal(
+            reason="malformed-request",
+            detail=f"$.subnet: {exc}: send a network such as 10.1.0.0/24 (worker.subnet)",
+        )
+    try:
+        left = await ctx.places.hold_subnet(req.target, req.job_id, req.worker, subnet)
+    except CapsUnavailable as exc:
+        await _free_place(ctx)
+        return LeaseRefusal(
+            reason="caps-unavailable",
+            retry_after_s=CAPS_UNAVAILABLE_RETRY_S,
+            detail=f"the subnet hold on {req.target} cannot be checked ({exc})",
+        )
+    if left is None:
+        ctx.took_subnet.append(subnet)
+        return None
+    await _free_place(ctx)
+    return LeaseRefusal(
+        reason="subnet-busy",
+        retry_after_s=SUBNET_BUSY_RETRY_S,
+        detail=f"another worker of subnet {subnet} serves {req.target} now (its hold "
+        f"lasts {left:.0f} s more unless it leases again): one worker per subnet and target",
+    )
+
+
+async def free_taken(ctx: GrantContext) -> None:
+    """Free what the taking checks took for this ask (it led to no lease)."""
+    await _free_place(ctx)
+    req = ctx.request
+    for subnet in ctx.took_subnet:
+        await ctx.places.unhold_subnet(req.target, req.job_id, req.worker, subnet)
+    ctx.took_subnet.clear()
+
+
+async def _free_place(ctx: GrantContext) -> None:
+    if ctx.took_place[0]:
+        await ctx.places.free_place(ctx.request.target, ctx.request.job_id)
+        ctx.took_place[0] = False
+
+
 async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
     """The permit of the request this grant leads to, for a worker that asks the leaser
     to take it (``sends_request`` true: what workers sent before they took their permits
@@ -185,8 +301,7 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
     )
     if isinstance(reply, PermitAllowed):
         return None
-    if ctx.took_place[0]:
-        await ctx.places.free(req.target, req.job_id)
+    await free_taken(ctx)
     if isinstance(reply, PermitWait):
         return LeaseRefusal(
             reason="target-held" if reply.limit == "hold" else "rate-limited",
@@ -205,10 +320,15 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
 # committed must end dead only, not also be recorded as that commit's duplicate.
 ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
-LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
+LOCAL_CHECKS: tuple[GrantCheck, ...] = (
+    outside_window,
+    quarantined,
+    pinned_identity,
+    pinned_region,
+)
 """Read-only checks answered from memory (the quarantine watch): run in line, since a
 task each would cost more than the check."""
-TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, rate_permit)
+TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, subnet_exclusive, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 

@@ -34,6 +34,7 @@ from jetfleet.services.leaser.checks import (
     GrantContext,
     answer_settled,
     first_objection,
+    free_taken,
     taking_objection,
 )
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
@@ -45,7 +46,9 @@ from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
+from jetfleet.subnet_holds import canonical_subnet
 from jetfleet.target_places import TargetPlaces
 
 log = logging.getLogger(__name__)
@@ -100,6 +103,8 @@ class Leaser:
         self.store = await LeaseStore.open(self.js)
         self.places = TargetPlaces(self.settings)
         self.permits = PermitClient(self.nc)
+        # Activity windows are judged by the server's time, never this host's.
+        self.clock = ServerClock(self.nc)
         if not await self.places.reachable():
             # Not fatal (Redis may come up later), but say it loudly: until then every
             # grant is refused (caps-unavailable).
@@ -168,16 +173,48 @@ class Leaser:
         the job settled (a renewal that raced the commit) or lost with Redis's state; the
         job's seal tells which, and a running job gets its place back, or new grants
         would fill the cap again beside it."""
+        subnet = _subnet_of(record)
+        if subnet and not await self.places.keep_subnet(
+            record.target, record.job_id, record.worker, subnet
+        ):
+            await self._restore_subnet(record, subnet)
         if await self.places.keep(record.target, record.job_id):
             return
+        if not await self._still_running(record):
+            return
+        await self.places.keep(record.target, record.job_id, restore=True)
+
+    async def _still_running(self, record: LeaseRecord) -> bool:
+        """Whether a renewed job whose place (or hold) was found missing still runs."""
         # Freed by a release (the lease is gone) or a settle (the job is sealed; its
         # lease is left to expire): a place put back then would be a ghost for a TTL.
         read = await self.store.read_history(record.job_id)
         if read.history is not None and read.history.settled is not None:
+            return False
+        return await self.store.live(record.job_id) is not None
+
+    async def _restore_subnet(self, record: LeaseRecord, subnet: str) -> None:
+        """Take the subnet hold of a running job again (Redis lost it). Another worker
+        of the subnet may have taken the target meanwhile: then both serve it until
+        this lease ends, and a warning says so."""
+        if not await self._still_running(record):
             return
-        if await self.store.live(record.job_id) is None:
+        try:
+            left = await self.places.hold_subnet(
+                record.target, record.job_id, record.worker, subnet
+            )
+        except Exception as exc:
+            log.warning("could not restore %s's subnet hold: %s", record.job_id, exc)
             return
-        await self.places.keep(record.target, record.job_id, restore=True)
+        if left is not None:
+            log.warning(
+                "job %s of worker %s (subnet %s) lost its hold on %s and another worker of "
+                "the subnet holds it now: both serve it until this lease ends",
+                record.job_id,
+                record.worker,
+                subnet,
+                record.target,
+            )
 
     def _count(self, request: LeaseRequest, reply: LeaseReply) -> None:
         answer = {LeaseGrant: "granted", LeaseRefusal: "refused"}.get(type(reply), "already-done")
@@ -193,7 +230,14 @@ class Leaser:
         # holder has it), whether it is this delivery asking again or not.
         live_now = asyncio.create_task(self.store.live(request.job_id))
         ctx = GrantContext(
-            request, self.settings, self.js, self.quarantine, self.places, history, self.permits
+            request,
+            self.settings,
+            self.js,
+            self.quarantine,
+            self.places,
+            history,
+            self.permits,
+            clock=self.clock,
         )
         try:
             verdict = await first_objection(ctx)
@@ -211,19 +255,24 @@ class Leaser:
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,
-                subnet=request.subnet,
+                # As the subnet hold has it, so the renewals keep that hold.
+                subnet=ctx.took_subnet[0] if ctx.took_subnet else request.subnet,
             )
             try:
                 fence = await self.store.create(record, self.ttl_s)
             except BaseException:
-                if ctx.took_place[0]:  # no lease came of it: its new place goes too
-                    await self.places.free(request.target, request.job_id)
+                # No lease came of it: its new place and subnet hold go too.
+                await free_taken(ctx)
                 raise
             if fence is None:
                 # Granted by another ask meanwhile. Places are the job's, not the ask's:
                 # the place this ask took may be the one the holder found and kept, so
                 # it stays (a renewal keeps it, the settle frees it).
                 held = await self._held_already(request, await self.store.live(request.job_id))
+                if not isinstance(held, LeaseGrant):
+                    # The holder's own hold stays; this ask's is nobody's.
+                    ctx.took_place[0] = False
+                    await free_taken(ctx)
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
@@ -376,6 +425,16 @@ class Leaser:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)
         return revoked
+
+
+def _subnet_of(record: LeaseRecord) -> str:
+    """The subnet the record's holder holds its target for ('' if none or unreadable)."""
+    if not record.subnet:
+        return ""
+    try:
+        return canonical_subnet(record.subnet)
+    except ValueError:
+        return ""
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:

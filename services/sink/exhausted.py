@@ -48,7 +48,7 @@ FETCH_WAIT_S = 1.0
 LIVE_LEASE_RETRY_S = 5.0
 ERROR_RETRY_S = 2.0
 # Last hand-backs that mean no worker may run the job (None: no note, nobody said).
-NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "no-eligible-worker"})
+NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "wrong-region", "no-eligible-worker"})
 
 _encoder = msgspec.json.Encoder()
 _order_decoder = msgspec.json.Decoder(WorkOrder)
@@ -240,8 +240,7 @@ class ExhaustedJobs:
         if ledger is not None and ledger.fence:
             return "deliveries-exhausted", f"{deliveries}; leased, but no verdict{told}"
         if handed_back in NOBODY_MAY_RUN:
-            pin = order.job.pin_identity
-            whom = f"a worker owning identity {pin}" if pin else "a worker"
+            whom = _eligible(order)
             return "no-eligible-worker", f"{deliveries}, and {whom} never took it{told}"
         # Runnable, but kept out all along: its target at its cap, held or quarantined.
         return "deliveries-exhausted", f"{deliveries}, never leased{told}"
@@ -280,6 +279,13 @@ class ExhaustedJobs:
     async def _delete(self, advisory: MaxDeliveriesAdvisory) -> None:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_msg(advisory.stream, advisory.stream_seq)
+
+
+def _eligible(order: WorkOrder) -> str:
+    """Who could have run the job, as the dead letter says it."""
+    job = order.job
+    whom = f"a worker owning identity {job.pin_identity}" if job.pin_identity else "a worker"
+    return f"{whom} of region {job.pin_region}" if job.pin_region else whom
 
 
 def _age_s(advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg) -> float | None:
