@@ -31,6 +31,7 @@ BUCKET_TARGETS = "jf-targets"  # target -> limits set at run time (jetfleet targ
 BUCKET_ROBOTS = "jf-robots"  # target -> its robots.txt as fetched (max age: the cache TTL)
 # In jf-control: which outcome event last fired a quarantine rule (per rule, scope, target).
 QUARANTINE_FIRED_PREFIX = "quarantine-fired"
+AVOID_PREFIX = "avoid"  # jf-control: a job's avoid entries in force (per-key TTL)
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message

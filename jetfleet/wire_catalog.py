@@ -29,6 +29,7 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.schemas.lease import (
+    AvoidEntry,
     JobLeaseHistory,
     LeaseCall,
     LeaseRecord,
@@ -305,6 +306,14 @@ CHANNELS: tuple[Channel, ...] = (
         payload=QuarantineFired,
         description="The newest outcome event that fired a quarantine rule for one scope "
         "on one target, kept past the longest rule window (docs/quarantine.md).",
+    ),
+    Channel(
+        name="avoid-markers",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.AVOID_PREFIX}.{{digest}}",
+        kind="kv",
+        payload=AvoidEntry,
+        description="One entry of a job's avoid list in force: a per-key TTL of "
+        "fleet.avoid_s, so the server's clock says when it lapses (docs/leases.md).",
     ),
 )
 

@@ -48,6 +48,10 @@ _PARAMETERS: Mapping[str, JsonObject] = {
     "scope": {"description": "The quarantined scope's kind.", "enum": ["worker", "identity"]},
     "name": {"description": "The worker id or identity quarantined."},
     "rule": {"description": "A quarantine rule's name (quarantine.rules[].name)."},
+    "digest": {
+        "description": "The first 40 hex digits of the SHA-256 of the job id, the entry's "
+        "scope and its worker id or identity, each followed by a newline but the last.",
+    },
     "scope_hash": {
         "description": "The first 32 hex digits of the SHA-256 of the scope's kind, a NUL "
         "and its worker id or identity.",
