@@ -28,6 +28,7 @@ from jetfleet.schemas.lease import (
     SealedDeath,
 )
 from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
+from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
@@ -64,6 +65,8 @@ class GrantContext:
     permits: PermitClient
     took_place: list[bool] = field(default_factory=lambda: [False])
     """Whether ``in_flight_cap`` took a new place (a refused permit frees it)."""
+    avoid: AvoidList | None = None
+    """The job's avoid list judge (None: no avoid list)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -139,6 +142,15 @@ async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
     return None
 
 
+async def avoided(ctx: GrantContext) -> LeaseRefusal | None:
+    """The worker or its identity is on the job's avoid list (the target refused the job
+    there, or it was quarantined while running it), and someone else could take it:
+    ``refused: avoided``, about the job, not the target (services/leaser/avoid_check.py)."""
+    if ctx.avoid is None:
+        return None
+    return await ctx.avoid.objection(ctx.request, ctx.history)
+
+
 async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     """Take one of the target's ``max_in_flight`` places (in Redis: they count across
     its tiers and partition), or refuse. After every reading check, so a place is only
@@ -201,9 +213,10 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
 # committed must end dead only, not also be recorded as that commit's duplicate.
 ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
-LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
-"""Read-only checks answered from memory (the quarantine watch): run in line, since a
-task each would cost more than the check."""
+LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity, avoided)
+"""Read-only checks answered from memory (the quarantine watch) or from the history
+read already (``avoided``): run in line, since a task each would cost more than the
+check."""
 TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 

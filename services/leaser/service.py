@@ -25,9 +25,11 @@ from jetfleet.schemas.lease import (
     QuarantineRecord,
     QuarantineRelease,
     QuarantineReply,
+    QuarantineScope,
     QuarantineSet,
     Sealed,
 )
+from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import (
     GrantContext,
@@ -98,6 +100,7 @@ class Leaser:
         self.store = await LeaseStore.open(self.js)
         self.places = TargetPlaces(self.settings)
         self.permits = PermitClient(self.nc)
+        self.avoid = AvoidList(self.js, self.settings.fleet.avoid_s)
         if not await self.places.reachable():
             # Not fatal (Redis may come up later), but say it loudly: until then every
             # grant is refused (caps-unavailable).
@@ -154,8 +157,14 @@ class Leaser:
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
             await self.places.free(record.target, record.job_id)
-            if call.refund:
-                await self.store.refund_grant(call.job_id)
+            avoid = None
+            if call.avoid_reason:
+                # The target refused the job there: the holder goes on its avoid list
+                # before the answer, so the nak that follows finds it.
+                scope, name = _holder_scope(record)
+                avoid = await self.avoid.entry(call.job_id, scope, name, call.avoid_reason)
+            if call.refund or avoid is not None:
+                await self.store.amend(call.job_id, refund=call.refund, avoid=avoid)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
 
@@ -189,7 +198,14 @@ class Leaser:
         # holder has it), whether it is this delivery asking again or not.
         live_now = asyncio.create_task(self.store.live(request.job_id))
         ctx = GrantContext(
-            request, self.settings, self.js, self.quarantine, self.places, history, self.permits
+            request,
+            self.settings,
+            self.js,
+            self.quarantine,
+            self.places,
+            history,
+            self.permits,
+            avoid=self.avoid,
         )
         try:
             verdict = await first_objection(ctx)
@@ -348,12 +364,13 @@ class Leaser:
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         self.responder.spawn(coro)
 
-    async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:
+    async def revoke_scope(self, scope: QuarantineScope, name: str, target: str) -> list[str]:
         """Revoke the scope's live leases on ``target`` and requeue their jobs at once.
 
         The lease is deleted first (the holder's renewal and commit then fail), then the
-        delivery recorded in the lease is nakked, so JetStream redelivers it now rather
-        than after the visibility timeout.
+        scope goes on the job's avoid list, then the delivery recorded in the lease is
+        nakked, so JetStream redelivers it now rather than after the visibility timeout,
+        and the redelivery finds the entry.
         """
         revoked = []
         for live in await self.store.all_live():
@@ -363,10 +380,21 @@ class Leaser:
                 continue
             if await self.store.revoke(live):
                 await self.places.free(record.target, record.job_id)
+                avoid = await self.avoid.entry(record.job_id, scope, name, "quarantined")
+                if avoid is not None:
+                    await self.store.amend(record.job_id, avoid=avoid)
                 if record.reply_subject:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)
         return revoked
+
+
+def _holder_scope(record: LeaseRecord) -> tuple[QuarantineScope, str]:
+    """What of a lease's holder an avoid entry names: its identity, or its worker id
+    when it has none (a worker without an identity is still someone to move off)."""
+    if record.identity:
+        return "identity", record.identity
+    return "worker", record.worker
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
