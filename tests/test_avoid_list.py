@@ -7,6 +7,7 @@ this process. The list's pure rules are tested at the bottom."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -14,14 +15,21 @@ import pytest
 from jetfleet.schemas.lease import (
     AVOID_MAX,
     AvoidEntry,
+    JobLeaseHistory,
+    LeaseRefusal,
+    LeaseRequest,
     QuarantineRecord,
     QuarantineRelease,
     QuarantineSet,
 )
+from jetfleet.schemas.report import Versions
+from jetfleet.services.leaser.avoid_check import AvoidList
+from nats.aio.client import Client as NatsClient
 
 from jetfleet.avoid_list import marker_key, naming, with_entry
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.identity_presence import IdentityPresence
+from jetfleet.lease_store import HistoryEntry
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for
 from tests.queueing.helpers import committed
@@ -131,6 +139,61 @@ async def test_an_avoid_entry_lapses_after_fleet_avoid_s_when_no_one_else_takes_
         result = await result_of(js, "demo", job_id)
         assert result is not None and result.identity == "alice"
         await IdentityPresence(js).release(bob_claim)
+
+
+# --- the check against real KV ---------------------------------------------------------
+
+
+def _asking(worker: str, identity: str, pin: str = "") -> LeaseRequest:
+    return LeaseRequest(
+        job_id="j-1",
+        target="demo",
+        key="u-1",
+        worker=worker,
+        versions=Versions(jetfleet="0", handler="http.get@1"),
+        identity=identity,
+        pin_identity=pin,
+    )
+
+
+def _read(entries: list[AvoidEntry]) -> asyncio.Future[HistoryEntry]:
+    done: asyncio.Future[HistoryEntry] = asyncio.get_running_loop().create_future()
+    done.set_result(HistoryEntry(JobLeaseHistory(fence=1, grants=1, avoid=entries), 1))
+    return done
+
+
+async def test_the_check_refuses_while_its_marker_lives_and_someone_else_is_live(
+    nc: NatsClient,
+) -> None:
+    js = nc.jetstream()
+
+    async def objection(request: LeaseRequest, entries: list[AvoidEntry]) -> LeaseRefusal | None:
+        # A leaser of its own each time: none keeps a listing of the claims from before.
+        return await AvoidList(js, avoid_s=2.0).objection(request, _read(entries))
+
+    alice = await AvoidList(js, avoid_s=2.0).entry("j-1", "identity", "alice", "challenged")
+    assert alice is not None
+    presence = IdentityPresence(js)
+    # Nobody else live: waived.
+    assert await objection(_asking("w-a", "alice"), [alice]) is None
+    bob = await presence.claim("bob", "w-b", ttl_s=30)
+    refusal = await objection(_asking("w-a", "alice"), [alice])
+    assert refusal is not None and refusal.reason == "avoided" and refusal.retry_after_s == 0
+    assert "identity alice" in refusal.detail and "challenged" in refusal.detail
+    # Not alice, or a job pinned to alice (nobody else may run it): no objection.
+    assert await objection(_asking("w-b", "bob"), [alice]) is None
+    assert await objection(_asking("w-a", "alice", pin="alice"), [alice]) is None
+    # Bob on the list too: nobody else is left, so the job runs on alice.
+    bob_entry = await AvoidList(js, avoid_s=2.0).entry("j-1", "identity", "bob", "blocked")
+    assert bob_entry is not None
+    assert await objection(_asking("w-a", "alice"), [alice, bob_entry]) is None
+
+    # The marker's TTL (the server's clock) ends the entry.
+    async def lapsed() -> bool:
+        return await objection(_asking("w-a", "alice"), [alice]) is None
+
+    await wait_for(lapsed, 10, "alice's marker to lapse")
+    await presence.release(bob)
 
 
 # --- the list's rules (pure) ----------------------------------------------------------

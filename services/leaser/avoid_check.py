@@ -72,7 +72,8 @@ class AvoidList:
         """``refused: avoided`` (retry at once: it is about the job, not the target)
         when an entry in force names the asker and another live identity could take
         the job; else None."""
-        if self.avoid_s <= 0:
+        if self.avoid_s <= 0 or request.pin_identity:
+            # Pinned, the job runs on its identity or on nobody: nobody else could take it.
             return None
         try:
             read = await history
