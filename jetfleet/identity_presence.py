@@ -35,6 +35,7 @@ from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.leader_reads import last_message, leader_bucket
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.server_clock import ServerClock
+from jetfleet.stream_reader import read_stream
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,22 @@ class IdentityPresence:
             left_s=left_s,
             ttl_s=ttl_s,
         )
+
+    async def owners(self) -> list[tuple[str, str]]:
+        """Every live claim now, as (identity, worker id): read from the bucket's stream
+        (one reader, not a read per identity). A claim lapsed by its TTL is gone from it.
+
+        Raises:
+            Exception: the stream cannot be read (the caller decides what that means).
+        """
+        found = []
+        stream = f"KV_{subjects.BUCKET_WORKERS}"
+        async for msg in read_stream(self.js, stream, f"$KV.{subjects.BUCKET_WORKERS}.owned.>"):
+            if not msg.data or (msg.headers or {}).get("KV-Operation"):
+                continue  # released (a delete marker)
+            identity, _, rest = msg.data.decode(errors="replace").partition("\n")
+            found.append((identity, rest.partition("\n")[0]))
+        return found
 
     async def _still_ours(self, claim: IdentityClaim) -> bool:
         """After a renewal was refused: whether the claim is still ours. It is when the

@@ -59,12 +59,15 @@ class LeaseClient:
         failed to read its store: a passing error must not cost a healthy job)."""
         return _settled(await self._call(LeaseRenew(job_id=job_id, fence=fence)))
 
-    async def release(self, job_id: str, fence: int, refund: bool = False) -> bool | None:
+    async def release(
+        self, job_id: str, fence: int, refund: bool = False, avoid_reason: str = ""
+    ) -> bool | None:
         """True if it was still ours and is now released (``refund``: the attempt does
-        not count against the job's budget), False if it was not ours any more, None if
-        unknown (it then expires by its TTL). Asked again, briefly, while the leaser is
-        busy."""
-        call = LeaseRelease(job_id=job_id, fence=fence, refund=refund)
+        not count against the job's budget; ``avoid_reason``: the target refused it
+        here, so this worker's identity goes on the job's avoid list), False if it was
+        not ours any more, None if unknown (it then expires by its TTL). Asked again,
+        briefly, while the leaser is busy."""
+        call = LeaseRelease(job_id=job_id, fence=fence, refund=refund, avoid_reason=avoid_reason)
         backoff = Backoff()
         reply = await self._call(call)
         for _ in range(RELEASE_TRIES - 1):

@@ -20,9 +20,10 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.avoid_list import with_entry
 from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.leader_reads import leader_bucket
-from jetfleet.schemas.lease import JobLeaseHistory, LeaseRecord, Sealed
+from jetfleet.schemas.lease import AvoidEntry, JobLeaseHistory, LeaseRecord, Sealed
 
 # Compare-and-set attempts before a write gives up under contention.
 _CAS_TRIES = 10
@@ -199,14 +200,24 @@ class LeaseStore:
         except KeyWrongLastSequenceError:
             return 0
 
-    async def refund_grant(self, job_id: str) -> None:
-        """Take back one grant from the job's count (an attempt the target refused)."""
+    async def amend(
+        self, job_id: str, refund: bool = False, avoid: AvoidEntry | None = None
+    ) -> None:
+        """After a release or a revoke, in one compare-and-set: take back one grant
+        (``refund``) and put ``avoid`` on the job's avoid list (its marker is the
+        caller's). A settled job's entry is left as it is: it runs no more. Given up,
+        with the entry unchanged, under too much contention."""
         for _ in range(_CAS_TRIES):
             read = await self.read_history(job_id)
-            if read.history is None:
+            old = read.history
+            if old is None or old.settled is not None:
                 return
-            new = msgspec.structs.replace(read.history, grants=max(0, read.history.grants - 1))
-            if await self._write_history(job_id, new, read.revision):
+            new = old
+            if refund:
+                new = msgspec.structs.replace(new, grants=max(0, new.grants - 1))
+            if avoid is not None:
+                new = msgspec.structs.replace(new, avoid=with_entry(new.avoid, avoid))
+            if new is old or await self._write_history(job_id, new, read.revision):
                 return
 
     async def renew(self, job_id: str, fence: int, ttl_s: float) -> LeaseRecord | None:

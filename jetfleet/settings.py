@@ -170,6 +170,10 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     max_job_age_s: float = 7 * 24 * 3600.0
     """How old a job may grow (server clock, from when its work order was stored) before
     it is dead-lettered ``expired`` instead of run; a target's ``max_age_s`` overrides."""
+    avoid_s: float = 600.0
+    """How long a job is kept from a worker or identity its target challenged or blocked
+    it on, or that was quarantined while it ran the job (server clock; the job's avoid
+    list, docs/leases.md#the-avoid-list); 0: no avoid list."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -695,6 +699,11 @@ def _validate_rate_settings(settings: Settings) -> None:
         1 <= fleet.robots_error_hold_s <= 86400,
         "fleet.robots_error_hold_s",
         "a number of seconds from 1 to 86400",
+    )
+    _require(
+        0 <= fleet.avoid_s <= 86400,
+        "fleet.avoid_s",
+        "a number of seconds from 0 (no avoid list) to 86400",
     )
 
 

@@ -33,6 +33,7 @@ BUCKET_ROBOTS = "jf-robots"  # target -> its robots.txt as fetched (max age: the
 QUARANTINE_FIRED_PREFIX = "quarantine-fired"
 QUARANTINE_PROPOSAL_PREFIX = "quarantine-proposal"  # egress proposals awaiting an operator
 QUARANTINE_RETIRED_PREFIX = "quarantine-retired"  # recent retirements, for second-order counts
+AVOID_PREFIX = "avoid"  # jf-control: a job's avoid entries in force (per-key TTL)
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message

@@ -29,6 +29,7 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.schemas.lease import (
+    AvoidEntry,
     JobLeaseHistory,
     LeaseCall,
     LeaseRecord,
@@ -325,6 +326,14 @@ CHANNELS: tuple[Channel, ...] = (
         payload=QuarantineRetired,
         description="A retirement the quarantine service set, kept for "
         "quarantine.second_order_window_s, so a neighbour's counts as second-order.",
+    ),
+    Channel(
+        name="avoid-markers",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.AVOID_PREFIX}.{{digest}}",
+        kind="kv",
+        payload=AvoidEntry,
+        description="One entry of a job's avoid list in force: a per-key TTL of "
+        "fleet.avoid_s, so the server's clock says when it lapses (docs/leases.md).",
     ),
 )
 

@@ -64,6 +64,10 @@ class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=Tru
     fence: int
     refund: bool = False
     """The attempt does not count against the job's budget (the target blocked us)."""
+    avoid_reason: ShortText = ""
+    """Non-empty: the target refused the attempt there (``challenged``, ``blocked``), so
+    the holder's identity (its worker id when it has none) goes on the job's avoid list
+    with this reason, before the answer: the job's next delivery goes to someone else."""
 
 
 LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease
@@ -77,6 +81,9 @@ class LeaseGrant(msgspec.Struct, frozen=True, tag="granted", omit_defaults=True)
     attempt: int = 1
     """How many times this job has been granted, this grant included."""
 
+
+AVOID_MAX = 16
+"""The most entries a job's avoid list keeps (the oldest go first)."""
 
 LEASE_LOST = "lease-lost"
 """A renew's or release's refusal when the lease is gone or superseded; any other
@@ -141,6 +148,25 @@ class SealedDeath(msgspec.Struct, frozen=True, tag="dead"):
 
 Sealed = SealedCommit | SealedDeath
 
+QuarantineScope = Literal["worker", "identity", "egress"]
+"""What a record keeps from a target: one worker, one identity (on any worker), or every
+worker whose requests leave from one egress subnet (its name is the subnet)."""
+AvoidScope = Literal["worker", "identity"]
+"""Whom an avoid entry names: the holder's identity, or its worker id without one."""
+
+
+class AvoidEntry(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A worker or identity the job is not granted to while the entry's marker lives: the
+    target refused the job there, or the scope was quarantined while it ran there. On
+    the job's ledger entry (``JobLeaseHistory.avoid``) and, as its marker, in
+    ``jf-control`` with a per-key TTL of ``fleet.avoid_s``, so the NATS server's clock
+    says when it lapses (docs/leases.md#the-avoid-list)."""
+
+    scope: AvoidScope
+    name: str
+    reason: str = ""
+    """``challenged``, ``blocked`` or ``quarantined``."""
+
 
 class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
     """Per job, in ``jf-fences``: the job's ledger entry. Which submission owns the id,
@@ -157,11 +183,9 @@ class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
     routed_seq: int = 0
     """The ``JF_WORK`` sequence of the job's work order, once admission routed it (0: not
     yet marked). A redelivered submission whose claim is routed is not routed again."""
-
-
-QuarantineScope = Literal["worker", "identity", "egress"]
-"""What a record keeps from a target: one worker, one identity (on any worker), or every
-worker whose requests leave from one egress subnet (its name is the subnet)."""
+    avoid: list[AvoidEntry] = []
+    """Who the job should not be granted to for a while, oldest first (at most
+    ``AVOID_MAX``): an entry holds while its marker lives."""
 
 
 class Evidence(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -17,18 +17,22 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from jetfleet.schemas.events import CommittedResult
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.errors import IdentityOwned
-from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.identity_presence import IdentityClaim, IdentityPresence, owned_key
+from jetfleet.results import iter_results
 from jetfleet.settings import IdentitySettings, Settings, validate
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
+from jetfleet.worker import Worker
 from jetfleet.worker.identity_cookies import COOKIES_FILE
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.queueing.helpers import committed
@@ -338,3 +342,92 @@ async def test_I5_a_failed_challenge_discards_the_identitys_cookies_for_that_tar
         await _commit_paths(nc, settings, ["/session/2"], 2)
         assert dict(simulator.sessions_presented())["/session/2"] == ""
         assert len(simulator.sessions_issued()) == 2
+
+
+# --- a challenged job moves on; its session does not --------------------------------
+
+
+def two_identity_settings(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path, **fleet: object
+) -> Settings:
+    """``identity_settings`` with a second identity, ``bob``, with its own state folder."""
+    settings = identity_settings(nats_url, redis_url, simulator, tmp_path)
+    bob = IdentitySettings(state_dir=str(tmp_path / "bob"), region="eu")
+    settings = msgspec.structs.replace(
+        settings,
+        identities={**settings.identities, "bob": bob},
+        fleet=msgspec.structs.replace(settings.fleet, **fleet),
+    )
+    validate(settings)
+    return settings
+
+
+async def result_of(js: JetStreamContext, target: str, job_id: str) -> CommittedResult | None:
+    """The committed result of ``job_id``, if any."""
+    async for record in iter_results(js, target):
+        if record.job_id == job_id:
+            return record
+    return None
+
+
+async def _challenged_on_alice(
+    stack: InProcessStack, simulator: TargetSimulator, settings: Settings, path: str
+) -> tuple[Worker, str, str, IdentityClaim]:
+    """Bob is live (claimed) but no worker of his pulls anything, so alice is the one
+    offered the job again; alice's worker holds a session on the target, the target
+    flags it, and a job on ``path`` meets the challenge there. (Alice's worker, her
+    token, the job's id, bob's claim.)"""
+    nc = stack.connections[0]
+    bob_claim = await IdentityPresence(nc.jetstream()).claim("bob", "w-bob-elsewhere", 30)
+    alice = await stack.add_worker("w-alice", identity="alice")
+    await _commit_paths(nc, settings, ["/session/1"], 0)
+    [token] = simulator.sessions_issued()
+    simulator.challenge_session(token)
+    [job] = jobs_for("demo", settings, [path])
+    await submit_jobs(nc.jetstream(), settings, "demo", [job])
+
+    async def challenged() -> bool:
+        return alice.stats["blocked:challenged"] >= 1
+
+    await wait_for(challenged, 30, "the challenge on alice's session")
+    return alice, token, job.id, bob_claim
+
+
+async def refused_avoided(worker: Worker, what: str) -> None:
+    """Wait until the leaser refused ``worker`` a job as ``avoided``."""
+
+    async def refused() -> bool:
+        return worker.stats["refused:avoided"] >= 1
+
+    await wait_for(refused, 30, what)
+
+
+async def test_I5_a_job_requeued_after_a_failed_challenge_runs_on_another_identity_with_fresh_session_state(  # noqa: E501
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path
+) -> None:
+    settings = two_identity_settings(nats_url, redis_url, simulator, tmp_path)
+    async with running(settings) as stack:
+        js = stack.connections[0].jetstream()
+        alice, token, job_id, bob_claim = await _challenged_on_alice(
+            stack, simulator, settings, "/session/2"
+        )
+        assert token not in {c.value for c in alice.cookies.jar}
+        assert token not in (tmp_path / "alice" / COOKIES_FILE).read_text()
+
+        await refused_avoided(alice, "alice to be refused the job she was challenged on")
+        await IdentityPresence(js).release(bob_claim)
+        bob = await stack.add_worker("w-bob", identity="bob")
+
+        async def done() -> bool:
+            return await committed(js, "demo") == 2
+
+        await wait_for(done, 30, "the job to commit on bob")
+        result = await result_of(js, "demo", job_id)
+        assert result is not None and (result.identity, result.worker) == ("bob", "w-bob")
+        # The target saw the job twice: alice's flagged session, then bob's without it.
+        tries = [t for p, t in simulator.sessions_presented() if p == "/session/2"]
+        assert tries[0] == token and len(tries) == 2 and tries[1] != token, tries
+        assert token not in {c.value for c in bob.cookies.jar}
+        # Alice sent /session/1 and the challenged try, nothing more.
+        assert simulator.counts()["by_client"] == {"w-alice": 2, "w-bob": 1}
+        assert (await stack.status()).totals.dead == 0

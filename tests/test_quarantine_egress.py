@@ -197,8 +197,9 @@ async def test_I6_an_approved_proposal_stops_that_subnet_on_that_target_only(
         refusal = await refused(client, lease_ask(settings, worker, NET_A))
         assert refusal.reason == "quarantined"
         assert f"egress {NET_A} is quarantined on shop" in refusal.detail
-    # ... while subnet B keeps shop, and subnet A keeps news (its lease there lives on).
-    await granted(client, lease_ask(settings, "b2", NET_B))
+    # ... while subnet B keeps shop (its one worker there: one per subnet and target), and
+    # subnet A keeps news (its lease there lives on).
+    await granted(client, lease_ask(settings, "b1", NET_B))
     await granted(client, lease_ask(settings, "a1", NET_A, target=NEWS))
     assert await store.live(a_shop.job_id) is None
     assert await store.live(b_shop.job_id) is not None

@@ -34,6 +34,7 @@ from jetfleet.schemas import (
     WorkOrder,
 )
 from jetfleet.schemas.lease import (
+    AvoidEntry,
     Evidence,
     JobLeaseHistory,
     LeaseRecord,
@@ -374,12 +375,14 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             job_id=JOB.id, target="example", key=ORDER.key, worker="w1", versions=VERSIONS
         ),
         LeaseRenew(job_id=JOB.id, fence=7),
-        LeaseRelease(job_id=JOB.id, fence=7),
+        LeaseRelease(job_id=JOB.id, fence=7, refund=True, avoid_reason="challenged"),
         LeaseGrant(fence=7, ttl_s=30.0),
         LeaseRefusal(reason="paused", retry_after_s=5.0),
         LeaseAlreadyDone(key=ORDER.key),
         LeaseRecord(job_id=JOB.id, target="example", worker="w1", reply_subject="$JS.ACK.x"),
-        JobLeaseHistory(fence=7, grants=2),
+        JobLeaseHistory(
+            fence=7, grants=2, avoid=[AvoidEntry(scope="worker", name="w1", reason="blocked")]
+        ),
         QuarantineSet(record=QuarantineRecord(scope="worker", name="w1", target="example")),
         QuarantineRelease(scope="identity", name="p-osaka", target="example"),
         QuarantineList(),
@@ -405,6 +408,7 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             evidence=[Evidence(job_id=JOB.id, seq=41, reason="blocked")],
         ),
         QuarantineRetired(identity="id-a", subnet="10.1.0.0/24"),
+        AvoidEntry(scope="identity", name="p-osaka", reason="challenged"),
         PermitRequest(target="example", worker="w1", identity="p-osaka", egress="eu-1"),
         HoldRequest(target="example", status=429, said_how_long=True, retry_after_s=3.0),
         PermitAllowed(),

@@ -508,3 +508,21 @@ async def test_robots_txt_body_and_status_change_at_runtime(
     sim.set_robots(status=404)
     status, text, _ = await _get(session, f"{sim.base_url}/robots.txt")
     assert (status, text) == (404, "User-agent: *\nDisallow: /\n")
+
+
+async def test_a_flagged_session_is_challenged_and_others_are_served() -> None:
+    # unsafe: keep the cookies of a site addressed by IP, as the worker's jar does.
+    jar = aiohttp.CookieJar(unsafe=True)
+    async with TargetSimulator() as sim, aiohttp.ClientSession(cookie_jar=jar) as client:
+        status, _, _ = await _get(client, f"{sim.base_url}/session/1")
+        [token] = sim.sessions_issued()
+        sim.challenge_session(token)
+        status, body, _ = await _get(client, f"{sim.base_url}/session/2")
+        assert status == 503 and 'id="challenge"' in body
+        async with aiohttp.ClientSession() as fresh:  # another client, without the cookie
+            status, _, _ = await _get(fresh, f"{sim.base_url}/session/3")
+        assert status == 200
+        assert [t for _, t in sim.sessions_presented()] == ["", token, ""]
+        sim.reset()
+        status, _, _ = await _get(client, f"{sim.base_url}/session/4")
+        assert status == 200, "a reset forgets the flagged sessions"

@@ -57,6 +57,10 @@ _PARAMETERS: Mapping[str, JsonObject] = {
         "description": "A quarantine rule's name (quarantine.rules[].name, or "
         "quarantine.egress.name).",
     },
+    "digest": {
+        "description": "The first 40 hex digits of the SHA-256 of the job id, the entry's "
+        "scope and its worker id or identity, each followed by a newline but the last.",
+    },
     "scope_hash": {
         "description": "The first 32 hex digits of the SHA-256 of the scope's kind, a NUL "
         "and its worker id, identity or subnet.",

@@ -180,6 +180,12 @@ class TargetSimulator:
         ``(path, token)``: the session cookie it brought ("" for none)."""
         return list(self._routes.sessions_presented)
 
+    def challenge_session(self, token: str) -> None:
+        """From now on every ``/session/N`` request bringing session ``token`` answers
+        the 503 challenge page (a site that has flagged that session), until reset;
+        requests without it, or with another session, are served as usual."""
+        self._routes.challenged_sessions.add(token)
+
     def reset(self) -> None:
         """Zeroes the counters, as ``POST /__sim/reset`` does (``times=`` paths fail
         again)."""

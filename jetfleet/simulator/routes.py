@@ -181,6 +181,8 @@ class TargetRoutes:
         # Session tokens issued by ``/session/N``, and what each such request brought.
         self.sessions_issued: list[str] = []
         self.sessions_presented: list[tuple[str, str]] = []
+        # Sessions the site has flagged: ``/session/N`` challenges a request bearing one.
+        self.challenged_sessions: set[str] = set()
 
     @property
     def config(self) -> SimulatorConfig:
@@ -225,6 +227,7 @@ class TargetRoutes:
         self._asked_times.clear()
         self.sessions_issued.clear()
         self.sessions_presented.clear()
+        self.challenged_sessions.clear()
 
     def rate_limit_next(self, retry_after_s: int) -> None:
         """The next counted request, whatever its path, answers 429 with
@@ -316,10 +319,13 @@ class TargetRoutes:
 
     async def _session(self, request: web.Request) -> web.Response:
         """A page that keeps a session: a request without a token it issued gets a new
-        one as a cookie; one with it gets the page."""
+        one as a cookie; one with it gets the page, or the challenge page if the session
+        was flagged (``challenged_sessions``)."""
         n = _page_number(request)
         presented = request.cookies.get(SESSION_COOKIE, "")
         self.sessions_presented.append((request.path, presented))
+        if presented in self.challenged_sessions:
+            return _html(challenge_html(), status=503)
         response = _html(page_html(n, self._config.pages))
         if presented not in self.sessions_issued:
             token = secrets.token_hex(16)

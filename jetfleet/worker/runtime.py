@@ -118,6 +118,11 @@ TARGET_WIDE_REFUSALS = frozenset(
 # Of those, the ones about this worker or its identity only (the others may run the job):
 # its jobs go back at a flat pace, not one growing with their deliveries.
 WORKER_SCOPED_REFUSALS = frozenset({"quarantined", "version-not-approved", "subnet-busy"})
+# Blocks that are about this worker's identity (or the worker), not the whole target: the
+# job goes on to someone else (the avoid list, docs/leases.md#the-avoid-list). A 429 is
+# the target's load, the same for everyone: no.
+AVOID_BLOCKS = frozenset({"challenged", "blocked"})
+AVOIDED = "avoided"
 # Refusals whose retry-after is the moment the target's next permit frees.
 RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
 MIN_RATE_WAIT_S = 0.01
@@ -742,6 +747,11 @@ class Worker:
                 # idle); this job stays away as long as any other waiting job, old or
                 # fresh, so old ones get their share of the freed places.
                 delay = self.pace.target_busy_s(target, msg.metadata.num_delivered or 1)
+            elif reply.reason == AVOIDED:
+                # About this job and this worker (the target refused the job here): the
+                # target is not held, and the job goes back at once for the others,
+                # paced like every unrun hand-back so it keeps deliveries to spare.
+                delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             elif reply.reason in TARGET_WIDE_REFUSALS:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
@@ -1132,7 +1142,9 @@ class Worker:
             return None
         return renewed
 
-    async def _give_back(self, order: WorkOrder, held: Held, refund: bool = False) -> bool:
+    async def _give_back(
+        self, order: WorkOrder, held: Held, refund: bool = False, avoid_reason: str = ""
+    ) -> bool:
         """Release the lease before a nak; True only if the nak may follow.
 
         Released: yes. Not ours any more: no. When the leaser cannot say, only if the
@@ -1143,7 +1155,9 @@ class Worker:
         """
         if not held.fence:
             return True
-        released = await self.leases.release(order.job.id, held.fence, refund=refund)
+        released = await self.leases.release(
+            order.job.id, held.fence, refund=refund, avoid_reason=avoid_reason
+        )
         if released is None:
             return held.may_nak_unanswered()
         return released
@@ -1204,7 +1218,11 @@ class Worker:
             )
         delivered = msg.metadata.num_delivered or 1
         delay = max(hold, self.pace.growing_s(target, delivered, first))
-        if await self._give_back(order, held, refund=True):
+        # Refused here (not for its load): the job moves on to another identity, and
+        # the fleet-wide limits (quarantine rules, the target's hold) stop it trying
+        # identity after identity.
+        avoid = verdict.reason if verdict.reason in AVOID_BLOCKS else ""
+        if await self._give_back(order, held, refund=True, avoid_reason=avoid):
             await msg.nak(delay=delay)
 
     async def _hold_fleet_wide(self, target: str, verdict: Verdict) -> float:

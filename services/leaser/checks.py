@@ -29,6 +29,7 @@ from jetfleet.schemas.lease import (
     SealedDeath,
 )
 from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
+from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
@@ -81,6 +82,8 @@ class GrantContext:
     took_subnet: list[str] = field(default_factory=list)
     """The subnet ``subnet_exclusive`` holds the target for with this ask, if it took a
     hold (freed when the ask leads to no lease)."""
+    avoid: AvoidList | None = None
+    """The job's avoid list judge (None: no avoid list)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -206,6 +209,15 @@ async def outside_window(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
+async def avoided(ctx: GrantContext) -> LeaseRefusal | None:
+    """The worker or its identity is on the job's avoid list (the target refused the job
+    there, or it was quarantined while running it), and someone else could take it:
+    ``refused: avoided``, about the job, not the target (services/leaser/avoid_check.py)."""
+    if ctx.avoid is None:
+        return None
+    return await ctx.avoid.objection(ctx.request, ctx.history)
+
+
 async def in_flight_cap(ctx: GrantContext) -> LeaseRefusal | None:
     """Take one of the target's ``max_in_flight`` places (in Redis: they count across
     its tiers and partition), or refuse. After every reading check, so a place is only
@@ -325,9 +337,11 @@ LOCAL_CHECKS: tuple[GrantCheck, ...] = (
     quarantined,
     pinned_identity,
     pinned_region,
+    avoided,
 )
-"""Read-only checks answered from memory (the quarantine watch): run in line, since a
-task each would cost more than the check."""
+"""Read-only checks answered from memory (the quarantine watch) or from the history
+read already (``avoided``): run in line, since a task each would cost more than the
+check."""
 TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, subnet_exclusive, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 from jetfleet.schemas.lease import (
     LEASE_LOST,
+    AvoidScope,
     LeaseCall,
     LeaseGrant,
     LeaseRecord,
@@ -27,8 +28,10 @@ from jetfleet.schemas.lease import (
     QuarantineReject,
     QuarantineRelease,
     QuarantineReply,
+    QuarantineScope,
     Sealed,
 )
+from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import (
     GrantContext,
@@ -105,6 +108,7 @@ class Leaser:
         self.permits = PermitClient(self.nc)
         # Activity windows are judged by the server's time, never this host's.
         self.clock = ServerClock(self.nc)
+        self.avoid = AvoidList(self.js, self.settings.fleet.avoid_s)
         if not await self.places.reachable():
             # Not fatal (Redis may come up later), but say it loudly: until then every
             # grant is refused (caps-unavailable).
@@ -163,8 +167,14 @@ class Leaser:
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
             await self.places.free(record.target, record.job_id)
-            if call.refund:
-                await self.store.refund_grant(call.job_id)
+            avoid = None
+            if call.avoid_reason:
+                # The target refused the job there: the holder goes on its avoid list
+                # before the answer, so the nak that follows finds it.
+                scope, name = _holder_scope(record)
+                avoid = await self.avoid.entry(call.job_id, scope, name, call.avoid_reason)
+            if call.refund or avoid is not None:
+                await self.store.amend(call.job_id, refund=call.refund, avoid=avoid)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
 
@@ -238,6 +248,7 @@ class Leaser:
             history,
             self.permits,
             clock=self.clock,
+            avoid=self.avoid,
         )
         try:
             verdict = await first_objection(ctx)
@@ -404,12 +415,13 @@ class Leaser:
     def _spawn_task(self, coro: Coroutine[Any, Any, None]) -> None:
         self.responder.spawn(coro)
 
-    async def revoke_scope(self, scope: str, name: str, target: str) -> list[str]:
+    async def revoke_scope(self, scope: QuarantineScope, name: str, target: str) -> list[str]:
         """Revoke the scope's live leases on ``target`` and requeue their jobs at once.
 
         The lease is deleted first (the holder's renewal and commit then fail), then the
-        delivery recorded in the lease is nakked, so JetStream redelivers it now rather
-        than after the visibility timeout.
+        scope goes on the job's avoid list, then the delivery recorded in the lease is
+        nakked, so JetStream redelivers it now rather than after the visibility timeout,
+        and the redelivery finds the entry.
         """
         revoked = []
         for live in await self.store.all_live():
@@ -421,6 +433,12 @@ class Leaser:
                 continue
             if await self.store.revoke(live):
                 await self.places.free(record.target, record.job_id)
+                # The entry names the holder (its identity, else its worker id): an
+                # egress record's subnet is no one to avoid on its own.
+                who, whom = (scope, name) if scope != "egress" else _holder_scope(record)
+                avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
+                if avoid is not None:
+                    await self.store.amend(record.job_id, avoid=avoid)
                 if record.reply_subject:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)
@@ -435,6 +453,14 @@ def _subnet_of(record: LeaseRecord) -> str:
         return canonical_subnet(record.subnet)
     except ValueError:
         return ""
+
+
+def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:
+    """What of a lease's holder an avoid entry names: its identity, or its worker id
+    when it has none (a worker without an identity is still someone to move off)."""
+    if record.identity:
+        return "identity", record.identity
+    return "worker", record.worker
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
