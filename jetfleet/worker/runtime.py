@@ -304,8 +304,10 @@ class Worker:
             await self._session.close()
 
     async def _keep_claim(self, claim: IdentityClaim) -> None:
-        """Renew the identity's claim; once it is lost (another worker holds the
-        identity, the claim lapsed, or renewing it died), stop taking jobs and cancel the
+        """Renew the identity's claim (stopping the handlers whenever it goes unconfirmed
+        past the time it surely lives); once it is lost (another worker holds the
+        identity, the claim lapsed, it stayed unconfirmed too long, or renewing it
+        died), stop taking jobs and cancel the
         running ones at once: each goes back with its attempt refunded, and none goes on
         using an identity another worker may be using already."""
         try:
