@@ -4,8 +4,11 @@ A worker with an identity claims the key ``owned.<digest of identity>`` in the
 ``jf-workers`` bucket at start, put-if-absent with a per-key TTL (``worker.claim_ttl_s``)
 judged by the server's clock. While it runs it renews the key every third of that TTL by
 compare-and-set on the revision it last wrote (a claim that lapsed meanwhile is lost, not
-taken again); when it drains it deletes the key (again by compare-and-set), so a
-successor can claim it at once. A worker that crashed stops
+taken again), and a renewal that fails is tried again within moments; when it drains it
+deletes the key (again by compare-and-set), so a successor can claim it at once. The
+worker counts on its claim only for ``SURE_SHARE`` of the TTL after the write that
+renewed it was sent (``IdentityClaim.live``), and gives it up when it stays unrenewed
+``GIVE_UP_TTLS`` TTLs past that. A worker that crashed stops
 renewing, and the server removes its key when the TTL runs out. A second worker's claim
 of a live key is refused with the owner's name and how long its claim lasts unrenewed
 (docs/identities.md).
@@ -23,6 +26,7 @@ import hashlib
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
@@ -30,6 +34,7 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.backoff import Backoff
 from jetfleet.errors import IdentityOwned
 from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.leader_reads import last_message, leader_bucket
@@ -46,6 +51,19 @@ CACHE_MAX = 1024
 # Claims tried when the key vanishes between a refused create and the read of its owner.
 _CLAIM_TRIES = 5
 _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+SURE_SHARE = 2 / 3
+"""The share of its TTL a claim is counted on after the write that made it was sent. The
+rest is the margin for a server whose clock runs ahead of the one that stored the write
+(a new stream leader after an election), which drops the key that much early: up to a
+third of the TTL ahead, the worker stops using the identity before any server could."""
+GIVE_UP_TTLS = 2
+"""How many TTLs past ``valid_until`` a claim no renewal confirms is tried before the
+worker gives it up (by then the server surely dropped the key; another worker may own the
+identity)."""
+RETRY_FIRST_S = 0.5
+"""The first wait before a failed renewal is tried again (doubling, jittered)."""
+MIN_RENEW_TIMEOUT_S = 0.1
+"""The shortest a renewal waits for its answer."""
 
 
 def owned_key(identity: str) -> str:
@@ -71,14 +89,27 @@ class IdentityClaim:
     """Written with the claim, so a renewal whose answer was lost can be recognised as
     ours on the next read (a worker id alone could be another process's, misconfigured)."""
     lost: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set when another worker holds the identity now: this one must stop using it."""
+    """Set when this worker must stop using the identity for good: another worker holds
+    it, the claim lapsed, or no renewal was confirmed for ``GIVE_UP_TTLS`` TTLs past
+    ``valid_until``."""
     valid_until: float = 0.0
     """Monotonic time before which the claim surely lives: when its last acknowledged
-    write was sent, plus its TTL (the server counts the TTL from a later moment)."""
+    write was sent, plus ``SURE_SHARE`` of its TTL (the server counts the whole TTL from
+    a later moment; the rest is the margin for a server clock running ahead)."""
 
     def live(self) -> bool:
-        """Whether the claim surely still lives by this process's clock."""
-        return time.monotonic() < self.valid_until
+        """Whether the identity may be used now: the claim is not lost and surely still
+        lives by this process's clock."""
+        return not self.lost.is_set() and time.monotonic() < self.valid_until
+
+    def confirmed(self, sent_at: float) -> None:
+        """Count on the claim from a write sent at ``sent_at`` (monotonic) that landed."""
+        self.valid_until = sent_at + self.ttl_s * SURE_SHARE
+
+    @property
+    def give_up_at(self) -> float:
+        """Monotonic time at which a claim still unconfirmed is given up (``lost``)."""
+        return self.valid_until + GIVE_UP_TTLS * self.ttl_s
 
     @property
     def payload(self) -> bytes:
@@ -124,7 +155,7 @@ class IdentityPresence:
                 claim.revision = await kv.create(
                     owned_key(identity), claim.payload, msg_ttl=claim.ttl_s
                 )
-                claim.valid_until = sent_at + claim.ttl_s
+                claim.confirmed(sent_at)
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
             except (KeyWrongLastSequenceError, KeyNotFoundError):
@@ -139,7 +170,7 @@ class IdentityPresence:
                 if holder is None or holder.token != claim.token:
                     raise
                 claim.revision = holder.revision
-                claim.valid_until = sent_at + claim.ttl_s  # written after it was sent
+                claim.confirmed(sent_at)  # written after it was sent
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
             if holder is not None:
@@ -147,55 +178,107 @@ class IdentityPresence:
             # Gone between the two (its TTL ran out): claim again.
         raise IdentityOwned(f"identity {identity!r} could not be claimed: too much contention")
 
-    async def keep(self, claim: IdentityClaim) -> None:
+    async def keep(
+        self, claim: IdentityClaim, on_unconfirmed: Callable[[], object] | None = None
+    ) -> None:
         """Renew ``claim`` every third of its TTL until cancelled, or until it is lost
         (then ``claim.lost`` is set and this returns): another worker holds the identity,
-        or the claim lapsed unrenewed (another worker may have held it meanwhile and left
-        the identity's state newer than this one's). Never dies of any other error: a
-        missed renewal is tried again at the next beat, well inside the TTL."""
-        failing = False
+        the claim lapsed unrenewed (another worker may have held it meanwhile and left
+        the identity's state newer than this one's), or no renewal was confirmed for
+        ``GIVE_UP_TTLS`` TTLs past ``valid_until`` (the server cannot be reached, or the
+        bucket's stream is gone). Never dies of any other error: a failed renewal is
+        tried again after a short, doubling wait, and each renewal waits for its answer
+        at most half the time ``valid_until`` has left, so one lost answer leaves time
+        for another try before the claim stops being sure.
+
+        ``on_unconfirmed`` is called each time ``valid_until`` passes unrenewed (the
+        worker stops using the identity until a renewal lands again)."""
+        beat_s = claim.ttl_s / 3
+        retry = Backoff(RETRY_FIRST_S, beat_s)
+        failing = unconfirmed = False
+        next_at = time.monotonic() + beat_s
         while True:
-            await asyncio.sleep(claim.ttl_s / 3)
-            refused = False
-            sent_at = time.monotonic()
-            try:
-                ack = await self.js.publish(
-                    _subject(claim.identity),
-                    claim.payload,
-                    # Bounded so a hung answer cannot stretch the time a lapsed claim
-                    # goes unnoticed past a beat (docs/identities.md).
-                    timeout=claim.ttl_s / 3,
-                    # A fresh dict each time: nats-py adds the TTL header to it.
-                    headers={_EXPECTED_LAST: str(claim.revision)},
-                    msg_ttl=claim.ttl_s,
+            # Awake for the next renewal, and at once when the claim stops being sure.
+            deadline = claim.give_up_at if unconfirmed else claim.valid_until
+            await asyncio.sleep(max(0.0, min(next_at, deadline) - time.monotonic()))
+            now = time.monotonic()
+            if now >= claim.give_up_at:
+                log.error(
+                    "no renewal of the claim of worker %s on identity %s was confirmed "
+                    "for %.0f s: it gives the identity up (another worker may own it now)",
+                    claim.worker_id,
+                    claim.identity,
+                    now - claim.valid_until + claim.ttl_s * SURE_SHARE,
                 )
-                claim.revision = ack.seq
-                claim.valid_until = sent_at + claim.ttl_s
-            except APIError as exc:
-                if not is_wrong_last_sequence(exc):
-                    failing = _warn_once(failing, claim, exc)
-                    continue
-                refused = True
-            except Exception as exc:
-                # A closed connection, a timeout during an election: if this task died,
-                # the claim would lapse while the worker still uses the identity.
-                # CancelledError is not an Exception, so drain still stops it.
-                failing = _warn_once(failing, claim, exc)
+                claim.lost.set()
+                return
+            if now >= claim.valid_until and not unconfirmed:
+                unconfirmed = True
+                log.warning(
+                    "the claim on identity %s went unrenewed past the time it surely "
+                    "lives: the worker stops using it until a renewal lands (it gives it "
+                    "up in %.0f s)",
+                    claim.identity,
+                    claim.give_up_at - now,
+                )
+                if on_unconfirmed is not None:
+                    on_unconfirmed()
+            if now < next_at:
                 continue
-            if refused:
-                # Outside the except clause above: an error reading the holder (a
-                # timeout, a 503) is retried at the next beat like any other.
-                try:
-                    ours = await self._still_ours(claim)
-                except Exception as exc:
-                    failing = _warn_once(failing, claim, exc)
-                    continue
-                if not ours:
-                    claim.lost.set()
-                    return
-            if failing:
+            try:
+                ours = await self._renew(claim)
+            except Exception as exc:
+                # A closed connection, a timeout during an election, no responders: if
+                # this task died, the claim would lapse while the worker still used the
+                # identity. CancelledError is not an Exception, so drain still stops it.
+                failing = _warn_once(failing, claim, exc)
+                wait_s = retry.next_s()
+                if claim.live():
+                    wait_s = min(wait_s, (claim.valid_until - time.monotonic()) / 2)
+                next_at = time.monotonic() + wait_s
+                continue
+            if not ours:
+                claim.lost.set()
+                return
+            if not claim.live():
+                # An earlier renewal landed though its answer was lost: adopted, but when
+                # it was written is not known, so renew on its revision at once.
+                next_at = time.monotonic()
+                continue
+            if failing or unconfirmed:
                 log.info("renewing the claim on identity %s works again", claim.identity)
-            failing = False
+            failing = unconfirmed = False
+            retry = Backoff(RETRY_FIRST_S, beat_s)
+            next_at = time.monotonic() + beat_s
+
+    async def _renew(self, claim: IdentityClaim) -> bool:
+        """Renew ``claim`` once; False if it is lost. Raises whatever kept the server from
+        answering (a renewal to try again)."""
+        sent_at = time.monotonic()
+        # While the claim is sure, its answer is waited for at most half the time left,
+        # so a retry still fits; after that, until it is given up.
+        deadline = claim.valid_until if sent_at < claim.valid_until else claim.give_up_at
+        timeout_s = max(MIN_RENEW_TIMEOUT_S, min(claim.ttl_s / 6, (deadline - sent_at) / 2))
+        try:
+            ack = await self.js.publish(
+                _subject(claim.identity),
+                claim.payload,
+                timeout=timeout_s,
+                # A fresh dict each time: nats-py adds the TTL header to it.
+                headers={_EXPECTED_LAST: str(claim.revision)},
+                msg_ttl=claim.ttl_s,
+            )
+        except APIError as exc:
+            if not is_wrong_last_sequence(exc):
+                raise
+            refused = True
+        else:
+            refused = False
+            claim.revision = ack.seq
+            claim.confirmed(sent_at)
+        # Outside the except clause: an error reading the holder (a timeout, a 503) is
+        # retried like any other.
+        return await self._still_ours(claim) if refused else True
 
     async def release(self, claim: IdentityClaim) -> None:
         """Delete the claim if it is still ours, so a successor may claim the identity at

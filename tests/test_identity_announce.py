@@ -9,6 +9,7 @@ import re
 
 import msgspec
 import pytest
+from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from jetfleet import identity_presence, subjects
@@ -17,9 +18,13 @@ from jetfleet.connection import connect_nats
 from jetfleet.errors import IdentityOwned
 from jetfleet.identity_presence import IdentityPresence, owned_key
 from jetfleet.server_clock import ServerClock
+from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
+from jetfleet.worker.runtime import Worker
 from tests.conftest import make_settings, sim_target, wait_for
+from tests.queueing.helpers import delivered
+from tests.stack import InProcessStack
 from tests.test_unrunnable import pages, running, unrunnable_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -306,24 +311,39 @@ async def test_release_deletes_a_claim_whose_revision_moved_and_spares_a_rivals(
         await nc.close()
 
 
-async def test_a_worker_that_loses_its_identity_stops_its_running_jobs_at_once(
-    nats_url: str, redis_url: str, simulator: TargetSimulator
-) -> None:
+def slow_job_settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    """The ``test.slow`` handler, an attempt budget longer than any wait of these tests,
+    and claims of 2 s."""
     settings = unrunnable_settings(nats_url, redis_url, simulator, timeout_s=120.0)
     fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
     worker_settings = msgspec.structs.replace(settings.worker, claim_ttl_s=2)
-    settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker_settings)
+    return msgspec.structs.replace(settings, fleet=fleet, worker=worker_settings)
+
+
+async def alice_in_a_slow_handler(
+    stack: InProcessStack, simulator: TargetSimulator
+) -> tuple[Worker, JetStreamContext]:
+    """A worker owning ``alice`` whose one job (90 s of ``test.slow``, far longer than
+    the waits of these tests and than drain's timeout) is in its handler."""
+    worker = await stack.add_worker("w-alice", identity="alice")
+    js = stack.connections[0].jetstream()
+    settings = stack.settings
+    [job] = jobs_for("demo", settings, pages(1), handler="test.slow", args={"sleep_s": "90"})
+    await submit_jobs(js, settings, "demo", [job])
+
+    async def in_its_handler() -> bool:
+        return bool(simulator.counts()["total"] == 1) and bool(worker._handlers)
+
+    await wait_for(in_its_handler, 30, "the job to be in its handler")
+    return worker, js
+
+
+async def test_a_worker_that_loses_its_identity_stops_its_running_jobs_at_once(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = slow_job_settings(nats_url, redis_url, simulator)
     async with running(settings, workers=0) as stack:
-        worker = await stack.add_worker("w-alice", identity="alice")
-        js = stack.connections[0].jetstream()
-        # Far longer than the waits below and than drain's timeout.
-        [job] = jobs_for("demo", settings, pages(1), handler="test.slow", args={"sleep_s": "90"})
-        await submit_jobs(js, settings, "demo", [job])
-
-        async def in_its_handler() -> bool:
-            return bool(simulator.counts()["total"] == 1) and bool(worker._tasks)
-
-        await wait_for(in_its_handler, 30, "the job to be in its handler")
+        worker, js = await alice_in_a_slow_handler(stack, simulator)
         kv = await js.key_value(subjects.BUCKET_WORKERS)
         await kv.delete(owned_key("alice"))
         await IdentityPresence(js).claim("alice", "w-rival", ttl_s=30)
@@ -335,26 +355,37 @@ async def test_a_worker_that_loses_its_identity_stops_its_running_jobs_at_once(
         await worker.drain(1.0)
 
 
-async def test_a_job_reaching_its_handler_after_the_identity_was_lost_never_runs_it(
-    nats_url: str, redis_url: str, simulator: TargetSimulator
+@pytest.mark.parametrize("why", ["lost", "unrenewed"])
+async def test_a_worker_whose_claim_is_not_surely_live_fetches_no_job_and_runs_no_handler(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, why: str
 ) -> None:
     settings = unrunnable_settings(nats_url, redis_url, simulator)
     async with running(settings, workers=0) as stack:
         worker = await stack.add_worker("w-alice", identity="alice")
-        assert worker.claim is not None
-        # Lost while the job below waits for its first permit: the cancel at the loss
-        # came before it started.
-        worker.claim.lost.set()
+        assert worker.claim is not None and worker._claiming is not None
+        assert worker.claim.live()
+        if why == "lost":
+            # As a refused renewal leaves it, before the worker stopped for it.
+            worker.claim.lost.set()
+        else:
+            # Its renewals failed past the time the claim surely lives (the server
+            # unreachable): it may have lapsed and been taken, though nobody could tell
+            # this worker so yet.
+            worker._claiming.cancel()
+            worker.claim.valid_until = 0.0
         js = stack.connections[0].jetstream()
+        held = worker.stats["held:identity-unsure"]
         [job] = jobs_for("demo", settings, pages(1))
         await submit_jobs(js, settings, "demo", [job])
 
-        async def handed_back() -> bool:
-            return (
-                worker.hand_backs.get(worker="w-alice", target="demo", reason="identity-lost") > 0
-            )
+        async def looked_again_and_again() -> bool:
+            return worker.stats["held:identity-unsure"] >= held + 12 * len(worker._loops)
 
-        await wait_for(handed_back, 30, "the job to go back unrun")
+        await wait_for(looked_again_and_again, 30, "the pull loops to hold off many times")
+        # Only a fetch already waiting when the claim stopped being sure may have brought
+        # the job in: it went back unrun, paced, and was not fetched again.
+        assert await delivered(js, "demo") <= 1
+        assert sum(worker.hand_backs.values.values()) <= 1
         assert simulator.counts()["total"] == 0, "its handler sent a request"
         await worker.drain(1.0)
 
@@ -437,29 +468,3 @@ async def test_a_refusal_says_how_long_an_aged_claim_lasts_by_the_servers_clock(
         assert 20 <= int(found.group(1)) <= 28, "not the TTL minus the claim's age"
     finally:
         await nc.close()
-
-
-async def test_a_job_never_runs_its_handler_once_the_claim_went_unrenewed_for_its_ttl(
-    nats_url: str, redis_url: str, simulator: TargetSimulator
-) -> None:
-    settings = unrunnable_settings(nats_url, redis_url, simulator)
-    async with running(settings, workers=0) as stack:
-        worker = await stack.add_worker("w-alice", identity="alice")
-        assert worker.claim is not None and worker._claiming is not None
-        assert worker.claim.live()
-        # Its renewals failed for a whole TTL (the server unreachable): the claim may
-        # have lapsed and been taken, though nobody could tell this worker so yet.
-        worker._claiming.cancel()
-        worker.claim.valid_until = 0.0
-        js = stack.connections[0].jetstream()
-        [job] = jobs_for("demo", settings, pages(1))
-        await submit_jobs(js, settings, "demo", [job])
-
-        async def handed_back() -> bool:
-            return (
-                worker.hand_backs.get(worker="w-alice", target="demo", reason="identity-lost") > 0
-            )
-
-        await wait_for(handed_back, 30, "the job to go back unrun")
-        assert simulator.counts()["total"] == 0, "its handler sent a request"
-        await worker.drain(1.0)

@@ -263,8 +263,8 @@ async def _worker(
     if worker.claim is not None and worker.claim.lost.is_set():
         raise IdentityOwned(
             f"worker {worker_id} stopped: it no longer owns identity {identity!r} (another "
-            "worker holds it, or its claim lapsed unrenewed; started again, it claims it "
-            "afresh and reads its state from its state_dir)"
+            "worker holds it, or its claim lapsed or could not be renewed; started again, it "
+            "claims it afresh and reads its state from its state_dir)"
         )
     return 0
 

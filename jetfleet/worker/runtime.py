@@ -149,6 +149,8 @@ WINDOW_SPREAD_S = 2.0
 # How long a retry handed back for another worker stays away (jittered, so jobs handed
 # back together do not return together into one worker's batch fetch).
 RETRY_ELSEWHERE_S = 0.5
+# How often a lane held while the identity's claim is unsure looks again.
+CLAIM_HOLD_S = 0.25
 
 
 class Worker:
@@ -226,6 +228,8 @@ class Worker:
         self._announcing: asyncio.Task[None] | None = None
         self.claim: IdentityClaim | None = None
         self._claiming: asyncio.Task[None] | None = None
+        self._handlers: set[asyncio.Task[Verdict]] = set()
+        """Handlers running now: cancelled when the identity's claim stops being sure."""
         self.cookies = IdentityCookies(identity, declared.state_dir if declared else "")
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
@@ -305,12 +309,18 @@ class Worker:
             # An error it somehow died of must not fail the drain and skip the rest.
             with contextlib.suppress(Exception):
                 await _stop(self._claiming)
-        if self.claim is None or not self.claim.lost.is_set():
-            # (A lost identity may be another worker's now, its state folder and all.)
+        if self.claim is None or self.claim.live():
             try:
                 self.cookies.save()
             except OSError as exc:
                 log.warning("cookies of identity %s not saved: %s", self.identity, exc)
+        else:
+            # Lost, or not surely ours: another worker may own the identity now, its
+            # state folder and all, and its jar there is newer than this one.
+            log.warning(
+                "cookies of identity %s not saved: its claim is not surely this worker's",
+                self.identity,
+            )
         if self.claim is not None:
             # Released once nothing uses the identity any more: a successor may start now.
             await self.identities.release(self.claim)
@@ -318,12 +328,14 @@ class Worker:
             await self._session.close()
 
     async def _keep_claim(self, claim: IdentityClaim) -> None:
-        """Renew the identity's claim; once it is lost (another worker holds the
-        identity, the claim lapsed, or renewing it died), stop taking jobs and cancel the
+        """Renew the identity's claim (stopping the handlers whenever it goes unconfirmed
+        past the time it surely lives); once it is lost (another worker holds the
+        identity, the claim lapsed, it stayed unconfirmed too long, or renewing it
+        died), stop taking jobs and cancel the
         running ones at once: each goes back with its attempt refunded, and none goes on
         using an identity another worker may be using already."""
         try:
-            await self.identities.keep(claim)
+            await self.identities.keep(claim, self._stop_handlers)
         except Exception:
             # Nothing renews the claim now: it lapses while the identity would still be
             # used, and another worker may claim it.
@@ -340,6 +352,13 @@ class Worker:
             self.quit.set()
             for task in list(self._tasks):
                 task.cancel()  # _process_order hands a cancelled job back, refunded
+
+    def _stop_handlers(self) -> None:
+        """The claim is no longer surely ours: no handler goes on using the identity
+        (each job goes back refunded, as at a drain). The lanes fetch nothing meanwhile
+        (``_held_off``)."""
+        for handler in list(self._handlers):
+            handler.cancel()
 
     async def _pull_loop(self, lane: WorkLane, tier: str) -> None:
         """Pull one (lane, tier).
@@ -479,6 +498,12 @@ class Worker:
         return grown * random.uniform(0.5, 1.0)
 
     async def _held_off(self, lane: WorkLane) -> bool:
+        if self.claim is not None and not self.claim.live():
+            # The identity's claim is not surely ours (renewals unconfirmed): fetch
+            # nothing until a renewal lands, or the claim is given up (``quit``).
+            self.stats["held:identity-unsure"] += 1
+            await self._pause(CLAIM_HOLD_S)
+            return True
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
         # the retry-after passes (never dequeue and sleep on a message). A partition is
         # shared, so it stops only when every member is held; a held member's jobs that
@@ -536,6 +561,12 @@ class Worker:
                 target,
             )
             await msg.nak(delay=UNKNOWN_TARGET_DELAY_S)
+            return
+        unsure = self._identity_unsure(msg, target)
+        if unsure is not None:
+            # Fetched before the claim stopped being sure (the lanes fetch nothing now):
+            # no robots.txt, lease or permit with an identity that may be another's.
+            await self._hand_back(msg, target, unsure.reason, unsure.delay_s)
             return
         if self._failed_here.offer_elsewhere(order.job.id, msg.metadata.num_delivered or 0):
             # It failed here last time: give another worker (and identity) the first
@@ -855,14 +886,16 @@ class Worker:
             # Lost while its permit was asked for (the keeper had no handler to cancel
             # yet): no await between this check and the task, so a later loss cancels it.
             return Verdict("lost", reason="lease-lost", called=False)
-        if self.claim is not None and (self.claim.lost.is_set() or not self.claim.live()):
-            # Lost while its permit was asked for (the cancel at the loss may have missed
-            # a job started just then), or unrenewed for its TTL by this worker's clock
-            # (lapsed, maybe taken, though the server could not say so yet): the handler
-            # must not use the identity.
-            return Verdict("unrun", reason="identity-lost", delay_s=0.0, called=False)
+        unsure = self._identity_unsure(msg, order.target)
+        if unsure is not None:
+            # Lost, or no longer surely ours, while its lease or permit was asked for
+            # (the cancel at that moment missed a job not started yet): the handler must
+            # not use the identity.
+            return unsure
         fn, _ = get_handler(order.job.handler)
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
         try:
             return await handler
         except asyncio.CancelledError:
@@ -872,6 +905,17 @@ class Worker:
             raise
         finally:
             held.running = None
+
+    def _identity_unsure(self, msg: Msg, target: str) -> Verdict | None:
+        """An ``unrun`` verdict if the identity may not be used now: its claim is lost
+        (``identity-lost``) or not surely live by this worker's clock (renewals
+        unconfirmed: ``identity-unsure``). Paced like any hand-back, so jobs a worker
+        cut off from the claims bucket keeps meeting do not run out of deliveries."""
+        if self.claim is None or self.claim.live():
+            return None
+        reason = "identity-lost" if self.claim.lost.is_set() else "identity-unsure"
+        delay = self._hand_back_delay(msg, target, 0.0)
+        return Verdict("unrun", reason=reason, delay_s=delay, called=False)
 
     async def _judged_unsent(self, msg: Msg, order: WorkOrder, attempt: int) -> Verdict | None:
         """The verdict of a job that ends without a request (expired, out of attempts,
