@@ -111,6 +111,8 @@ TARGET_WIDE_REFUSALS = frozenset(
         "outside-window",
         "version-not-approved",
         "caps-unavailable",
+        "circuit-open",
+        "circuit-probing",
     }
 )
 # Refusals whose retry-after is the moment the target's next permit frees.

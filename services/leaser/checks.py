@@ -32,6 +32,7 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
+from jetfleet.breaker_book import BreakerBook
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
@@ -48,6 +49,8 @@ QUARANTINE_RETRY_S = 30.0
 TARGET_BUSY_RETRY_S = 0.25
 CAPS_UNAVAILABLE_RETRY_S = 1.0
 RATELIMIT_UNAVAILABLE = "ratelimit-unavailable"
+# An open breaker may be closed early by an operator: ask again at least this often.
+BREAKER_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,10 @@ class GrantContext:
     permits: PermitClient
     took_place: list[bool] = field(default_factory=lambda: [False])
     """Whether ``in_flight_cap`` took a new place (a refused permit frees it)."""
+    breakers: BreakerBook | None = None
+    probe: list[int] = field(default_factory=lambda: [0])
+    """The revision of the probe ``circuit_probe`` took (0: none): the grant names its
+    fence there."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -123,6 +130,55 @@ async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
                 detail=f"{scope} {name} is quarantined on {req.target}: {record.reason}",
             )
     return None
+
+
+async def circuit_open(ctx: GrantContext) -> LeaseRefusal | None:
+    """The target's circuit breaker is open (cooling): no grant to anyone."""
+    book, target = ctx.breakers, ctx.request.target
+    if book is None or not book.known(target):
+        return None
+    record, _ = await book.record(target)
+    if record is None or not await book.cooling(target):
+        return None  # closed, or half-open: circuit_probe decides
+    return LeaseRefusal(
+        reason="circuit-open",
+        retry_after_s=min(record.cool_s, BREAKER_RETRY_S),
+        detail=f"the circuit breaker of {target} is open for {record.cool_s:g} s, then one "
+        f"probe decides: {record.reason}",
+    )
+
+
+async def circuit_probe(ctx: GrantContext) -> LeaseRefusal | None:
+    """A half-open breaker lets one probe lease through, fleet-wide: this grant is it,
+    or it is refused while another probe is in flight. After ``in_flight_cap``, so the
+    probe is only taken for a grant nothing but the rate permit objects to."""
+    book, req = ctx.breakers, ctx.request
+    if book is None or not book.known(req.target):
+        return None
+    record, _ = await book.record(req.target)
+    if record is None:
+        return None
+    ttl = ctx.settings.fleet.lease_ttl_s
+    revision = await book.take_probe(req.target, req.job_id, req.worker, ttl)
+    # Re-opened meanwhile (a probe refused): its probe slot lapses with the lease TTL.
+    cooling = revision is not None and await book.cooling(req.target)
+    if revision is not None and not cooling:
+        ctx.probe[0] = revision
+        return None
+    if ctx.took_place[0]:
+        await ctx.places.free(req.target, req.job_id)
+    if cooling:
+        return LeaseRefusal(
+            reason="circuit-open",
+            retry_after_s=min(record.cool_s, BREAKER_RETRY_S),
+            detail=f"the circuit breaker of {req.target} opened again",
+        )
+    return LeaseRefusal(
+        reason="circuit-probing",
+        retry_after_s=min(ttl, BREAKER_RETRY_S),
+        detail=f"the circuit breaker of {req.target} is half-open and its one probe is in "
+        "flight; its outcome closes or re-opens it",
+    )
 
 
 async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
@@ -201,10 +257,11 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
 # committed must end dead only, not also be recorded as that commit's duplicate.
 ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
-LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, pinned_identity)
-"""Read-only checks answered from memory (the quarantine watch): run in line, since a
-task each would cost more than the check."""
-TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, rate_permit)
+LOCAL_CHECKS: tuple[GrantCheck, ...] = (quarantined, circuit_open, pinned_identity)
+"""Read-only checks answered from memory (the quarantine and breaker watches; a read only
+for a scope or target they know of): run in line, since a task each would cost more than
+the check."""
+TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, circuit_probe, rate_permit)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 

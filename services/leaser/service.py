@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
+from jetfleet.schemas.breaker import BreakerCommand, BreakerProbe, BreakerReply
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     LeaseCall,
@@ -28,6 +29,7 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
     Sealed,
 )
+from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import (
     GrantContext,
@@ -39,6 +41,7 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.permit_client import PermitClient
@@ -50,6 +53,7 @@ log = logging.getLogger(__name__)
 
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
+_breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 
 LEASE_REFUSALS = Refusals[LeaseReply](
@@ -71,6 +75,14 @@ QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     ),
     failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
     too_large=lambda why: QuarantineReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+BREAKER_REFUSALS = Refusals[BreakerReply](
+    malformed=lambda error: BreakerReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: BreakerReply(
+        ok=False, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: BreakerReply(ok=False, detail=str(exc)),
+    too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -106,8 +118,15 @@ class Leaser:
                 "(the in-flight caps cannot be checked)",
                 self.settings.redis.url,
             )
-        self.quarantine = QuarantineBook(self.js, await self.js.key_value(subjects.BUCKET_CONTROL))
+        control = await self.js.key_value(subjects.BUCKET_CONTROL)
+        self.quarantine = QuarantineBook(self.js, control)
         await self.quarantine.start()
+        self.breakers = BreakerBook(self.js, control)
+        await self.breakers.start()
+        self.breaker_commands = BreakerCommands(
+            self.settings, self.js, self.breakers, self.revoke_target, self._spawn_task
+        )
+        self.metrics.append(self.breaker_commands.changes)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -129,6 +148,16 @@ class Leaser:
                 check=lambda _, command: refuse_command(self.settings, command),
             )
         )
+        await self.responder.serve(
+            Route(
+                subjects.BREAKER,
+                _breaker_decoder,
+                self.breaker_commands.command,
+                BREAKER_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: breaker_objection(self.settings, command),
+            )
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
@@ -136,6 +165,7 @@ class Leaser:
         """Stop taking requests and finish the ones in hand."""
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
+        await self.breakers.stop()
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
@@ -149,6 +179,10 @@ class Leaser:
             if record is not None:
                 # Beside the answer: a renewal must not wait on Redis.
                 self.responder.spawn(self._keep_place(record))
+                if self.breakers.known(record.target):  # a probe keeps its probe
+                    self.responder.spawn(
+                        self.breakers.keep_probe(record.target, call.job_id, call.fence, self.ttl_s)
+                    )
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
             return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
@@ -189,7 +223,14 @@ class Leaser:
         # holder has it), whether it is this delivery asking again or not.
         live_now = asyncio.create_task(self.store.live(request.job_id))
         ctx = GrantContext(
-            request, self.settings, self.js, self.quarantine, self.places, history, self.permits
+            request,
+            self.settings,
+            self.js,
+            self.quarantine,
+            self.places,
+            history,
+            self.permits,
+            breakers=self.breakers,
         )
         try:
             verdict = await first_objection(ctx)
@@ -223,6 +264,9 @@ class Leaser:
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
+            if ctx.probe[0]:  # the half-open breaker's probe: its outcome names this fence
+                probe = BreakerProbe(job_id=request.job_id, worker=request.worker, fence=fence)
+                await self.breakers.mark_probe(request.target, probe, ctx.probe[0], self.ttl_s)
             try:
                 read: HistoryEntry | None = await history
             except Exception:  # the early read failed: record_grant reads it again
@@ -355,11 +399,21 @@ class Leaser:
         delivery recorded in the lease is nakked, so JetStream redelivers it now rather
         than after the visibility timeout.
         """
+        return await self.revoke_where(
+            target, lambda r: (r.worker if scope == "worker" else r.identity) == name
+        )
+
+    async def revoke_target(self, target: str) -> list[str]:
+        """Revoke every live lease of ``target`` (its breaker opened); requeue the jobs."""
+        return await self.revoke_where(target, lambda _: True)
+
+    async def revoke_where(self, target: str, holds: Callable[[LeaseRecord], bool]) -> list[str]:
+        """Revoke the live leases on ``target`` whose record ``holds`` accepts, as
+        ``revoke_scope`` says; the revoked job ids."""
         revoked = []
         for live in await self.store.all_live():
             record = live.record
-            holder = record.worker if scope == "worker" else record.identity
-            if record.target != target or holder != name:
+            if record.target != target or not holds(record):
                 continue
             if await self.store.revoke(live):
                 await self.places.free(record.target, record.job_id)

@@ -35,6 +35,7 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
 )
 from jetfleet.schemas.names import RequiredName
+from jetfleet.services.quarantine.breaker_watch import BreakerWatch
 from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -178,7 +179,8 @@ class QuarantineService:
             "jetfleet_quarantine_fired_total",
             "Rules met, by rule, target and what came of it (set, kept, already-fired, failed)",
         )
-        self.metrics = [self.events, self.fired]
+        self.breaker = BreakerWatch(settings, nc)
+        self.metrics = [self.events, self.fired, self.breaker.fired]
         self.next_seq: int | None = None
         """The ``JF_OUTCOMES`` sequence to read next (None: start from the server's now
         less the longest window)."""
@@ -193,11 +195,13 @@ class QuarantineService:
     @property
     def longest_window_s(self) -> float:
         """The longest rule window: how far back a (re)started replica reads."""
-        return max((r.window_s for r in self.settings.quarantine.rules), default=0.0)
+        rules = [r.window_s for r in self.settings.quarantine.rules]
+        return max([*rules, self.settings.quarantine.breaker.window_s])
 
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
         self._control = await self.js.key_value(subjects.BUCKET_CONTROL)
+        await self.breaker.start(self._control)
         if not self.settings.quarantine.rules:
             log.warning("no quarantine.rules configured: the quarantine service sets nothing")
         self._loop = asyncio.create_task(self._read())
@@ -214,6 +218,7 @@ class QuarantineService:
         while not self._stopping.is_set():
             try:
                 await self._retry_due()
+                await self.breaker.retry_due()
                 if sub is None:
                     sub = await self._subscribe()
                 try:
@@ -237,6 +242,7 @@ class QuarantineService:
                 pending.firing.target,
             )
             await self._unclaim(pending.claim)
+        await self.breaker.stop()
 
     async def _unsubscribe(self, sub: JetStreamContext.PullSubscription | None) -> None:
         """Let go of the consumer now rather than when the server times it out."""
@@ -292,12 +298,15 @@ class QuarantineService:
         self.events.inc(verdict="counted")
         at_s = msg.metadata.timestamp.timestamp()
         self._newest_at_s = max(self._newest_at_s, at_s)
-        for firing in self.windows.observe(Seen(at_s=at_s, seq=seq, outcome=event)):
+        seen = Seen(at_s=at_s, seq=seq, outcome=event)
+        for firing in self.windows.observe(seen):
             await self.apply(firing)
+        await self.breaker.observe(seen)
         self._read_since_forget += 1
         if self._read_since_forget >= FORGET_EVERY:
             self._read_since_forget = 0
             self.windows.forget_before(at_s)
+            self.breaker.windows.forget_before(at_s)
 
     async def apply(self, firing: Firing) -> None:
         """Claim the firing's marker and send its record, unless its evidence fired before.
