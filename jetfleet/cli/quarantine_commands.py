@@ -11,9 +11,11 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.breaker_commands import BREAKER_COLUMNS, breaker_rows, send_breaker
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
+from jetfleet.schemas.breaker import BreakerList
 from jetfleet.schemas.lease import (
     QuarantineCommand,
     QuarantineList,
@@ -54,7 +56,9 @@ def register(commands: Any) -> None:
             )
         action.add_argument("--json", action="store_true", help="print the answer as JSON")
         action.set_defaults(run=_run)
-    listing = actions.add_parser("list", help="list quarantines in force")
+    listing = actions.add_parser(
+        "list", help="list quarantines in force, and the targets' circuit breakers open"
+    )
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=_run)
 
@@ -105,6 +109,7 @@ def _run(args: argparse.Namespace) -> int:
                 for r in reply.records
             ],
         )
+        _print_breakers(settings)
     elif args.quarantine_action == "set":
         print(
             f"quarantined; revoked and requeued {len(reply.revoked)} job(s)"
@@ -113,6 +118,19 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print("released")
     return 0 if reply.ok else 1
+
+
+def _print_breakers(settings: Settings) -> None:
+    """The circuit breakers open or half-open, under the quarantines (a whole target
+    paused is the widest quarantine there is)."""
+    try:
+        reply = asyncio.run(send_breaker(settings, BreakerList()))
+    except JetfleetError as exc:
+        print(f"\ncircuit breakers: unknown ({exc})")
+        return
+    if reply.breakers:
+        print("\ncircuit breakers (`jetfleet breaker close --target T` closes one):")
+        print_table(BREAKER_COLUMNS, breaker_rows(reply.breakers))
 
 
 async def send(settings: Settings, command: QuarantineCommand) -> QuarantineReply:
