@@ -7,6 +7,7 @@ backlog drains) or opens it again for twice as long."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -24,6 +25,8 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.cli.breaker_commands import send_breaker
+from jetfleet.cli.main import main
+from jetfleet.dev.settings_file import settings_toml
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
 from jetfleet.server_clock import ServerClock
@@ -326,3 +329,36 @@ async def test_bad_breaker_commands_are_refused_with_what_to_fix(
     answer = await nc.request(subjects.BREAKER, b'{"type": "open"}', timeout=10.0)
     assert b"malformed command" in answer.data
     assert await breakers(settings) == []
+
+
+async def test_operators_see_and_close_a_breaker_from_the_cli(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    record = BreakerRecord(
+        target=SHOP, cool_s=600.0, reason="3 identities refused", identities=["a", "b", "c"]
+    )
+    assert (await send_breaker(settings, BreakerOpen(record=record))).ok
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(settings_toml(settings))
+
+    async def cli(*argv: str) -> str:
+        capsys.readouterr()
+        assert await asyncio.to_thread(main, ["--config", str(config), *argv]) == 0
+        return capsys.readouterr().out
+
+    listed = await cli("breaker", "list")
+    assert "shop" in listed and "open" in listed and "a, b, c" in listed
+    assert "circuit breakers" in await cli("quarantine", "list")
+    assert "shop  open, no grants for up to 600 s" in await cli("status")
+    status = await services.status()
+    assert [(b.record.target, b.state) for b in status.breakers] == [(SHOP, "open")]
+    closed = await cli("breaker", "close", "--target", SHOP, "--reason", "owner says ok")
+    assert "closed" in closed
+    assert await breakers(settings) == []
+    assert "circuit breakers" not in await cli("status")
+    alert = (await alerts(nc))[-1]
+    assert (alert.change, alert.by, alert.reason) == ("closed", "operator", "owner says ok")

@@ -17,6 +17,7 @@ from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
+from jetfleet.ops.breaker_status import breaker_lines
 from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, FleetStatus, confirmed_status
 from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
@@ -195,6 +196,8 @@ async def _status(settings: Settings, as_json: bool) -> int:
     if status.admitting:
         print(f"\n{status.admitting} submission(s) awaiting admission")
     _print_limiter(status)
+    for n, line in enumerate(breaker_lines(status.breakers)):
+        print(f"\n{line}" if n == 0 else line)
     if not status.conserved:
         # Read again already; a difference that lasts while jobs flow fast can still be
         # jobs in motion, so say how to tell.

@@ -15,8 +15,10 @@ from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.ops.breaker_status import open_breakers
 from jetfleet.ops.dead_letters import purged_counts
 from jetfleet.ops.limiter_state import LimiterHealth, TargetHold, limiter_state
+from jetfleet.schemas.breaker import BreakerView
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
 from jetfleet.target_places import TargetPlaces
@@ -77,6 +79,8 @@ class FleetStatus(msgspec.Struct):
     ``MAX_HOLDS_SHOWN`` of them."""
     held: int = 0
     """How many targets are held in all (``holds`` may list fewer)."""
+    breakers: list[BreakerView] = msgspec.field(default_factory=list)
+    """Targets whose circuit breaker is open, probing or half-open (paused fleet-wide)."""
 
 
 async def confirmed_status(
@@ -132,6 +136,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(dedicated, lambda t: _leased(js, t)),
         _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
         limiter_state(settings),
+        open_breakers(js),
     )
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
@@ -141,6 +146,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
             leased_by_consumers,
             shared_leased,
             limiter,
+            breakers,
         ),
     ) = await asyncio.gather(first, second)
     committed = Counter(results) + duplicates
@@ -176,6 +182,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         rate_limiter_detail=limiter.detail,
         holds=limiter.holds,
         held=limiter.held,
+        breakers=breakers,
     )
 
 
