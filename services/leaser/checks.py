@@ -5,10 +5,10 @@ grant waits for one round trip, not one each); ``settled`` writes only for a job
 settled already, to land its record. ``LOCAL_CHECKS`` only read, from memory. Between
 them and the last kind the leaser looks for a live lease of the job (its holder has its
 place; the same delivery asking again gets its lease again). ``TAKING_CHECKS`` take
-something (an in-flight place; a rate permit only for workers from before permits moved
-to the worker), so they run one after another, and only once nothing else objects. A
-current worker takes the rate permit itself, just before the request, so the limiter's
-clock and the target's are milliseconds apart.
+something (an in-flight place; a half-open circuit breaker's one probe; a rate permit only
+for workers from before permits moved to the worker), so they run one after another, and
+only once nothing else objects. A current worker takes the rate permit itself, just
+before the request, so the limiter's clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
 Later capabilities (pause, approved versions, activity windows) add their check to the
 right tuple; order matters: the most final answers come first.

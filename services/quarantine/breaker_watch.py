@@ -116,7 +116,9 @@ class BreakerWatch:
 
     async def observe(self, seen: Seen) -> None:
         """Count one outcome event of a declared target, and ask what it makes."""
-        if not self.settings.quarantine.breaker.enabled or self.book is None:
+        # Disabled, it opens nothing (BreakerWindows counts nothing) but still judges the
+        # probes of breakers open already, so they close.
+        if self.book is None:
             return
         target = seen.outcome.target
         if self.book.known(target) and seen.outcome.fence and await self._judge_probe(seen):
