@@ -12,16 +12,15 @@ Four keys per target (docs/quarantine.md#the-target-circuit-breaker):
 - ``breaker-fired.<target>``: the newest outcome event that opened the breaker, so a
   replay of the same evidence (a quarantine replica restarting) does not open it again.
 
-Every grant asks about its target, so the book follows the records with a KV watch and
-reads only for a target whose record it has seen (or every time, should the watch die).
+Every grant asks about its target, so the book follows the records with a KV watch
+(``KeyWatch``) and reads only for a target whose record it has seen (or every time,
+should the watch die).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
@@ -30,6 +29,7 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.kv_watch import KeyWatch
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.schemas.breaker import BreakerProbe, BreakerRecord, BreakerView
 from jetfleet.schemas.lease import QuarantineFired
@@ -56,46 +56,22 @@ class BreakerBook:
     def __init__(self, js: JetStreamContext, control: KeyValue) -> None:
         self.js = js
         self.control = control
-        self._known: set[str] = set()
-        self._watching: asyncio.Task[None] | None = None
-        self._warned = False
+        self.watch = KeyWatch(control, f"{subjects.BREAKER_PREFIX}.>", "breaker")
 
     async def start(self) -> None:
         """Load the breakers in force and follow changes."""
-        watcher = await self.control.watch(f"{subjects.BREAKER_PREFIX}.>")
-        loaded = asyncio.get_running_loop().create_future()
-        self._watching = asyncio.create_task(self._follow(watcher, loaded))
-        await asyncio.wait_for(loaded, 10.0)
+        await self.watch.start()
 
     async def stop(self) -> None:
         """Stop following changes."""
-        watching, self._watching = self._watching, None
-        if watching is not None:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-
-    async def _follow(self, watcher: Any, loaded: asyncio.Future[None]) -> None:
-        async for entry in watcher:
-            if entry is None:  # the end of the records that existed when we started
-                if not loaded.done():
-                    loaded.set_result(None)
-                continue
-            target = entry.key.split(".", 1)[1]
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self._known.discard(target)
-            else:
-                self._known.add(target)
+        await self.watch.stop()
 
     def known(self, target: str) -> bool:
-        """Whether ``target`` may have a breaker (its record was seen). A dead watch
-        answers yes for every target: the book fails closed, never open."""
-        if self._watching is not None and self._watching.done():
-            if not self._warned:
-                self._warned = True
-                log.error("breaker watch stopped; reading every breaker check from KV")
+        """Whether ``target`` may have a breaker (its record was seen). A dead watch, or
+        one never started, answers yes for every target: the book fails closed."""
+        if not self.watch.following():
             return True
-        return target in self._known
+        return key(subjects.BREAKER_PREFIX, target) in self.watch.keys
 
     async def _read(self, name: str) -> tuple[bytes | None, int]:
         """A key's value (None: none, or deleted) and its revision (a tombstone's, or 0),
@@ -131,7 +107,7 @@ class BreakerBook:
         names (a deleted record's tombstone's, or 0)."""
         value, revision = await self._read(key(subjects.BREAKER_PREFIX, target))
         if value is None:
-            self._known.discard(target)
+            self.watch.keys.discard(key(subjects.BREAKER_PREFIX, target))
             return None, revision
         return _record_decoder.decode(value), revision
 
@@ -159,7 +135,7 @@ class BreakerBook:
             await self._write(key(subjects.BREAKER_PREFIX, target), payload, last=last)
         except KeyWrongLastSequenceError:
             return False
-        self._known.add(target)
+        self.watch.keys.add(key(subjects.BREAKER_PREFIX, target))
         # A probe refused, or one in flight when an operator opened it again: gone.
         await self.control.delete(key(subjects.BREAKER_PROBE_PREFIX, target))
         return True
@@ -172,7 +148,7 @@ class BreakerBook:
             return False
         for prefix in (subjects.BREAKER_COOL_PREFIX, subjects.BREAKER_PROBE_PREFIX):
             await self.control.delete(key(prefix, target))
-        self._known.discard(target)
+        self.watch.keys.discard(key(subjects.BREAKER_PREFIX, target))
         return True
 
     async def take_probe(self, target: str, job_id: str, worker: str, ttl_s: float) -> int | None:

@@ -362,3 +362,22 @@ async def test_operators_see_and_close_a_breaker_from_the_cli(
     assert "circuit breakers" not in await cli("status")
     alert = (await alerts(nc))[-1]
     assert (alert.change, alert.by, alert.reason) == ("closed", "operator", "owner says ok")
+
+
+async def test_a_breaker_opened_after_the_watch_died_is_still_enforced(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """The leaser answers breaker checks from a KV watch; if it dies, it reads KV
+    instead of granting on every target whose record it had not seen."""
+    assert services.leaser is not None
+    watch = services.leaser.breakers.watch._watching
+    assert watch is not None
+    watch.cancel()  # as if the watch's subscription had failed
+    await asyncio.gather(watch, return_exceptions=True)
+    # Written straight to KV, as by another leaser replica this one's watch cannot see.
+    record = BreakerRecord(target=SHOP, cool_s=600.0, reason="test")
+    assert await services.leaser.breakers.open(record, last=0)
+    services.leaser.breakers.watch.keys.clear()
+    client = LeaseClient(nc)
+    reply = await client.grant(ask(order_for(settings, "/page/1", target=SHOP), worker="w-a"))
+    assert isinstance(reply, LeaseRefusal) and reply.reason == "circuit-open", reply

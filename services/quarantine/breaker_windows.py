@@ -12,10 +12,9 @@ still a fleet answering a refusing site worker after worker.
 
 from __future__ import annotations
 
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from jetfleet.services.quarantine.rule_windows import Seen
+from jetfleet.services.quarantine.rule_windows import EventWindow, Seen
 
 from jetfleet.settings import BreakerSettings
 
@@ -37,18 +36,12 @@ class Opening:
     """The window's events, oldest first (K or more: one identity may be refused twice)."""
 
 
-@dataclass
-class _Window:
-    events: deque[Seen] = field(default_factory=deque)
-    newest_s: float = float("-inf")
-
-
 class BreakerWindows:
     """One window per target of the refusals the breaker counts."""
 
     def __init__(self, settings: BreakerSettings) -> None:
         self.settings = settings
-        self._windows: dict[str, _Window] = {}
+        self._windows: dict[str, EventWindow] = {}
 
     def counts(self, seen: Seen) -> bool:
         """Whether the breaker counts this event: a ``blocked`` outcome with a reason in
@@ -60,11 +53,9 @@ class BreakerWindows:
         """Count one event; the opening it makes, if it brings the target to K."""
         if not self.settings.enabled or not self.counts(seen):
             return None
-        window = self._windows.setdefault(seen.outcome.target, _Window())
-        if any(e.seq == seen.seq for e in window.events):
+        window = self._windows.setdefault(seen.outcome.target, EventWindow())
+        if not window.add(seen, self.settings.window_s):
             return None  # redelivered: counted once
-        window.events.append(seen)
-        self._trim(window, seen.at_s)
         names = list(dict.fromkeys(refused_as(e) for e in window.events))
         if len(names) < self.settings.identities:
             return None
@@ -76,19 +67,8 @@ class BreakerWindows:
         """Put back an opening's events newer than ``after_seq``: the opening was not
         taken (its oldest evidence opened the breaker before), so the newer events count
         towards the next one."""
-        window = self._windows.setdefault(opening.target, _Window())
-        kept = [e for e in opening.evidence if e.seq > after_seq] + list(window.events)
-        window.events = deque(sorted({e.seq: e for e in kept}.values(), key=lambda e: e.seq))
-        if kept:
-            self._trim(window, max(e.at_s for e in kept))
-
-    def _trim(self, window: _Window, at_s: float) -> None:
-        # Times from a new stream leader may step back a little: the window ends at the
-        # newest time seen, not the last one read.
-        window.newest_s = max(window.newest_s, at_s)
-        start_s = window.newest_s - self.settings.window_s
-        kept = [e for e in window.events if e.at_s > start_s]
-        window.events = deque(sorted(kept, key=lambda e: e.seq))
+        window = self._windows.setdefault(opening.target, EventWindow())
+        window.put_back([e for e in opening.evidence if e.seq > after_seq], self.settings.window_s)
 
     @property
     def tracked(self) -> int:
