@@ -150,6 +150,26 @@ async def test_k_minus_1_identities_open_nothing_and_the_kth_pauses_the_target_f
     assert isinstance(await client.grant(ask(held, worker="w-x", identity="id-x")), LeaseGrant)
 
 
+async def test_two_replicas_meeting_k_identities_open_it_once(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    replicas = [await services.add_quarantine(), await services.add_quarantine()]
+    for n in range(K):
+        await refuse(nc, f"t{n}", f"id-{n}")
+
+    def total(outcome: str) -> int:
+        return sum(r.breaker.fired.get(target=SHOP, outcome=outcome) for r in replicas)
+
+    async def both_met() -> bool:
+        return total("opened") + total("kept") + total("already-fired") == 2
+
+    await wait_for(both_met, 30.0, "both replicas meeting K identities")
+    assert total("opened") == 1
+    assert [a.change for a in await alerts(nc)] == ["opened"]
+    assert services.leaser is not None
+    assert services.leaser.breaker_commands.changes.get(target=SHOP, change="opened") == 1
+
+
 async def test_k_identities_spread_over_more_than_the_window_open_nothing(
     settings: Settings, nc: NatsClient, services: InProcessStack
 ) -> None:
@@ -182,7 +202,7 @@ async def test_k_identities_spread_over_more_than_the_window_open_nothing(
         await replica.drain(5.0)
 
 
-async def test_no_identity_is_tried_while_it_cools_then_one_probe_closes_it(
+async def test_I6_no_identity_is_tried_while_it_cools_then_one_probe_closes_it(
     settings: Settings, nc: NatsClient, services: InProcessStack, simulator: TargetSimulator
 ) -> None:
     replica = await services.add_quarantine()

@@ -4,11 +4,19 @@ window open it, K-1 do not, nor K spread over more than the window; by the event
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from jetfleet.services.quarantine.breaker_windows import BreakerWindows
 
 from jetfleet.errors import ConfigError
-from jetfleet.settings import BreakerSettings, QuarantineSettings, Settings, validate
+from jetfleet.settings import (
+    BreakerSettings,
+    QuarantineSettings,
+    Settings,
+    load_settings,
+    validate,
+)
 from tests.test_quarantine_rules import Events
 
 BREAKER = BreakerSettings(identities=3, window_s=600.0, cool_s=900.0)
@@ -111,3 +119,22 @@ def test_bad_breaker_settings_name_the_key_and_the_fix(fields: dict[str, object]
     bad = Settings(quarantine=QuarantineSettings(breaker=BreakerSettings(**fields)))  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=rf"{key} is invalid: set it to"):
         validate(bad)
+
+
+def test_the_breaker_is_read_from_its_toml_table_and_bad_keys_are_named(tmp_path: Path) -> None:
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(
+        '[quarantine.breaker]\nidentities = 4\nwindow_s = 120\ncool_s = 60\non = "challenged"\n'
+    )
+    breaker = load_settings(path, {}).quarantine.breaker
+    assert (breaker.identities, breaker.window_s, breaker.cool_s) == (4, 120.0, 60.0)
+    assert breaker.reasons == ("challenged",)
+    assert Settings().quarantine.breaker == BreakerSettings(
+        enabled=True, identities=3, window_s=600.0, cool_s=900.0, on=("challenged", "blocked")
+    )
+    path.write_text("[quarantine.breaker]\nidentity = 4\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'quarantine.breaker.identity'"):
+        load_settings(path, {})
+    path.write_text("[quarantine.breaker]\ncool_s = 0\n")
+    with pytest.raises(ConfigError, match=r"quarantine.breaker.cool_s is invalid"):
+        load_settings(path, {})
