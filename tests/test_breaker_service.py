@@ -41,6 +41,7 @@ from tests.test_quarantine_service import read_everything
 
 SHOP, NEWS = "shop", "news"
 K = 3
+COOL_S = 8.0
 
 
 def with_breaker(settings: Settings, **fields: object) -> Settings:
@@ -53,10 +54,11 @@ def with_breaker(settings: Settings, **fields: object) -> Settings:
 
 @pytest.fixture
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
-    """Two targets on one simulator; K = 3 identities in 600 s open for 4 s."""
+    """Two targets on one simulator; K = 3 identities in 600 s open for 8 s (time for
+    every worker to ask, and be refused, while it cools)."""
     target = sim_target(simulator)
     base = make_settings(nats_url, redis_url, {SHOP: target, NEWS: target})
-    return with_breaker(base, window_s=600.0, cool_s=4.0)
+    return with_breaker(base, window_s=600.0, cool_s=COOL_S)
 
 
 async def breakers(settings: Settings) -> list[BreakerView]:
@@ -123,7 +125,7 @@ async def test_k_minus_1_identities_open_nothing_and_the_kth_pauses_the_target_f
     await wait_for(opened, 30.0, "the breaker opened by the Kth identity")
     (view,) = await breakers(settings)
     assert view.record.identities == ["id-0", "id-1", "id-2"]
-    assert (view.record.cool_s, view.record.opens, view.record.opened_by) == (4.0, 1, "breaker")
+    assert (view.record.cool_s, view.record.opens, view.record.opened_by) == (COOL_S, 1, "breaker")
     assert "3 identities refused" in view.record.reason
     # Its live lease was revoked at once, for every identity; no identity gets one.
     assert await store.live(held.job.id) is None
@@ -247,7 +249,7 @@ async def test_I6_no_identity_is_tried_while_it_cools_then_one_probe_closes_it(
     async def new_identities_refused() -> bool:
         return all(refused("circuit-open", f"w-{n}") >= 1 for n in (K, K + 1))
 
-    await wait_for(new_identities_refused, 10.0, "the untried identities refused circuit-open")
+    await wait_for(new_identities_refused, COOL_S, "the untried identities refused circuit-open")
     while await state(settings) == "open":
         assert simulator.counts()["total"] == seen["total"]
         await asyncio.sleep(0.05)
