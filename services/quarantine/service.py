@@ -194,7 +194,8 @@ class QuarantineService:
 
     @property
     def longest_window_s(self) -> float:
-        """The longest rule window: how far back a (re)started replica reads."""
+        """The longest window (of the rules and the breaker): how far back a
+        (re)started replica reads."""
         rules = [r.window_s for r in self.settings.quarantine.rules]
         return max([*rules, self.settings.quarantine.breaker.window_s])
 
@@ -203,7 +204,7 @@ class QuarantineService:
         self._control = await self.js.key_value(subjects.BUCKET_CONTROL)
         await self.breaker.start(self._control)
         if not self.settings.quarantine.rules:
-            log.warning("no quarantine.rules configured: the quarantine service sets nothing")
+            log.warning("no quarantine.rules configured: the quarantine service sets no record")
         self._loop = asyncio.create_task(self._read())
 
     async def drain(self, timeout_s: float = 30.0) -> None:
