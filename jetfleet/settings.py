@@ -301,6 +301,30 @@ class EgressRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_onl
         return (self.on,) if isinstance(self.on, str) else self.on
 
 
+class BreakerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The per-target circuit breaker (docs/quarantine.md#the-target-circuit-breaker):
+    refusals on one target from ``identities`` distinct identities within ``window_s``
+    pause the target fleet-wide for ``cool_s``; then one probe decides."""
+
+    enabled: bool = True
+    identities: int = 3
+    """K: distinct identities (a worker without one counts as itself) whose refusals open it."""
+    window_s: float = 600.0
+    """The sliding window the K identities' refusals must fall in (server time)."""
+    cool_s: float = 900.0
+    """How long the target is paused before one probe is let through."""
+    max_cool_s: float = 3600.0
+    """A probe refused again doubles the cooling, up to this."""
+    on: str | tuple[str, ...] = ("challenged", "blocked")
+    """The ``blocked`` outcome reasons that count (``challenged``, ``blocked``,
+    ``rate-limited``)."""
+
+    @property
+    def reasons(self) -> tuple[str, ...]:
+        """The outcome reasons it counts."""
+        return (self.on,) if isinstance(self.on, str) else self.on
+
+
 class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The quarantine service (``jetfleet serve quarantine``)."""
 
@@ -313,6 +337,8 @@ class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     second_order_window_s: float = 3600.0
     """A retirement whose neighbour (another identity of the same subnet) was retired on
     the same target this recently counts as second-order."""
+    breaker: BreakerSettings = BreakerSettings()
+    """``[quarantine.breaker]``: the per-target circuit breaker."""
 
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -883,6 +909,7 @@ def _validate_quarantine(quarantine: QuarantineSettings) -> None:
         "quarantine.max_evidence",
         "a whole number from 1 to 100 (job ids a record names)",
     )
+    _validate_breaker(quarantine.breaker)
     names: set[str] = set()
     for n, rule in enumerate(quarantine.rules):
         key = f"quarantine.rules[{n}]"
@@ -967,6 +994,37 @@ def _validate_egress(egress: EgressRule, rule_names: set[str]) -> None:
         f"{key}.name",
         "lowercase letters, digits, '-', '_' or '.', at most 64 characters, starting and "
         "ending with a letter or digit, no '..', and no rule's name",
+    )
+
+
+def _validate_breaker(breaker: BreakerSettings) -> None:
+    key = "quarantine.breaker"
+    reasons = breaker.reasons
+    _require(
+        bool(reasons) and all(r in QUARANTINE_REASONS for r in reasons),
+        f"{key}.on",
+        f"one of {', '.join(QUARANTINE_REASONS)} or a list of them, not {breaker.on!r}",
+    )
+    _require(
+        1 <= breaker.identities <= 1000,
+        f"{key}.identities",
+        "a whole number from 1 to 1000 (distinct identities refused within window_s)",
+    )
+    _require(
+        0 < breaker.window_s <= MAX_RULE_WINDOW_S and math.isfinite(breaker.window_s),
+        f"{key}.window_s",
+        f"a number of seconds above 0 and at most {MAX_RULE_WINDOW_S:g} (a week)",
+    )
+    _require(
+        1 <= breaker.cool_s <= MAX_RULE_WINDOW_S,
+        f"{key}.cool_s",
+        f"a number of seconds from 1 to {MAX_RULE_WINDOW_S:g} (how long the target pauses)",
+    )
+    _require(
+        breaker.cool_s <= breaker.max_cool_s <= MAX_RULE_WINDOW_S,
+        f"{key}.max_cool_s",
+        f"a number of seconds from cool_s ({breaker.cool_s:g}) to {MAX_RULE_WINDOW_S:g} "
+        "(the longest cooling after refused probes)",
     )
 
 

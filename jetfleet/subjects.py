@@ -18,6 +18,7 @@ STREAM_DLQ = "JF_DLQ"
 STREAM_REJECTED = "JF_REJECTED"
 STREAM_OUTCOMES = "JF_OUTCOMES"
 STREAM_DUPLICATES = "JF_DUPLICATES"
+STREAM_ALERTS = "JF_ALERTS"  # circuit breaker openings and closings, for operators
 # The server's max-deliveries advisories for JF_WORK, kept until the sink has ended the job
 # (a core NATS advisory is lost when nobody listens).
 STREAM_ADVISORIES = "JF_ADVISORIES"
@@ -34,6 +35,13 @@ QUARANTINE_FIRED_PREFIX = "quarantine-fired"
 QUARANTINE_PROPOSAL_PREFIX = "quarantine-proposal"  # egress proposals awaiting an operator
 QUARANTINE_RETIRED_PREFIX = "quarantine-retired"  # recent retirements, for second-order counts
 AVOID_PREFIX = "avoid"  # jf-control: a job's avoid entries in force (per-key TTL)
+# In jf-control, per target: its circuit breaker's record (no TTL), its cooling (per-key
+# TTL: open while it lives), its one probe (the probe lease's TTL) and the newest outcome
+# event that opened it (so a replay does not open it again).
+BREAKER_PREFIX = "breaker"
+BREAKER_COOL_PREFIX = "breaker-cool"
+BREAKER_PROBE_PREFIX = "breaker-probe"
+BREAKER_FIRED_PREFIX = "breaker-fired"
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
@@ -48,6 +56,7 @@ QUEUE_SINK = "sink"
 LEASE = f"{PREFIX}.lease"
 QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
 QUEUE_LEASER = "leaser"
+BREAKER = f"{PREFIX}.breaker"  # circuit breaker commands, served by the leaser
 RATELIMIT = f"{PREFIX}.ratelimit"  # permits and holds, served by the ratelimit service
 QUEUE_RATELIMIT = "ratelimit"
 
@@ -63,6 +72,11 @@ UNPARSABLE_TARGET = "_invalid"
 def max_deliveries_advisories(stream: str) -> str:
     """The server's advisories for ``stream``'s messages whose max_deliver ran out."""
     return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.>"
+
+
+def alert(target: str) -> str:
+    """Where ``target``'s circuit breaker alerts are published (kept in JF_ALERTS)."""
+    return f"{PREFIX}.alert.{target}"
 
 
 def submit(target: str) -> str:

@@ -76,6 +76,8 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
         stream(subjects.STREAM_DLQ, "jf.dlq.>", limits, keep),
         stream(subjects.STREAM_REJECTED, "jf.rejected.>", limits, keep),
         stream(subjects.STREAM_OUTCOMES, "jf.outcome.>", limits, keep),
+        # Few and small: every breaker opening and closing, kept for operators to read.
+        stream(subjects.STREAM_ALERTS, "jf.alert.>", limits, keep),
         # WorkQueue: an advisory is gone once the sink has ended its job.
         stream(
             subjects.STREAM_ADVISORIES,

@@ -28,6 +28,13 @@ from jetfleet.schemas import (
     SinkReply,
     WorkOrder,
 )
+from jetfleet.schemas.breaker import (
+    BreakerAlert,
+    BreakerCommand,
+    BreakerProbe,
+    BreakerRecord,
+    BreakerReply,
+)
 from jetfleet.schemas.lease import (
     AvoidEntry,
     JobLeaseHistory,
@@ -334,6 +341,48 @@ CHANNELS: tuple[Channel, ...] = (
         payload=AvoidEntry,
         description="One entry of a job's avoid list in force: a per-key TTL of "
         "fleet.avoid_s, so the server's clock says when it lapses (docs/leases.md).",
+    ),
+    Channel(
+        name="breaker",
+        address=subjects.BREAKER,
+        kind="request",
+        payload=BreakerCommand,
+        description=(
+            "The quarantine service (and operators) open, close or list a target's "
+            "circuit breaker; opening one revokes the target's live leases and requeues "
+            "their jobs at once."
+        ),
+        queue_group=QUEUE_LEASER,
+        reply="breaker-reply",
+    ),
+    Channel(
+        name="breaker-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=BreakerReply,
+        description="The leaser's answer to a breaker command.",
+    ),
+    Channel(
+        name="alert",
+        address=subjects.alert(_TARGET),
+        kind="stream",
+        payload=BreakerAlert,
+        description="A target's circuit breaker opened, re-opened or closed.",
+        stream=subjects.STREAM_ALERTS,
+    ),
+    Channel(
+        name="breaker-records",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.BREAKER_PREFIX}.{{target}}",
+        kind="kv",
+        payload=BreakerRecord,
+        description="A target's circuit breaker, open or half-open, until it is closed.",
+    ),
+    Channel(
+        name="breaker-probe",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.BREAKER_PROBE_PREFIX}.{{target}}",
+        kind="kv",
+        payload=BreakerProbe,
+        description="The one probe lease of a half-open breaker, with the lease's TTL.",
     ),
 )
 

@@ -513,7 +513,7 @@ async def test_a_quarantine_set_after_the_watch_died_is_still_enforced(
     """The leaser answers quarantine checks from a KV watch; if the watch dies, it reads
     KV instead of answering 'not quarantined' to every scope it had not seen."""
     assert services.leaser is not None
-    watch = services.leaser.quarantine._watching
+    watch = services.leaser.quarantine.watch._watching
     assert watch is not None
     watch.cancel()  # as if the watch's subscription had failed
     await asyncio.gather(watch, return_exceptions=True)

@@ -33,6 +33,16 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
+from jetfleet.schemas.breaker import (
+    BreakerAlert,
+    BreakerClose,
+    BreakerList,
+    BreakerOpen,
+    BreakerProbe,
+    BreakerRecord,
+    BreakerReply,
+    BreakerView,
+)
 from jetfleet.schemas.lease import (
     AvoidEntry,
     Evidence,
@@ -324,6 +334,14 @@ JOB = Job(id="job-1", url="https://example.test/page")
 ORDER = WorkOrder(
     job=JOB, target="example", key="url:example.test/page", max_attempts=3, timeout_s=30.0
 )
+BREAKER = BreakerRecord(
+    target="example",
+    cool_s=900.0,
+    reason="3 identities refused",
+    opened_by="breaker",
+    identities=["a", "b", "worker:w1"],
+    evidence=[Evidence(job_id=JOB.id, seq=41, reason="blocked")],
+)
 SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
     sample.__class__: sample
     for sample in (
@@ -409,6 +427,25 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         ),
         QuarantineRetired(identity="id-a", subnet="10.1.0.0/24"),
         AvoidEntry(scope="identity", name="p-osaka", reason="challenged"),
+        BREAKER,
+        BreakerOpen(record=BREAKER, after_opens=1),
+        BreakerClose(target="example", opens=1, by="probe", reason="the probe was answered"),
+        BreakerList(),
+        BreakerReply(
+            ok=True,
+            breakers=[
+                BreakerView(
+                    record=BREAKER,
+                    state="probing",
+                    probe=BreakerProbe(job_id=JOB.id, worker="w1", fence=7),
+                )
+            ],
+            revoked=[JOB.id],
+        ),
+        BreakerProbe(job_id=JOB.id, worker="w1", fence=7),
+        BreakerAlert(
+            target="example", change="opened", by="breaker", cool_s=900.0, opens=1, identities=["a"]
+        ),
         PermitRequest(target="example", worker="w1", identity="p-osaka", egress="eu-1"),
         HoldRequest(target="example", status=429, said_how_long=True, retry_after_s=3.0),
         PermitAllowed(),

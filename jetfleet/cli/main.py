@@ -11,6 +11,7 @@ from pathlib import Path
 
 from jetfleet import __version__
 from jetfleet.cli import (
+    breaker_commands,
     data_commands,
     dlq_commands,
     doctor_command,
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_commands.register(commands)
     data_commands.register(commands)
     quarantine_commands.register(commands)
+    breaker_commands.register(commands)
     target_commands.register(commands)
     dlq_commands.register(commands)
     doctor_command.register(commands)

@@ -14,10 +14,13 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.breaker_commands import BREAKER_COLUMNS, breaker_rows
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
+from jetfleet.ops.breaker_status import open_breakers
 from jetfleet.ops.quarantine_view import ProposalShown, RecordShown, read_quarantines
+from jetfleet.schemas.breaker import BreakerView
 from jetfleet.schemas.lease import (
     QuarantineApprove,
     QuarantineCommand,
@@ -67,7 +70,9 @@ def register(commands: Any) -> None:
         action.add_argument("--json", action="store_true", help="print the answer as JSON")
         action.set_defaults(run=_run)
     listing = actions.add_parser(
-        "list", help="list quarantines in force and egress proposals, with time left"
+        "list",
+        help="list quarantines in force, egress proposals and open circuit breakers, "
+        "with time left",
     )
     listing.add_argument("--json", action="store_true", help="print JSON")
     listing.set_defaults(run=_run_list)
@@ -154,21 +159,27 @@ def _run_list(args: argparse.Namespace) -> int:
     from jetfleet.cli.main import settings_from
 
     settings = settings_from(args)
-    records, proposals = asyncio.run(_read(settings))
+    records, proposals, breakers = asyncio.run(_read(settings))
     if args.json:
-        print_json({"ok": True, "records": records, "proposals": proposals})
+        print_json({"ok": True, "records": records, "proposals": proposals, "breakers": breakers})
         return 0
     print_quarantines(records, proposals)
+    if breakers:
+        print("\ncircuit breakers (`jetfleet breaker close --target T` closes one):")
+        print_table(BREAKER_COLUMNS, breaker_rows(breakers))
     return 0
 
 
-async def _read(settings: Settings) -> tuple[list[RecordShown], list[ProposalShown]]:
+async def _read(
+    settings: Settings,
+) -> tuple[list[RecordShown], list[ProposalShown], list[BreakerView]]:
     nc = await connect_nats(settings.nats, "jetfleet-cli")
     try:
         view = await read_quarantines(nc.jetstream())
+        breakers = await open_breakers(nc.jetstream())
     finally:
         await nc.close()
-    return view.records, view.proposals
+    return view.records, view.proposals, breakers
 
 
 def _left(left_s: float | None, for_s: float, age_s: float | None) -> str:

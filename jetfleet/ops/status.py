@@ -15,9 +15,11 @@ from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.ops.breaker_status import open_breakers
 from jetfleet.ops.dead_letters import purged_counts
 from jetfleet.ops.limiter_state import LimiterHealth, TargetHold, limiter_state
 from jetfleet.ops.quarantine_view import ProposalShown, RecordShown, read_quarantines
+from jetfleet.schemas.breaker import BreakerView
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
 from jetfleet.target_places import TargetPlaces
@@ -84,6 +86,8 @@ class FleetStatus(msgspec.Struct):
     """Egress proposals waiting for an operator (and rejected ones until they lapse)."""
     second_order: int = 0
     """Retirements in force that followed a neighbour's on the same subnet and target."""
+    breakers: list[BreakerView] = msgspec.field(default_factory=list)
+    """Targets whose circuit breaker is open, probing or half-open (paused fleet-wide)."""
 
 
 async def confirmed_status(
@@ -122,8 +126,8 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
     declared = list(settings.targets)
     lanes = LaneMap(settings)
     dedicated = [t for t in declared if not lanes.is_shared(t)]
-    # Two groups only because asyncio.gather is typed for at most six awaitables; both
-    # start at once (gather schedules its tasks when called).
+    # Groups only because asyncio.gather is typed for at most six awaitables; all start
+    # at once (gather schedules its tasks when called).
     first = asyncio.gather(
         _per_target(js, subjects.STREAM_SUBMIT, "jf.submit.>"),
         _per_target(js, subjects.STREAM_WORK, "jf.work.>"),
@@ -139,19 +143,13 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _each(dedicated, lambda t: _leased(js, t)),
         _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
         limiter_state(settings),
-        read_quarantines(js),
     )
+    third = asyncio.gather(read_quarantines(js), open_breakers(js))
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
-        (
-            results,
-            dead_letters,
-            leased_by_consumers,
-            shared_leased,
-            limiter,
-            quarantines,
-        ),
-    ) = await asyncio.gather(first, second)
+        (results, dead_letters, leased_by_consumers, shared_leased, limiter),
+        (quarantines, breakers),
+    ) = await asyncio.gather(first, second, third)
     committed = Counter(results) + duplicates
     dead = Counter(dead_letters) + Counter(purged)
     names = sorted(set(settings.targets) | set(submitted) | set(rejected))
@@ -188,6 +186,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         quarantines=quarantines.records,
         proposals=quarantines.proposals,
         second_order=quarantines.second_order,
+        breakers=breakers,
     )
 
 

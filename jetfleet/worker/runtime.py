@@ -113,6 +113,8 @@ TARGET_WIDE_REFUSALS = frozenset(
         "version-not-approved",
         "caps-unavailable",
         "subnet-busy",
+        "circuit-open",
+        "circuit-probing",
     }
 )
 # Of those, the ones about this worker or its identity only (the others may run the job):

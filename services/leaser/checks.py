@@ -5,10 +5,10 @@ grant waits for one round trip, not one each); ``settled`` writes only for a job
 settled already, to land its record. ``LOCAL_CHECKS`` only read, from memory. Between
 them and the last kind the leaser looks for a live lease of the job (its holder has its
 place; the same delivery asking again gets its lease again). ``TAKING_CHECKS`` take
-something (an in-flight place; a rate permit only for workers from before permits moved
-to the worker), so they run one after another, and only once nothing else objects. A
-current worker takes the rate permit itself, just before the request, so the limiter's
-clock and the target's are milliseconds apart.
+something (an in-flight place; a half-open circuit breaker's one probe; a rate permit only
+for workers from before permits moved to the worker), so they run one after another, and
+only once nothing else objects. A current worker takes the rate permit itself, just
+before the request, so the limiter's clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
 Later capabilities (pause, approved versions) add their check to the right tuple; order
 matters: the most final answers come first. A taking check that refuses frees what the
@@ -35,6 +35,7 @@ from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.activity_window import window_of
+from jetfleet.breaker_book import BreakerBook
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
@@ -61,6 +62,8 @@ CLOCK_UNKNOWN_RETRY_S = 5.0
 # Another worker of the subnet serves the target: its hold lasts while it keeps leasing
 # jobs of the target, so ask again now and then, not at once.
 SUBNET_BUSY_RETRY_S = 2.0
+# An open breaker may be closed early by an operator: ask again at least this often.
+BREAKER_RETRY_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,10 @@ class GrantContext:
     hold (freed when the ask leads to no lease)."""
     avoid: AvoidList | None = None
     """The job's avoid list judge (None: no avoid list)."""
+    breakers: BreakerBook | None = None
+    probe: list[int] = field(default_factory=lambda: [0])
+    """The revision of the probe ``circuit_probe`` took (0: none): the grant names its
+    fence there."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -147,6 +154,54 @@ async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
                 detail=f"{scope} {name} is quarantined on {req.target}: {record.reason}",
             )
     return None
+
+
+async def circuit_open(ctx: GrantContext) -> LeaseRefusal | None:
+    """The target's circuit breaker is open (cooling): no grant to anyone."""
+    book, target = ctx.breakers, ctx.request.target
+    if book is None or not book.known(target):
+        return None
+    record, _ = await book.record(target)
+    if record is None or not await book.cooling(target):
+        return None  # closed, or half-open: circuit_probe decides
+    return LeaseRefusal(
+        reason="circuit-open",
+        retry_after_s=min(record.cool_s, BREAKER_RETRY_S),
+        detail=f"the circuit breaker of {target} is open for {record.cool_s:g} s, then one "
+        f"probe decides: {record.reason}",
+    )
+
+
+async def circuit_probe(ctx: GrantContext) -> LeaseRefusal | None:
+    """A half-open breaker lets one probe lease through, fleet-wide: this grant is it,
+    or it is refused while another probe is in flight. After ``in_flight_cap``, so the
+    probe is only taken for a grant nothing but the rate permit objects to."""
+    book, req = ctx.breakers, ctx.request
+    if book is None or not book.known(req.target):
+        return None
+    record, _ = await book.record(req.target)
+    if record is None:
+        return None
+    ttl = ctx.settings.fleet.lease_ttl_s
+    revision = await book.take_probe(req.target, req.job_id, req.worker, ttl)
+    # Re-opened meanwhile (a probe refused): its probe slot lapses with the lease TTL.
+    cooling = revision is not None and await book.cooling(req.target)
+    if revision is not None and not cooling:
+        ctx.probe[0] = revision
+        return None
+    await free_taken(ctx)  # the place and subnet hold this ask took, nothing of others'
+    if cooling:
+        return LeaseRefusal(
+            reason="circuit-open",
+            retry_after_s=min(record.cool_s, BREAKER_RETRY_S),
+            detail=f"the circuit breaker of {req.target} opened again",
+        )
+    return LeaseRefusal(
+        reason="circuit-probing",
+        retry_after_s=min(ttl, BREAKER_RETRY_S),
+        detail=f"the circuit breaker of {req.target} is half-open and its one probe is in "
+        "flight; its outcome closes or re-opens it",
+    )
 
 
 async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
@@ -335,14 +390,20 @@ ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
     outside_window,
     quarantined,
+    circuit_open,
     pinned_identity,
     pinned_region,
     avoided,
 )
-"""Read-only checks answered from memory (the quarantine watch) or from the history
-read already (``avoided``): run in line, since a task each would cost more than the
-check."""
-TAKING_CHECKS: tuple[GrantCheck, ...] = (in_flight_cap, subnet_exclusive, rate_permit)
+"""Read-only checks answered from memory (the quarantine and breaker watches; a read only
+for a scope or target they know of) or from the history read already (``avoided``): run
+in line, since a task each would cost more than the check."""
+TAKING_CHECKS: tuple[GrantCheck, ...] = (
+    in_flight_cap,
+    subnet_exclusive,
+    circuit_probe,
+    rate_permit,
+)
 GRANT_CHECKS: tuple[GrantCheck, ...] = ASKING_CHECKS + LOCAL_CHECKS + TAKING_CHECKS
 
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import contextlib
 import logging
 import re
-from typing import Any
 
 import msgspec
 from jetfleet.schemas.lease import QuarantineRecord, QuarantineScope
@@ -16,6 +13,7 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.kv_watch import KeyWatch
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.stream_reader import read_stream
 
@@ -51,57 +49,27 @@ class QuarantineBook:
     def __init__(self, js: JetStreamContext, control: KeyValue) -> None:
         self.js = js
         self.control = control
-        self._known: set[str] = set()
-        self._watching: asyncio.Task[None] | None = None
-        self._warned = False
+        self.watch = KeyWatch(control, f"{PREFIX}.>", "quarantine")
 
     async def start(self) -> None:
         """Load the records in force and follow changes."""
-        watcher = await self.control.watch(f"{PREFIX}.>")
-        loaded = asyncio.get_running_loop().create_future()
-        self._watching = asyncio.create_task(self._follow(watcher, loaded))
-        await asyncio.wait_for(loaded, 10.0)
+        await self.watch.start()
 
     async def stop(self) -> None:
         """Stop following changes."""
-        watching, self._watching = self._watching, None
-        if watching is not None:
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-
-    def _following(self) -> bool:
-        """Whether the watch is alive. If it died, every ask is read from KV: slower, but
-        a quarantine set since must not be missed (the book fails closed, not open)."""
-        if self._watching is None or not self._watching.done():
-            return self._watching is not None
-        if not self._warned:
-            self._warned = True
-            log.error("quarantine watch stopped; reading every quarantine check from KV")
-        return False
-
-    async def _follow(self, watcher: Any, loaded: asyncio.Future[None]) -> None:
-        async for entry in watcher:
-            if entry is None:  # the end of the records that existed when we started
-                if not loaded.done():
-                    loaded.set_result(None)
-                continue
-            if entry.operation in ("DEL", "PURGE") or not entry.value:
-                self._known.discard(entry.key)
-            else:
-                self._known.add(entry.key)
+        await self.watch.stop()
 
     async def get(self, scope: QuarantineScope, name: str, target: str) -> QuarantineRecord | None:
         """The record for this scope on ``target``, if it is quarantined."""
         if not name:
             return None
         key = record_key(scope, name, target)
-        if self._following() and key not in self._known:
+        if self.watch.following() and key not in self.watch.keys:
             return None
         try:
             entry = await self.control.get(key)
         except KeyNotFoundError:
-            self._known.discard(key)
+            self.watch.keys.discard(key)
             return None
         return _decoder.decode(entry.value) if entry.value else None
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
+from jetfleet.schemas.breaker import BreakerCommand, BreakerProbe, BreakerReply
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     AvoidScope,
@@ -32,6 +33,7 @@ from jetfleet.schemas.lease import (
     Sealed,
 )
 from jetfleet.services.leaser.avoid_check import AvoidList
+from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
 from jetfleet.services.leaser.checks import (
     GrantContext,
@@ -45,6 +47,7 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
 from jetfleet.permit_client import PermitClient
@@ -58,6 +61,7 @@ log = logging.getLogger(__name__)
 
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
+_breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 
 LEASE_REFUSALS = Refusals[LeaseReply](
@@ -79,6 +83,14 @@ QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     ),
     failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
     too_large=lambda why: QuarantineReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+BREAKER_REFUSALS = Refusals[BreakerReply](
+    malformed=lambda error: BreakerReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: BreakerReply(
+        ok=False, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: BreakerReply(ok=False, detail=str(exc)),
+    too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -121,6 +133,12 @@ class Leaser:
         self.quarantine = QuarantineBook(self.js, control)
         await self.quarantine.start()
         self.proposals = ProposalAnswers(self.settings, self.js, control, self.set_record)
+        self.breakers = BreakerBook(self.js, control)
+        await self.breakers.start()
+        self.breaker_commands = BreakerCommands(
+            self.settings, self.js, self.breakers, self.revoke_target, self._spawn_task
+        )
+        self.metrics.append(self.breaker_commands.changes)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -142,6 +160,16 @@ class Leaser:
                 check=lambda _, command: refuse_command(self.settings, command),
             )
         )
+        await self.responder.serve(
+            Route(
+                subjects.BREAKER,
+                _breaker_decoder,
+                self.breaker_commands.command,
+                BREAKER_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: breaker_objection(self.settings, command),
+            )
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
@@ -149,6 +177,7 @@ class Leaser:
         """Stop taking requests and finish the ones in hand."""
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
+        await self.breakers.stop()
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
@@ -162,6 +191,10 @@ class Leaser:
             if record is not None:
                 # Beside the answer: a renewal must not wait on Redis.
                 self.responder.spawn(self._keep_place(record))
+                if self.breakers.known(record.target):  # a probe keeps its probe
+                    self.responder.spawn(
+                        self.breakers.keep_probe(record.target, call.job_id, call.fence, self.ttl_s)
+                    )
                 return LeaseGrant(fence=call.fence, ttl_s=self.ttl_s)
             return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
@@ -249,6 +282,7 @@ class Leaser:
             self.permits,
             clock=self.clock,
             avoid=self.avoid,
+            breakers=self.breakers,
         )
         try:
             verdict = await first_objection(ctx)
@@ -287,6 +321,9 @@ class Leaser:
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
+            if ctx.probe[0]:  # the half-open breaker's probe: its outcome names this fence
+                probe = BreakerProbe(job_id=request.job_id, worker=request.worker, fence=fence)
+                await self.breakers.mark_probe(request.target, probe, ctx.probe[0], self.ttl_s)
             try:
                 read: HistoryEntry | None = await history
             except Exception:  # the early read failed: record_grant reads it again
@@ -419,26 +456,50 @@ class Leaser:
         """Revoke the scope's live leases on ``target`` and requeue their jobs at once.
 
         The lease is deleted first (the holder's renewal and commit then fail), then the
-        scope goes on the job's avoid list, then the delivery recorded in the lease is
+        holder goes on the job's avoid list, then the delivery recorded in the lease is
         nakked, so JetStream redelivers it now rather than after the visibility timeout,
         and the redelivery finds the entry.
         """
-        revoked = []
-        for live in await self.store.all_live():
-            record = live.record
+
+        def holds(record: LeaseRecord) -> bool:
             holder = {"worker": record.worker, "identity": record.identity}.get(
                 scope, record.subnet
             )
-            if record.target != target or holder != name:
+            return holder == name
+
+        def avoid_as(record: LeaseRecord) -> tuple[AvoidScope, str]:
+            # An egress record's subnet is no one to avoid on its own: the entry names
+            # the holder (its identity, else its worker id).
+            return (scope, name) if scope != "egress" else _holder_scope(record)
+
+        return await self.revoke_where(target, holds, avoid_as)
+
+    async def revoke_target(self, target: str) -> list[str]:
+        """Revoke every live lease of ``target`` (its breaker opened); requeue the jobs.
+        No avoid entry: the whole target is paused, for every identity alike."""
+        return await self.revoke_where(target, lambda _: True)
+
+    async def revoke_where(
+        self,
+        target: str,
+        holds: Callable[[LeaseRecord], bool],
+        avoid_as: Callable[[LeaseRecord], tuple[AvoidScope, str]] | None = None,
+    ) -> list[str]:
+        """Revoke the live leases on ``target`` whose record ``holds`` accepts, as
+        ``revoke_scope`` says (with ``avoid_as`` naming whom each job avoids); the
+        revoked job ids."""
+        revoked = []
+        for live in await self.store.all_live():
+            record = live.record
+            if record.target != target or not holds(record):
                 continue
             if await self.store.revoke(live):
                 await self.places.free(record.target, record.job_id)
-                # The entry names the holder (its identity, else its worker id): an
-                # egress record's subnet is no one to avoid on its own.
-                who, whom = (scope, name) if scope != "egress" else _holder_scope(record)
-                avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
-                if avoid is not None:
-                    await self.store.amend(record.job_id, avoid=avoid)
+                if avoid_as is not None:
+                    who, whom = avoid_as(record)
+                    avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
+                    if avoid is not None:
+                        await self.store.amend(record.job_id, avoid=avoid)
                 if record.reply_subject:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)

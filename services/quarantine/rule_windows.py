@@ -43,9 +43,41 @@ class Firing:
 
 
 @dataclass
-class _Window:
+class EventWindow:
+    """One key's events in its sliding window, oldest first (by stream sequence)."""
+
     events: deque[Seen] = field(default_factory=deque)
     newest_s: float = float("-inf")
+    """The newest event time seen: where the window ends."""
+
+    def add(self, seen: Seen, window_s: float) -> bool:
+        """Add ``seen`` (once: a redelivered event is not counted again) and drop what
+        fell out of ``(newest - window_s, newest]``; whether it was added."""
+        if any(e.seq == seen.seq for e in self.events):
+            return False
+        self.events.append(seen)
+        self.trim(seen.at_s, window_s)
+        return True
+
+    def trim(self, at_s: float, window_s: float) -> None:
+        """Drop the events older than the window ending at the newest of ``at_s`` and
+        the times seen before."""
+        # Stream order is storage order, but times from a new stream leader may step
+        # back a little: the window ends at the newest time seen, not the last one read.
+        self.newest_s = max(self.newest_s, at_s)
+        start_s = self.newest_s - window_s
+        self.events = deque(sorted((e for e in self.events if e.at_s > start_s), key=_seq))
+
+    def put_back(self, events: list[Seen], window_s: float) -> None:
+        """Put ``events`` back beside the window's own, each once, in sequence order."""
+        kept = events + list(self.events)
+        self.events = deque(sorted({e.seq: e for e in kept}.values(), key=_seq))
+        if kept:
+            self.trim(max(e.at_s for e in kept), window_s)
+
+
+def _seq(seen: Seen) -> int:
+    return seen.seq
 
 
 class RuleWindows:
@@ -53,7 +85,7 @@ class RuleWindows:
 
     def __init__(self, rules: tuple[QuarantineRule, ...]) -> None:
         self.rules = rules
-        self._windows: dict[tuple[int, str, str], _Window] = {}
+        self._windows: dict[tuple[int, str, str], EventWindow] = {}
 
     def observe(self, seen: Seen) -> list[Firing]:
         """Count one event in every rule it matches; the rules it makes fire."""
@@ -65,7 +97,7 @@ class RuleWindows:
             name = event.identity if rule.scope == "identity" else event.worker
             if event.reason not in rule.reasons or not name:
                 continue
-            window = self._windows.setdefault((n, name, event.target), _Window())
+            window = self._windows.setdefault((n, name, event.target), EventWindow())
             if self._count(window, rule, seen):
                 fired.append(Firing(rule, name, event.target, tuple(window.events)))
                 window.events.clear()
@@ -76,24 +108,13 @@ class RuleWindows:
         (its oldest evidence fired before), so only the events that did fire leave the
         window, and the newer ones count towards the next firing."""
         n = next(i for i, rule in enumerate(self.rules) if rule is firing.rule)
-        window = self._windows.setdefault((n, firing.name, firing.target), _Window())
-        kept = [e for e in firing.evidence if e.seq > after_seq] + list(window.events)
-        window.events = deque(sorted({e.seq: e for e in kept}.values(), key=lambda e: e.seq))
-        window.newest_s = max([window.newest_s, *(e.at_s for e in kept)])
+        window = self._windows.setdefault((n, firing.name, firing.target), EventWindow())
+        window.put_back([e for e in firing.evidence if e.seq > after_seq], firing.rule.window_s)
 
-    def _count(self, window: _Window, rule: QuarantineRule, seen: Seen) -> bool:
+    def _count(self, window: EventWindow, rule: QuarantineRule, seen: Seen) -> bool:
         """Add ``seen`` to ``window`` (once: a redelivered event is not counted again)
         and drop what fell out; whether the rule's count is met."""
-        if any(e.seq == seen.seq for e in window.events):
-            return False
-        window.events.append(seen)
-        # Stream order is storage order, but times from a new stream leader may step
-        # back a little: the window ends at the newest time seen, not the last one read.
-        window.newest_s = max(window.newest_s, seen.at_s)
-        start_s = window.newest_s - rule.window_s
-        kept = [e for e in window.events if e.at_s > start_s]
-        window.events = deque(sorted(kept, key=lambda e: e.seq))
-        return len(window.events) >= rule.count
+        return window.add(seen, rule.window_s) and len(window.events) >= rule.count
 
     @property
     def tracked(self) -> int:

@@ -38,6 +38,7 @@ from jetfleet.schemas.lease import (
     QuarantineSet,
 )
 from jetfleet.schemas.names import RequiredName
+from jetfleet.services.quarantine.breaker_watch import BreakerWatch
 from jetfleet.services.quarantine.egress_proposals import EgressProposals
 from jetfleet.services.quarantine.fired_markers import Claim, FiredMarkers
 from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
@@ -166,7 +167,14 @@ class QuarantineService:
         )
         self.egress = EgressProposals(settings)
         self.second_order = SecondOrder(settings)
-        self.metrics = [self.events, self.fired, *self.egress.metrics, *self.second_order.metrics]
+        self.breaker = BreakerWatch(settings, nc)
+        self.metrics = [
+            self.events,
+            self.fired,
+            *self.egress.metrics,
+            *self.second_order.metrics,
+            self.breaker.fired,
+        ]
         self.markers: FiredMarkers | None = None
         self.next_seq: int | None = None
         """The ``JF_OUTCOMES`` sequence to read next (None: start from the server's now
@@ -181,9 +189,10 @@ class QuarantineService:
 
     @property
     def longest_window_s(self) -> float:
-        """The longest rule window: how far back a (re)started replica reads."""
-        windows = [r.window_s for r in self.settings.quarantine.rules]
-        return max([*windows, self.egress.window_s], default=0.0)
+        """The longest window (of the rules, the egress rule and the breaker): how far
+        back a (re)started replica reads."""
+        rules = [r.window_s for r in self.settings.quarantine.rules]
+        return max([*rules, self.egress.window_s, self.settings.quarantine.breaker.window_s])
 
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
@@ -191,8 +200,9 @@ class QuarantineService:
         self.markers = FiredMarkers(self.js, self._control, self.longest_window_s + MARKER_MARGIN_S)
         self.egress.start(self.js, self._control, self.markers)
         self.second_order.start(self.js)
+        await self.breaker.start(self._control)
         if not self.settings.quarantine.rules:
-            log.warning("no quarantine.rules configured: the quarantine service sets nothing")
+            log.warning("no quarantine.rules configured: the quarantine service sets no record")
         self._loop = asyncio.create_task(self._read())
 
     async def drain(self, timeout_s: float = 30.0) -> None:
@@ -207,6 +217,7 @@ class QuarantineService:
         while not self._stopping.is_set():
             try:
                 await self._retry_due()
+                await self.breaker.retry_due()
                 if sub is None:
                     sub = await self._subscribe()
                 try:
@@ -230,6 +241,7 @@ class QuarantineService:
                 pending.firing.target,
             )
             await self._unclaim(pending.claim)
+        await self.breaker.stop()
 
     async def _unsubscribe(self, sub: JetStreamContext.PullSubscription | None) -> None:
         """Let go of the consumer now rather than when the server times it out."""
@@ -289,11 +301,13 @@ class QuarantineService:
         for firing in self.windows.observe(seen):
             await self.apply(firing)
         await self.egress.observe(seen)
+        await self.breaker.observe(seen)
         self._read_since_forget += 1
         if self._read_since_forget >= FORGET_EVERY:
             self._read_since_forget = 0
             self.windows.forget_before(at_s)
             self.egress.forget_before(at_s)
+            self.breaker.windows.forget_before(at_s)
 
     async def apply(self, firing: Firing) -> None:
         """Claim the firing's marker and send its record, unless its evidence fired before.
