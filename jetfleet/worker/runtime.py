@@ -82,6 +82,7 @@ from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.robots import RobotsAllowed, RobotsBook, RobotsDisallowed, RobotsNotYet
+from jetfleet.worker.slot_lending import SlotLending
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
@@ -197,6 +198,15 @@ class Worker:
             )
             for lane in self.lanes
         }
+        # ... but a lane whose targets are all held lends its slots to lanes with a backlog.
+        self.lending = SlotLending(
+            worker_id,
+            self.lanes,
+            self._slots,
+            settings.worker.concurrency,
+            may_borrow=lambda lane: not self.rate_pacing.is_bound(lane.targets),
+        )
+        self.metrics += self.lending.metrics
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -338,6 +348,7 @@ class Worker:
                     )
                 paced = self.rate_pacing.is_bound(lane.targets)
                 batch = 1 if paced else FETCH_BATCH
+                self.lending.top_up(lane.name, batch)
                 if slots.contended():
                     # Busy: queue for the next freed slot, highest priority first.
                     taken = await slots.acquire(tier, batch)
@@ -452,6 +463,7 @@ class Worker:
         # shared, so it stops only when every member is held; a held member's jobs that
         # arrive meanwhile go straight back (``_process``) without a lease or a request.
         wait = min(self.gate.held_for(t) for t in lane.targets)
+        self.lending.refresh(lane.name)
         if wait <= 0:
             return False
         await self._pause(min(wait, 1.0))
@@ -717,6 +729,7 @@ class Worker:
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
                 self.gate.hold(target, retry_after)
+                self.lending.held(target, reply.reason, retry_after)
                 delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
