@@ -188,7 +188,9 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     concurrency: int = 8
     """Jobs at once per work lane: per target with consumers of its own, per partition for
     the others (each lane has its own slots, so a target that hangs cannot take another
-    lane's), shared by the priority tiers."""
+    lane's), shared by the priority tiers. A lane whose targets all refuse this worker for
+    a target-wide reason lends its slots to the others until its hold ends
+    (jetfleet/worker/slot_lending.py)."""
     targets: tuple[str, ...] = ()
     """Targets this worker pulls from; empty means every declared target."""
     tier_shares: dict[str, float] = msgspec.field(
