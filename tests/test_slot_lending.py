@@ -222,3 +222,22 @@ def test_a_lane_logs_once_when_it_starts_lending_and_once_when_it_stops(
         "worker w-1: lane a no longer held: it stops lending, its 0 slots out come back "
         "as their jobs end",
     ]
+
+
+async def test_a_lender_whose_hold_ended_gets_its_slot_back_though_its_loops_never_looked() -> None:
+    clock = Clock()
+    slots = pools(TWO)
+    rate_bound: set[str] = set()
+    lending = SlotLending("w-1", TWO, slots, SHARE, lambda lane: lane.name not in rate_bound, clock)
+    slots["b"].try_acquire("normal", 10)
+    lending.held("a", "quarantined", 5.0)
+    lending.top_up("b", 10)
+    slots["b"].try_acquire("normal", 10)
+    a_waits = asyncio.create_task(slots["a"].acquire("normal", 1))  # a's loop, queued
+    b_waits = asyncio.create_task(slots["b"].acquire("normal", 1))
+    await settle()
+    rate_bound.add("b")  # b borrows no more, so it asks nothing of the lenders
+    clock.now += 5.0  # the hold is over, and nobody has called refresh("a")
+    slots["b"].release("normal")
+    await settle()
+    assert a_waits.done() and not b_waits.done()

@@ -166,7 +166,10 @@ class SlotLending:
 
     def _released(self, lane: str) -> None:
         """A job of ``lane`` ended (or a slot went unused): return what it no longer
-        needs, then lend what held lanes have free."""
+        needs, then lend what held lanes have free. A lender whose hold has ended is
+        found here too: its pull loops may all be queued for its slots, not looking."""
+        for lender in sorted(self._lending):
+            self.refresh(lender)
         if self._loans:
             self._give_back(lane)
         self._offer()
