@@ -12,6 +12,7 @@ simulators (the most requests in flight at once), never by the worker.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -85,21 +86,34 @@ class Env:
         )
 
 
-@pytest.fixture
-async def env(nats_url: str, redis_url: str) -> AsyncIterator[Env]:
+@contextlib.asynccontextmanager
+async def running(
+    nats_url: str, redis_url: str, served: tuple[str, ...] = (), standby: tuple[str, ...] = ()
+) -> AsyncIterator[Env]:
+    """The stack and one worker (w-0) serving ``served`` (every target when empty), with
+    ``standby`` as its standby targets."""
     TIMINGS.clear()
     config = SimulatorConfig(latency_s=LATENCY_S, pages=1000)
     async with TargetSimulator(config) as a, TargetSimulator(config) as b:
         targets = {"a": target(a.base_url), "b": target(b.base_url)}  # max_in_flight 64
         settings = queue_settings(nats_url, redis_url, targets, concurrency=SHARE)
+        worker_settings = msgspec.structs.replace(settings.worker, standby_targets=standby)
+        settings = msgspec.structs.replace(settings, worker=worker_settings)
         stack = InProcessStack(settings)
-        await stack.start(workers=1)  # w-0, serving a and b
+        await stack.start(workers=0)
+        await stack.add_worker("w-0", targets=served)
         nc = await connect_nats(settings.nats, "rebalancing-test")
         try:
             yield Env(settings, stack, nc, nc.jetstream(), a, b)
         finally:
             await stack.stop()
             await nc.close()
+
+
+@pytest.fixture
+async def env(nats_url: str, redis_url: str) -> AsyncIterator[Env]:
+    async with running(nats_url, redis_url) as started:  # w-0 serves a and b
+        yield started
 
 
 async def test_idle_slots_move_to_a_backlogged_target_and_come_back(env: Env) -> None:
@@ -159,3 +173,52 @@ async def test_idle_slots_move_to_a_backlogged_target_and_come_back(env: Env) ->
     assert len(runs) == A_JOBS + B_FIRST + B_SECOND and set(runs.values()) == {1}
     assert await count_messages(env.js, subjects.STREAM_DUPLICATES, "jf.duplicates.>") == 0
     assert worker.lending.lent.get(worker=worker.worker_id, lane="a") is None
+
+
+async def test_a_standby_target_runs_only_on_slots_a_held_lane_lends(
+    nats_url: str, redis_url: str
+) -> None:
+    backlog = 60
+    async with running(nats_url, redis_url, served=("a",), standby=("b",)) as env:
+        worker = env.worker
+        await env.submit("b", 0, backlog)
+        await env.submit("a", 0, 8)
+
+        async def a_committed(n: int) -> bool:
+            return await committed(env.js, "a") == n
+
+        await wait_for(lambda: a_committed(8), 30, "a's first jobs committed")
+        assert env.b.counts()["total"] == 0, "b ran while a was not held"
+
+        record = QuarantineRecord(
+            scope="worker", name=worker.worker_id, target="a", reason="test", for_s=HOLD_S
+        )
+        await env.quarantine(QuarantineSet(record=record))
+        await env.submit("a", 8, 8)
+
+        async def b_on_lent_slots() -> bool:
+            return most_in_flight(env.b) == SHARE
+
+        await wait_for(b_on_lent_slots, 30, f"{SHARE} of b's requests at once on a's slots")
+        assert worker.lending.borrowed.get(worker=worker.worker_id, lane="b") is not None
+        await env.quarantine(QuarantineRelease(scope="worker", name=worker.worker_id, target="a"))
+
+        await wait_for(lambda: a_committed(16), 30, "a's jobs committed once its hold ended")
+
+        async def b_idle_again() -> bool:
+            borrowed = worker.lending.borrowed.get(worker=worker.worker_id, lane="b")
+            return borrowed is None and env.b.in_flight() == 0
+
+        await wait_for(b_idle_again, 10, "a's slots back from b")
+        b_before = env.b.counts()["total"]
+        await env.submit("a", 16, 8)
+        await wait_for(lambda: a_committed(24), 30, "a's last jobs committed")
+        assert env.b.counts()["total"] == b_before, "b ran on slots that are a's again"
+        assert most_in_flight(env.b) <= SHARE  # never more than a lends
+
+        # b's jobs not run yet wait in JF_WORK: none lost, none run twice.
+        info = await env.js.stream_info(subjects.STREAM_WORK, subjects_filter="jf.work.b.>")
+        left = sum((info.state.subjects or {}).values())
+        assert left > 0 and await committed(env.js, "b") + left == backlog
+        runs = Counter(attempt.job_id for attempt in TIMINGS.attempts)
+        assert set(runs.values()) == {1}

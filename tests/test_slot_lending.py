@@ -9,12 +9,16 @@ import asyncio
 import logging
 import random
 
+import msgspec
 import pytest
 
+from jetfleet.errors import ConfigError
 from jetfleet.subjects import TIERS
-from jetfleet.work_lanes import WorkLane
-from jetfleet.worker.slot_lending import SlotLending
+from jetfleet.work_lanes import LaneMap, WorkLane
+from jetfleet.worker.slot_lending import SlotLending, standby_lanes
 from jetfleet.worker.tier_slots import TierSlots
+from tests.conftest import make_settings
+from tests.queueing.helpers import target
 
 SHARES = {"high": 0.5, "normal": 0.3, "bulk": 0.2}
 SHARE = 2  # worker.concurrency
@@ -40,7 +44,7 @@ def lending_for(
     lanes: list[WorkLane], clock: Clock, may_borrow: bool = True
 ) -> tuple[SlotLending, dict[str, TierSlots]]:
     slots = pools(lanes)
-    lending = SlotLending("w-1", lanes, slots, SHARE, lambda lane: may_borrow, clock)
+    lending = SlotLending("w-1", lanes, slots, lambda lane: may_borrow, clock)
     return lending, slots
 
 
@@ -228,7 +232,7 @@ async def test_a_lender_whose_hold_ended_gets_its_slot_back_though_its_loops_nev
     clock = Clock()
     slots = pools(TWO)
     rate_bound: set[str] = set()
-    lending = SlotLending("w-1", TWO, slots, SHARE, lambda lane: lane.name not in rate_bound, clock)
+    lending = SlotLending("w-1", TWO, slots, lambda lane: lane.name not in rate_bound, clock)
     slots["b"].try_acquire("normal", 10)
     lending.held("a", "quarantined", 5.0)
     lending.top_up("b", 10)
@@ -241,3 +245,60 @@ async def test_a_lender_whose_hold_ended_gets_its_slot_back_though_its_loops_nev
     slots["b"].release("normal")
     await settle()
     assert a_waits.done() and not b_waits.done()
+
+
+# --- standby lanes: pulled only with lent slots --------------------------------------------
+
+
+def fleet_of(*names: str, dedicated: int) -> LaneMap:
+    targets = {name: target(f"https://{name}.example/") for name in names}
+    settings = make_settings("nats://127.0.0.1:1", "redis://127.0.0.1:1", targets)
+    fleet = msgspec.structs.replace(settings.fleet, dedicated_targets=dedicated)
+    return LaneMap(msgspec.structs.replace(settings, fleet=fleet))
+
+
+def test_standby_lanes_are_the_lanes_of_standby_targets_the_worker_does_not_serve() -> None:
+    lanes = fleet_of("a", "b", "c", dedicated=3)
+    serving = lanes.lanes_for(["a"])
+    assert [lane.name for lane in standby_lanes(lanes, serving, ["c", "b"], every=False)] == [
+        "b",
+        "c",
+    ]
+
+
+def test_a_standby_target_the_worker_serves_anyway_is_refused_with_the_fix() -> None:
+    lanes = fleet_of("a", "b", dedicated=2)
+    with pytest.raises(ConfigError, match=r"worker\.standby_targets: a is served with"):
+        standby_lanes(lanes, lanes.lanes_for(["a"]), ["a"], every=False)
+    with pytest.raises(ConfigError, match="serves every target"):
+        standby_lanes(lanes, lanes.lanes_for(["a", "b"]), ["b"], every=True)
+    shared = fleet_of("h", "q", dedicated=0)
+    assert shared.lane_of("h") == shared.lane_of("q")  # crc32: both in partition 7 of 16
+    with pytest.raises(ConfigError, match="q is in partition P7, which it serves"):
+        standby_lanes(shared, shared.lanes_for(["h"]), ["q"], every=False)
+
+
+async def test_a_standby_lane_runs_only_lent_slots_after_the_workers_own_lanes() -> None:
+    lanes = lanes_of(("a", ("a",), 8), ("b", ("b",), 8), ("c", ("c",), 8))
+    slots = {
+        "a": TierSlots(SHARE, SHARES, TIERS),
+        "b": TierSlots(SHARE, SHARES, TIERS),
+        "c": TierSlots(0, SHARES, TIERS),  # standby: no slot of its own
+    }
+    lending = SlotLending("w-1", lanes, slots, clock=Clock())
+    assert slots["c"].try_acquire("normal", 1) == 0
+    slots["b"].try_acquire("normal", 10)
+    assert slots["a"].try_acquire("normal", 2) == 2  # a's jobs, about to be refused
+    standby = asyncio.create_task(slots["c"].acquire("normal", 1))  # queued first
+    await settle()
+    own = asyncio.create_task(slots["b"].acquire("normal", 1))
+    await settle()
+    lending.held("a", "quarantined", 5.0)
+    slots["a"].release("normal")
+    await settle()
+    assert own.done() and not standby.done()  # the worker's own lane first
+    slots["a"].release("normal")
+    await settle()
+    assert standby.done()
+    assert totals(slots) == {"a": 0, "b": 3, "c": 1}
+    assert lending.borrowed.get(worker="w-1", lane="c") == 1

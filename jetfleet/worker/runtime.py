@@ -82,7 +82,7 @@ from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.robots import RobotsAllowed, RobotsBook, RobotsDisallowed, RobotsNotYet
-from jetfleet.worker.slot_lending import SlotLending
+from jetfleet.worker.slot_lending import SlotLending, standby_lanes
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
@@ -170,6 +170,11 @@ class Worker:
         self.lanes: tuple[WorkLane, ...] = self.lane_map.lanes_for(
             tuple(targets) or tuple(settings.targets)
         )
+        # Pulled only with slots lent by held lanes: none of their own.
+        self.standby = standby_lanes(
+            self.lane_map, self.lanes, settings.worker.standby_targets, every=not tuple(targets)
+        )
+        self.lanes += self.standby
         self.targets = tuple(t for lane in self.lanes for t in lane.targets)
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
@@ -194,7 +199,9 @@ class Worker:
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
-                settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
+                0 if lane in self.standby else settings.worker.concurrency,
+                settings.worker.tier_shares,
+                subjects.TIERS,
             )
             for lane in self.lanes
         }
@@ -203,7 +210,6 @@ class Worker:
             worker_id,
             self.lanes,
             self._slots,
-            settings.worker.concurrency,
             may_borrow=lambda lane: not self.rate_pacing.is_bound(lane.targets),
         )
         self.metrics += self.lending.metrics
@@ -267,7 +273,8 @@ class Worker:
             "worker %s pulling %s",
             self.worker_id,
             ", ".join(
-                f"{lane.name} ({', '.join(lane.targets)})" if lane.shared else lane.name
+                (f"{lane.name} ({', '.join(lane.targets)})" if lane.shared else lane.name)
+                + (" (standby: lent slots only)" if lane in self.standby else "")
                 for lane in self.lanes
             ),
         )

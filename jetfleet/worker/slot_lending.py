@@ -20,6 +20,9 @@ waiting for a rate permit (``rate-limited``, ``target-held``: a permit frees wit
 1 / rate) or for a service it cannot reach (``caps-unavailable``,
 ``ratelimit-unavailable``: every lane suffers alike). A rate-bound lane does not borrow
 (more slots would only fetch jobs to hand back).
+
+A standby lane (``worker.standby_targets``) has no slots of its own: it runs only what
+held lanes lend, after the worker's own lanes queued for a slot.
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ import functools
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from jetfleet.errors import ConfigError
 from jetfleet.metrics import GaugeFamily, MetricFamily
-from jetfleet.work_lanes import WorkLane
+from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker.tier_slots import TierSlots
 
 log = logging.getLogger(__name__)
@@ -42,20 +46,50 @@ KEEPS_SLOTS = frozenset(
 """Target-wide refusals whose hold lends nothing (short, or not about the target)."""
 
 
+def standby_lanes(
+    lane_map: LaneMap, serving: Sequence[WorkLane], standby: Iterable[str], every: bool
+) -> tuple[WorkLane, ...]:
+    """The lanes of the ``standby`` targets of a worker serving the lanes ``serving``
+    (``every``: it was given no targets, so it serves them all).
+
+    Raises:
+        ConfigError: a standby target the worker would serve with its own slots anyway.
+    """
+    standby = tuple(standby)
+    if standby and every:
+        raise ConfigError(
+            "config: worker.standby_targets is set, but this worker serves every target "
+            "(worker.targets and --targets are empty): name the targets it serves, or "
+            "leave worker.standby_targets empty"
+        )
+    own = {lane.name for lane in serving}
+    for target in standby:
+        lane = lane_map.lane_of(target)
+        if lane.name in own:
+            where = f"in partition {lane.name}, which it serves" if lane.shared else "served"
+            raise ConfigError(
+                f"config: worker.standby_targets: {target} is {where} with this worker's own "
+                "slots: leave it out of worker.standby_targets or out of the targets it serves"
+            )
+    return tuple(lane for lane in lane_map.lanes_for(standby) if lane.name not in own)
+
+
 class SlotLending:
-    """The loans between one worker's lanes, applied to each lane's ``TierSlots``."""
+    """The loans between one worker's lanes, applied to each lane's ``TierSlots``; each
+    lane's share is the slots it starts with (0 for a standby lane)."""
 
     def __init__(
         self,
         worker_id: str,
         lanes: Sequence[WorkLane],
         slots: Mapping[str, TierSlots],
-        share: int,
         may_borrow: Callable[[WorkLane], bool] = lambda lane: True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.worker_id = worker_id
-        self.share = share
+        self._shares = {name: lane_slots.total for name, lane_slots in slots.items()}
+        # Lanes queued for a slot are lent to in this order: own lanes before standby ones.
+        self._offer_order = sorted(slots, key=lambda name: self._shares[name] == 0)
         self._lanes = {lane.name: lane for lane in lanes}
         self._lane_of = {t: lane.name for lane in lanes for t in lane.targets}
         self._slots = slots
@@ -95,7 +129,7 @@ class SlotLending:
             return False  # (asked by every pull loop at every turn)
         now = self._clock()
         targets = self._lanes[lane].targets
-        lends = all(self._held_until.get(t, 0.0) > now for t in targets)
+        lends = self._shares[lane] > 0 and all(self._held_until.get(t, 0.0) > now for t in targets)
         if lends and lane not in self._lending:
             self._lending.add(lane)
             reasons = sorted({self._reason[t] for t in targets})
@@ -104,7 +138,7 @@ class SlotLending:
                 "is held (%s)",
                 self.worker_id,
                 lane,
-                self.share,
+                self._shares[lane],
                 ", ".join(reasons),
             )
             self._offer()
@@ -140,7 +174,8 @@ class SlotLending:
         return sum(n for (_, borrower), n in self._loans.items() if borrower == lane)
 
     def _borrow(self, lane: str, want: int) -> int:
-        room = max(self.share, self._lanes[lane].max_in_flight) - self._slots[lane].total
+        share = self._shares[lane]
+        room = max(share, self._lanes[lane].max_in_flight) - self._slots[lane].total
         want = min(want, room)
         got = 0
         for lender in sorted(self._lending):
@@ -159,8 +194,8 @@ class SlotLending:
         lane that wants more borrows it when it fetches, ``top_up``)."""
         if not self._lending:
             return
-        for name, slots in self._slots.items():
-            waiting = slots.waiting()
+        for name in self._offer_order:
+            waiting = self._slots[name].waiting()
             if waiting and name not in self._lending and self._may_borrow(self._lanes[name]):
                 self._borrow(name, waiting)
 
