@@ -201,9 +201,14 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     concurrency: int = 8
     """Jobs at once per work lane: per target with consumers of its own, per partition for
     the others (each lane has its own slots, so a target that hangs cannot take another
-    lane's), shared by the priority tiers."""
+    lane's), shared by the priority tiers. A lane whose targets all refuse this worker for
+    a target-wide reason lends its slots to the others until its hold ends
+    (jetfleet/worker/slot_lending.py)."""
     targets: tuple[str, ...] = ()
     """Targets this worker pulls from; empty means every declared target."""
+    standby_targets: tuple[str, ...] = ()
+    """Targets this worker pulls only with slots its held lanes lend (none of its own):
+    a backlog it helps with while its own targets refuse it."""
     tier_shares: dict[str, float] = msgspec.field(
         default_factory=lambda: {"high": 0.5, "normal": 0.3, "bulk": 0.2}
     )
@@ -432,7 +437,7 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
         match = re.fullmatch(r"JETFLEET_([A-Z]+)__([A-Z0-9_]+)", name)
         if match:
             section, key = match.group(1).lower(), match.group(2).lower()
-            if section == "worker" and key == "targets":
+            if section == "worker" and key in ("targets", "standby_targets"):
                 raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
             else:
                 raw.setdefault(section, {})[key] = value
@@ -562,6 +567,10 @@ def validate(settings: Settings) -> None:
     _require(settings.nats.replicas in (1, 3, 5), "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
+    for name in settings.worker.standby_targets:
+        _require(
+            name in settings.targets, "worker.standby_targets", f"declared targets, not {name!r}"
+        )
     _require(
         2 <= settings.worker.claim_ttl_s <= 600,
         "worker.claim_ttl_s",

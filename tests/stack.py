@@ -73,8 +73,12 @@ class InProcessStack:
         self.quarantines.append(replica)
         return replica
 
-    async def add_worker(self, worker_id: str, identity: str = "") -> Worker:
-        worker = Worker(self.settings, await self._connect(worker_id), worker_id, identity=identity)
+    async def add_worker(
+        self, worker_id: str, identity: str = "", targets: tuple[str, ...] = ()
+    ) -> Worker:
+        """Start a worker serving ``targets`` (every target when empty)."""
+        nc = await self._connect(worker_id)
+        worker = Worker(self.settings, nc, worker_id, targets, identity=identity)
         await worker.start()
         self.workers.append(worker)
         return worker

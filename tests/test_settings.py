@@ -199,6 +199,12 @@ def test_worker_targets_must_be_declared_targets(tmp_path: Path) -> None:
     assert "'ghost'" in message
 
 
+def test_worker_standby_targets_must_be_declared_targets(tmp_path: Path) -> None:
+    message = config_error(tmp_path, TARGET, {"JETFLEET_WORKER__STANDBY_TARGETS": "ghost"})
+    assert "worker.standby_targets" in message
+    assert "'ghost'" in message
+
+
 # --- the file itself ------------------------------------------------------------------
 
 

@@ -245,3 +245,34 @@ async def test_many_cancelled_waiters_leave_the_pool_whole() -> None:
         slots.release(tier, slots.in_use[tier])
     assert slots.free() == 3
     assert not slots._waiters  # nothing stale left behind
+
+
+# --- resizing (slots lent between lanes, jetfleet/worker/slot_lending.py) ----------------
+
+
+async def test_a_grown_pool_hands_its_new_slots_to_waiters_at_once() -> None:
+    slots = TierSlots(2, SHARES, TIERS)
+    assert await slots.acquire("normal", 2) == 2
+    queued = _waiter(slots, "normal", 3)
+    await _settle()
+    slots.resize(4)
+    await _settle()
+    assert queued.done() and await queued == 2  # one handed out, one more taken as free
+    assert slots.free() == 0
+
+
+async def test_a_shrunk_pool_hands_out_nothing_until_enough_running_jobs_end() -> None:
+    slots = TierSlots(4, SHARES, TIERS)
+    assert await slots.acquire("normal", 4) == 4
+    slots.resize(2)  # its lent slots go back to their lane: 4 still run
+    assert slots.in_use["normal"] == 4 and slots.free() == -2
+    assert slots.try_acquire("high", 1) == 0
+    queued = _waiter(slots, "high", 5)
+    for _ in range(2):
+        slots.release("normal")
+        await _settle()
+        assert not queued.done()
+    slots.release("normal")
+    await _settle()
+    assert queued.done() and await queued == 1  # never more than the pool has
+    assert slots.free() == 0

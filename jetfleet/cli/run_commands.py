@@ -22,7 +22,9 @@ from jetfleet.service import Service, serve_until_signalled
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings
 from jetfleet.topology import declare
+from jetfleet.work_lanes import LaneMap
 from jetfleet.worker import Worker
+from jetfleet.worker.slot_lending import standby_lanes
 
 
 def register(commands: Any) -> None:
@@ -99,6 +101,13 @@ def register(commands: Any) -> None:
         default="",
         help="comma-separated targets (default: worker.targets, else all); a target beyond "
         "fleet.dedicated_targets brings its whole partition",
+    )
+    worker.add_argument(
+        "--standby-targets",
+        default="",
+        help="comma-separated targets pulled only with slots lent by this worker's held "
+        "lanes, none of their own (default: worker.standby_targets; needs --targets or "
+        "worker.targets)",
     )
     worker.add_argument(
         "--concurrency",
@@ -233,12 +242,21 @@ def _run_worker(args: argparse.Namespace) -> int:
     targets = [t for t in args.targets.split(",") if t] or list(settings.worker.targets)
     for target in targets:
         settings.target(target)  # unknown target: a clear error before connecting
-    if args.concurrency:
+    standby = [t for t in args.standby_targets.split(",") if t]
+    for target in standby:
+        settings.target(target)
+    if args.concurrency or standby:
         import msgspec
 
-        settings = msgspec.structs.replace(
-            settings, worker=msgspec.structs.replace(settings.worker, concurrency=args.concurrency)
+        worker_settings = msgspec.structs.replace(
+            settings.worker,
+            concurrency=args.concurrency or settings.worker.concurrency,
+            standby_targets=tuple(standby) or settings.worker.standby_targets,
         )
+        settings = msgspec.structs.replace(settings, worker=worker_settings)
+    lanes = LaneMap(settings)  # a standby target it serves anyway: an error before connecting
+    served = lanes.lanes_for(targets or list(settings.targets))
+    standby_lanes(lanes, served, settings.worker.standby_targets, every=not targets)
     worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
     identity = args.identity or settings.worker.identity
     return asyncio.run(_worker(settings, worker_id, identity, targets, args.metrics_port))

@@ -83,6 +83,7 @@ from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.robots import RobotsAllowed, RobotsBook, RobotsDisallowed, RobotsNotYet
+from jetfleet.worker.slot_lending import SlotLending, standby_lanes
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
 from jetfleet.worker.target_scope import OUTSIDE_TARGET, job_outside_target
@@ -186,6 +187,11 @@ class Worker:
         self.lanes: tuple[WorkLane, ...] = self.lane_map.lanes_for(
             tuple(targets) or tuple(settings.targets)
         )
+        # Pulled only with slots lent by held lanes: none of their own.
+        self.standby = standby_lanes(
+            self.lane_map, self.lanes, settings.worker.standby_targets, every=not tuple(targets)
+        )
+        self.lanes += self.standby
         self.targets = tuple(t for lane in self.lanes for t in lane.targets)
         self.policy = RetryPolicy.from_settings(settings.fleet)
         self.leases = LeaseClient(nc)
@@ -210,10 +216,20 @@ class Worker:
         # Slots per lane: a target that hangs can fill only its lane's, never another's.
         self._slots = {
             lane.name: TierSlots(
-                settings.worker.concurrency, settings.worker.tier_shares, subjects.TIERS
+                0 if lane in self.standby else settings.worker.concurrency,
+                settings.worker.tier_shares,
+                subjects.TIERS,
             )
             for lane in self.lanes
         }
+        # ... but a lane whose targets are all held lends its slots to lanes with a backlog.
+        self.lending = SlotLending(
+            worker_id,
+            self.lanes,
+            self._slots,
+            may_borrow=lambda lane: not self.rate_pacing.is_bound(lane.targets),
+        )
+        self.metrics += self.lending.metrics
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -283,7 +299,8 @@ class Worker:
             "worker %s pulling %s",
             self.worker_id,
             ", ".join(
-                f"{lane.name} ({', '.join(lane.targets)})" if lane.shared else lane.name
+                (f"{lane.name} ({', '.join(lane.targets)})" if lane.shared else lane.name)
+                + (" (standby: lent slots only)" if lane in self.standby else "")
                 for lane in self.lanes
             ),
         )
@@ -383,6 +400,7 @@ class Worker:
                     )
                 paced = self.rate_pacing.is_bound(lane.targets)
                 batch = 1 if paced else FETCH_BATCH
+                self.lending.top_up(lane.name, batch)
                 if slots.contended():
                     # Busy: queue for the next freed slot, highest priority first.
                     taken = await slots.acquire(tier, batch)
@@ -511,6 +529,7 @@ class Worker:
         # shared, so it stops only when every member is held; a held member's jobs that
         # arrive meanwhile go straight back (``_process``) without a lease or a request.
         wait = min(self.gate.held_for(t) for t in lane.targets)
+        self.lending.refresh(lane.name)
         if wait <= 0:
             return False
         await self._pause(min(wait, 1.0))
@@ -789,6 +808,7 @@ class Worker:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
+                self.lending.held(target, reply.reason, retry_after)
                 if reply.reason in WORKER_SCOPED_REFUSALS:
                     self.gate.hold(target, retry_after, only_here=True)
                     delay = self._elsewhere_delay(msg, target)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 
 def reserved_slots(total: int, shares: Mapping[str, float], tiers: Sequence[str]) -> dict[str, int]:
@@ -33,13 +33,29 @@ class TierSlots:
     def __init__(self, total: int, shares: Mapping[str, float], tiers: Sequence[str]) -> None:
         self.total = total
         self.tiers = tuple(tiers)
+        self._shares = dict(shares)
         self.reserved = reserved_slots(total, shares, self.tiers)
         self.in_use = dict.fromkeys(self.tiers, 0)
         self._waiters: list[tuple[str, asyncio.Future[None]]] = []
+        self.on_release: Callable[[], None] | None = None
+        """Called after slots are given back, before they go to waiters (a lane that
+        borrowed slots returns the ones it no longer uses: slot_lending.py)."""
 
     def free(self) -> int:
         """Slots nobody holds."""
         return self.total - sum(self.in_use.values())
+
+    def waiting(self) -> int:
+        """How many are queued for a slot."""
+        return len(self._waiters)
+
+    def resize(self, total: int) -> None:
+        """Count ``total`` slots from now on (slots lent or borrowed between lanes). New
+        slots go to waiters at once; fewer takes nothing from running jobs: no slot is
+        handed out until enough of them have ended."""
+        self.total = total
+        self.reserved = reserved_slots(max(0, total), self._shares, self.tiers)
+        self._hand_out()
 
     def contended(self) -> bool:
         """No slot is free, or someone is already queued for one."""
@@ -67,7 +83,8 @@ class TierSlots:
                 else:
                     self._waiters = [w for w in self._waiters if w[1] is not future]
                 raise
-            extra = 0 if self._waiters else min(want - 1, self.free())
+            # (The pool may have shrunk since the slot was handed to us: resize.)
+            extra = 0 if self._waiters else max(0, min(want - 1, self.free()))
             self.in_use[tier] += extra
             return 1 + extra
         taken = min(want, self.free())
@@ -79,6 +96,8 @@ class TierSlots:
         if n <= 0:
             return
         self.in_use[tier] -= n
+        if self.on_release is not None:
+            self.on_release()
         self._hand_out()
 
     def _hand_out(self) -> None:
