@@ -61,6 +61,8 @@ CONTAINMENT = {
     "shop_requests_by_retired_after_retirement": 0,
     "news_commits_by_retired": 3,
     "second_order_retirements": 0,
+    "egress_proposals": 0,
+    "breakers_opened": 0,
     "side_effects": 10,
     "distinct_jobs": 10,
 }

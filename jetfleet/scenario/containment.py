@@ -17,15 +17,18 @@ from pathlib import Path
 
 import msgspec
 from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.lease_store import LeaseStore
+from jetfleet.ops.quarantine_view import read_quarantines
 from jetfleet.results import iter_results
 from jetfleet.scenario.ledger import Event
 from jetfleet.schemas import Job, Outcome
+from jetfleet.schemas.breaker import BreakerAlert
 from jetfleet.schemas.lease import QuarantineRecord
 from jetfleet.service import Service
 from jetfleet.services.leaser import Leaser
@@ -78,6 +81,8 @@ EXPECTED = {
     "shop_requests_by_retired_after_retirement": 0,
     "news_commits_by_retired": NEWS_PAGES,
     "second_order_retirements": 0,
+    "egress_proposals": 0,
+    "breakers_opened": 0,
     "side_effects": STREAK + IN_FLIGHT + NEWS_PAGES,
     "distinct_jobs": STREAK + IN_FLIGHT + NEWS_PAGES,
 }
@@ -284,6 +289,10 @@ class _Containment:
                 1 for r in results if r.target == NEWS and r.identity == identity
             ),
             "second_order_retirements": sum(1 for r in records if r.second_order_of),
+            # One identity of its subnet refused: no egress proposal (two are needed),
+            # and no circuit breaker (three identities are): containment stays narrow.
+            "egress_proposals": len((await read_quarantines(self.js)).proposals),
+            "breakers_opened": sum(1 for a in await _alerts(self.js) if a.change == "opened"),
             "side_effects": len(results),
             "distinct_jobs": len({r.job_id for r in results}),
         }
@@ -303,6 +312,14 @@ class _Containment:
             shop_max_1s=most_in_any_window(stamps, 1.0),
             shop_cap_1s=int(SHOP_RATE) + SHOP_BURST,
         )
+
+
+async def _alerts(js: JetStreamContext) -> list[BreakerAlert]:
+    decoder = msgspec.json.Decoder(BreakerAlert)
+    return [
+        decoder.decode(msg.data)
+        async for msg in read_stream(js, subjects.STREAM_ALERTS, "jf.alert.>")
+    ]
 
 
 async def _outcomes(js: object) -> list[tuple[int, Outcome]]:
