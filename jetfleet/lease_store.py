@@ -10,6 +10,7 @@ is answered by the stream leader (docs/commit.md#which-reads-may-be-stale).
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ _CAS_TRIES = 10
 _encoder = msgspec.json.Encoder()
 _record_decoder = msgspec.json.Decoder(LeaseRecord)
 _history_decoder = msgspec.json.Decoder(JobLeaseHistory)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,15 @@ class LeaseStore:
                 new = msgspec.structs.replace(new, avoid=with_entry(new.avoid, avoid))
             if new is old or await self._write_history(job_id, new, read.revision):
                 return
+        # Not silent: the refund (an attempt that never ran) or the avoid entry is lost.
+        log.warning(
+            "job %s: gave up amending its ledger entry after %d compare-and-sets "
+            "(refund %s, avoid %s): under contention, it stays as it was",
+            job_id,
+            _CAS_TRIES,
+            refund,
+            avoid.name if avoid is not None else "-",
+        )
 
     async def renew(self, job_id: str, fence: int, ttl_s: float) -> LeaseRecord | None:
         """Extend the lease if ``fence`` is still the live one (compare-and-set); its

@@ -11,6 +11,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from jetfleet.schemas.lease import (
     AVOID_MAX,
@@ -183,6 +184,9 @@ async def test_the_check_refuses_while_its_marker_lives_and_someone_else_is_live
     # Not alice, or a job pinned to alice (nobody else may run it): no objection.
     assert await objection(_asking("w-b", "bob"), [alice]) is None
     assert await objection(_asking("w-a", "alice", pin="alice"), [alice]) is None
+    # Pinned to a region: bob may be of another one (claims do not say), so no objection.
+    in_eu = msgspec.structs.replace(_asking("w-a", "alice"), pin_region="eu", region="eu")
+    assert await objection(in_eu, [alice]) is None
     # Bob on the list too: nobody else is left, so the job runs on alice.
     bob_entry = await AvoidList(js, avoid_s=2.0).entry("j-1", "identity", "bob", "blocked")
     assert bob_entry is not None

@@ -41,7 +41,15 @@ from jetfleet.worker.tier_slots import TierSlots
 log = logging.getLogger(__name__)
 
 KEEPS_SLOTS = frozenset(
-    {"rate-limited", "target-held", "caps-unavailable", "ratelimit-unavailable"}
+    {
+        "rate-limited",
+        "target-held",
+        "caps-unavailable",
+        "ratelimit-unavailable",
+        # A 2 s hold while another worker of the subnet serves the target: lent slots
+        # would come back only as the borrowed jobs end, long after.
+        "subnet-busy",
+    }
 )
 """Target-wide refusals whose hold lends nothing (short, or not about the target)."""
 

@@ -72,8 +72,10 @@ class AvoidList:
         """``refused: avoided`` (retry at once: it is about the job, not the target)
         when an entry in force names the asker and another live identity could take
         the job; else None."""
-        if self.avoid_s <= 0 or request.pin_identity:
-            # Pinned, the job runs on its identity or on nobody: nobody else could take it.
+        if self.avoid_s <= 0 or request.pin_identity or request.pin_region:
+            # Pinned, the job runs on its identity (or in its region) or on nobody: the
+            # live identities elsewhere could not take it, and the claims do not say
+            # which region each is in, so a region pin waives the list too.
             return None
         try:
             read = await history
