@@ -406,3 +406,32 @@ async def test_without_a_permit_robots_txt_is_not_fetched_and_the_job_waits(
         assert await dead(js, SITE) == 0
     finally:
         await stack.stop()
+
+
+async def test_a_target_the_leaser_refuses_gets_no_robots_txt_request_either(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    # Closed for the next 23 hours (UTC, by the server's clock): the leaser refuses
+    # every grant, so the worker asks nothing of the site, robots.txt included, though
+    # it has no robots.txt record yet. The window opens an hour before the server's now.
+    hour = (time.gmtime().tm_hour - 1) % 24
+    span = f"{hour:02d}:00-{hour:02d}:30"
+    site = msgspec.structs.replace(
+        sim_target(simulator, obey_robots=True), active_hours=(span,), timezone="UTC"
+    )
+    settings = make_settings(nats_url, redis_url, {SITE: site})
+    stack = InProcessStack(settings)
+    await stack.start(workers=1)
+    try:
+        js = stack.connections[0].jetstream()
+        await submit_paths(js, settings, SITE, ["/page/1", "/page/2"], "closed")
+        worker = stack.workers[0]
+
+        async def refused() -> bool:
+            return worker.stats["refused:outside-window"] > 0
+
+        await wait_for(refused, 20, "an outside-window refusal")
+        assert simulator.counts()["total"] == 0, simulator.counts()
+        assert await committed(js, SITE) == 0
+    finally:
+        await stack.stop()

@@ -629,9 +629,9 @@ class Worker:
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """Lease, run, report and settle one job; its verdict (None if not leased)."""
-        go_on, ruled = await self._obey_robots(msg, order, target)
-        if not go_on:
-            return None
+        # The lease first, robots.txt after: a target the leaser refuses this worker
+        # (outside its window, its breaker open, quarantined, another worker of the
+        # subnet on it) gets no robots.txt request either.
         held = await self._take_lease(msg, order, target)
         if held is None:
             return None
@@ -642,7 +642,11 @@ class Worker:
         keeper = asyncio.create_task(self._keep_lease(msg, order, held))
         try:
             try:
-                verdict, reply = await self._run_and_report(msg, order, attempt, held, ruled)
+                ruled = await self._obey_robots(msg, order, target)
+                if ruled is not None and ruled.kind == "unrun":
+                    verdict, reply = ruled, None
+                else:
+                    verdict, reply = await self._run_and_report(msg, order, attempt, held, ruled)
             finally:
                 await _stop(keeper)
         except asyncio.CancelledError:
@@ -667,23 +671,22 @@ class Worker:
             await self._settle(msg, order, held, verdict, reply)
         return verdict
 
-    async def _obey_robots(
-        self, msg: Msg, order: WorkOrder, target: str
-    ) -> tuple[bool, Verdict | None]:
-        """Whether to go on with this delivery (False: handed back), and the verdict the
-        target's robots.txt already reached (``robots-disallowed``, not called)."""
+    async def _obey_robots(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
+        """What the target's robots.txt already decides of this leased job: ``unrun``
+        (no rules to go by yet: the lease goes back refunded and the job with it),
+        ``permanent`` (``robots-disallowed``, not called), or None (go on)."""
         robots = await self._robots_answer(order, target)
         if isinstance(robots, RobotsNotYet):
             # No rules to go by yet (robots.txt unreachable, or no permit to fetch it):
             # nothing is sent, and the target is left alone until then.
             self.gate.hold(target, robots.wait_s)
             delay = self._hand_back_delay(msg, target, robots.wait_s)
-            await self._hand_back(msg, target, robots.reason, delay)
-            return False, None
+            return Verdict(
+                "unrun", reason=robots.reason, detail=robots.detail, delay_s=delay, called=False
+            )
         if isinstance(robots, RobotsDisallowed):
-            verdict = Verdict("permanent", reason=robots.reason, detail=robots.detail, called=False)
-            return True, verdict
-        return True, None
+            return Verdict("permanent", reason=robots.reason, detail=robots.detail, called=False)
+        return None
 
     async def _robots_answer(
         self, order: WorkOrder, target: str
