@@ -8,9 +8,11 @@ Four keys per target (docs/quarantine.md#the-target-circuit-breaker):
   the target is open (no grant at all). Its expiry is the server's clock, never a host's;
 - ``breaker-probe.<target>``: the one probe lease of a half-open breaker, made with a
   create (so of two leaser replicas only one makes it) and the lease's TTL, renewed with
-  the lease: a probe whose worker died lapses with its lease, and another probe goes;
-- ``breaker-fired.<target>``: the newest outcome event that opened the breaker, so a
-  replay of the same evidence (a quarantine replica restarting) does not open it again.
+  the lease: a probe whose worker died lapses with its lease, and another probe goes; one
+  whose lease ended without a request (released, or judged unsent) is freed at once;
+- ``breaker-fired.<target>``: the newest outcome event of an opening asked (whether it
+  opened the breaker or found it open), or the newest stored when it was last closed, so
+  a replay of that evidence (a quarantine replica restarting) does not open it again.
 
 Every grant asks about its target, so the book follows the records with a KV watch
 (``KeyWatch``) and reads only for a target whose record it has seen (or every time,
@@ -48,6 +50,11 @@ def key(prefix: str, target: str) -> str:
     """The ``jf-control`` key of one of a target's breaker keys (target names are plain
     key tokens)."""
     return f"{prefix}.{target}"
+
+
+def target_of(name: str) -> str:
+    """The target a breaker key names (the inverse of ``key``)."""
+    return name.split(".", 1)[1]
 
 
 class BreakerBook:
@@ -107,7 +114,8 @@ class BreakerBook:
         names (a deleted record's tombstone's, or 0)."""
         value, revision = await self._read(key(subjects.BREAKER_PREFIX, target))
         if value is None:
-            self.watch.keys.discard(key(subjects.BREAKER_PREFIX, target))
+            # Not forgotten by the watch: a miss may be a lagging replica's read, and a
+            # record has no TTL, so only a delete the watch sees (or our close) ends it.
             return None, revision
         return _record_decoder.decode(value), revision
 
@@ -172,6 +180,19 @@ class BreakerBook:
         with contextlib.suppress(KeyWrongLastSequenceError):
             await self._write(name, _encoder.encode(probe), last=last, ttl_s=ttl_s)
 
+    async def free_probe(self, target: str, probe: BreakerProbe) -> None:
+        """Free the target's probe if it is still ``probe`` (its job, worker and fence):
+        its lease ended without a request, so the next grant may probe at once."""
+        found = await self.probe(target)
+        if found is not None and found[0] == probe:
+            await self.free_probe_at(target, found[1])
+
+    async def free_probe_at(self, target: str, revision: int) -> None:
+        """Free the target's probe if its revision is still ``revision`` (the one an ask
+        took and led to no lease); a probe taken since is another job's, and stays."""
+        with contextlib.suppress(KeyWrongLastSequenceError):
+            await self.control.delete(key(subjects.BREAKER_PROBE_PREFIX, target), last=revision)
+
     async def keep_probe(self, target: str, job_id: str, fence: int, ttl_s: float) -> None:
         """A renewed lease that is the target's probe keeps its probe as long."""
         found = await self.probe(target)
@@ -202,6 +223,11 @@ class BreakerBook:
                 continue
             return None
         raise RuntimeError(f"the breaker marker {name} kept changing")
+
+    async def hold_fired_at(self, target: str, seq: int, ttl_s: float) -> None:
+        """Move the target's fired marker to ``seq`` unless it is there or further: no
+        opening whose evidence starts at or before ``seq`` opens the breaker again."""
+        await self.claim_fired(target, seq, seq, ttl_s)
 
     async def views(self) -> list[BreakerView]:
         """Every breaker open or half-open, with its state now."""

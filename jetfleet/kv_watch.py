@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nats.js.kv import KeyValue
@@ -27,6 +28,9 @@ class KeyWatch:
         self.what = what
         """What the keys are, for the log line should the watch die."""
         self.keys: set[str] = set()
+        self.on_new: Callable[[str], None] | None = None
+        """Called with a key the watch sees appear after it loaded (not one it knew, nor
+        one added to ``keys`` by hand first)."""
         self._watching: asyncio.Task[None] | None = None
         self._warned = False
 
@@ -63,5 +67,7 @@ class KeyWatch:
                 continue
             if entry.operation in ("DEL", "PURGE") or not entry.value:
                 self.keys.discard(entry.key)
-            else:
+            elif entry.key not in self.keys:
                 self.keys.add(entry.key)
+                if loaded.done() and self.on_new is not None:
+                    self.on_new(entry.key)

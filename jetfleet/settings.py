@@ -345,6 +345,14 @@ class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     breaker: BreakerSettings = BreakerSettings()
     """``[quarantine.breaker]``: the per-target circuit breaker."""
 
+    @property
+    def longest_window_s(self) -> float:
+        """The longest window (of the rules, the egress rule when on, and the breaker):
+        how far back a (re)started quarantine replica reads, so what a fired marker must
+        outlive."""
+        egress = self.egress.window_s if self.egress.identities else 0.0
+        return max([*(r.window_s for r in self.rules), egress, self.breaker.window_s])
+
 
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Everything a jetfleet process is configured with."""

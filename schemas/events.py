@@ -72,6 +72,11 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     detail: str = ""
     subnet: str = ""
     """The worker's subnet (``worker.subnet``), for egress and second-order rules."""
+    called: bool = True
+    """Whether a request went to the target (False: judged without one: expired,
+    out of attempts, off the target, an unknown handler, robots-disallowed, a handler
+    that sends nothing). An uncalled outcome says nothing of how the site answers, so
+    it decides no circuit breaker's probe."""
 
 
 class Duplicate(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -56,6 +56,11 @@ def with_breaker(settings: Settings, **fields: object) -> Settings:
 def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
     """Two targets on one simulator; K = 3 identities in 600 s open for 8 s (time for
     every worker to ask, and be refused, while it cools)."""
+    return breaker_settings(nats_url, redis_url, simulator)
+
+
+def breaker_settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    """The breaker tests' settings (the ``settings`` fixture), for other test modules."""
     target = sim_target(simulator)
     base = make_settings(nats_url, redis_url, {SHOP: target, NEWS: target})
     return with_breaker(base, window_s=600.0, cool_s=COOL_S)

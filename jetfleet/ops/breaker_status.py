@@ -31,7 +31,7 @@ def breaker_lines(breakers: list[BreakerView]) -> list[str]:
         record = view.record
         what = {
             "open": f"open, no grants for up to {record.cool_s:g} s, then one probe",
-            "probing": "probing: one request is in flight, its answer decides",
+            "probing": "probing: one lease is the probe, its request's answer decides",
             "half-open": "half-open: the next grant is the probe",
         }[view.state]
         lines.append(

@@ -718,6 +718,7 @@ class Worker:
                 reason="attempts-exhausted",
                 detail=f"last: {verdict.reason} {verdict.detail}".strip(),
                 attempt_reason=verdict.reason,
+                called=verdict.called,
             )
         versions = self._versions(order)
         await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
@@ -1483,6 +1484,7 @@ class Worker:
             fence=fence,
             detail=verdict.detail[:500],
             subnet=self.settings.worker.subnet,
+            called=verdict.called and requests_target(order.job.handler),
         )
         subject = subjects.outcome(order.target, order.job.id)
         if kind == "ok":

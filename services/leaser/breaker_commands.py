@@ -4,8 +4,9 @@ list), each opening revoking the target's live leases, and the alerts on
 
 Every write is a compare-and-set on the record's revision, so of two leaser replicas (or
 two quarantine replicas asking at once) only one opens, re-opens or closes a breaker, and
-only it alerts. A first opening also moves the target's fired marker forward, so the same
-evidence read again (a replica replaying the stream) never opens a closed breaker again.
+only it alerts. Every opening asked (kept ones too) moves the target's fired marker over
+its evidence, and a close moves it to the newest outcome event stored, so evidence read
+again (a replica replaying the stream) never opens a closed breaker again.
 """
 
 from __future__ import annotations
@@ -30,16 +31,18 @@ from jetfleet.services.leaser.call_checks import QUARANTINE_MAX_EVIDENCE, undecl
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.breaker_book import BreakerBook
+from jetfleet.breaker_book import BreakerBook, target_of
 from jetfleet.metrics import CounterFamily
 from jetfleet.settings import MAX_RULE_WINDOW_S, Settings
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
-# Other replicas learn of an opening through their watch within milliseconds; a grant
-# they made meanwhile is revoked by a second sweep this much later.
+# Other replicas learn of an opening through their watch within milliseconds, and each
+# sweeps the target itself as it learns; a grant made meanwhile is also revoked by a
+# second sweep of the opener this much later.
 PROPAGATION_S = 1.0
-# A fired marker outlives the breaker's window by this much, as the rules' markers do.
+# A fired marker outlives the quarantine service's longest window (how far back a
+# restarted replica reads) by this much, as the rules' markers do.
 MARKER_MARGIN_S = 60.0
 MAX_REASON_CHARS = 1024
 MAX_IDENTITIES = 1000
@@ -105,6 +108,11 @@ class BreakerCommands:
             "jetfleet_breaker_changes_total",
             "Circuit breakers opened, re-opened (a probe refused) or closed, by target",
         )
+        # Before the book starts, so no record appearing is missed.
+        book.watch.on_new = lambda name: self.spawn(
+            self._sweep(target_of(name), "as this replica's watch learned of its breaker")
+        )
+        self.marker_ttl_s = settings.quarantine.longest_window_s + MARKER_MARGIN_S
 
     async def command(self, command: BreakerOpen | BreakerClose | BreakerList) -> BreakerReply:
         """Apply one breaker command."""
@@ -117,6 +125,18 @@ class BreakerCommands:
     async def _open(self, command: BreakerOpen) -> BreakerReply:
         record = command.record
         target = record.target
+        if command.after_opens == 0 and record.evidence:
+            # First, whether the breaker is open or not: evidence met while it is open
+            # (answered kept) must not open it again once closed, when a replica replays.
+            seqs = [e.seq for e in record.evidence]
+            fired = await self.book.claim_fired(target, min(seqs), max(seqs), self.marker_ttl_s)
+            if fired is not None:
+                return BreakerReply(
+                    ok=True,
+                    detail=f"already-fired: this evidence opened {target}'s breaker before, "
+                    "or came before it was last closed",
+                    fired_seq=fired,
+                )
         current, revision = await self.book.record(target)
         if command.after_opens == 0 and current is not None:
             return BreakerReply(
@@ -128,16 +148,6 @@ class BreakerCommands:
             return BreakerReply(
                 ok=True, detail=f"stale: the breaker of {target} changed since the probe"
             )
-        if command.after_opens == 0 and record.evidence:
-            seqs = [e.seq for e in record.evidence]
-            ttl = self.settings.quarantine.breaker.window_s + MARKER_MARGIN_S
-            fired = await self.book.claim_fired(target, min(seqs), max(seqs), ttl)
-            if fired is not None:
-                return BreakerReply(
-                    ok=True,
-                    detail=f"already-fired: this evidence opened {target}'s breaker before",
-                    fired_seq=fired,
-                )
         if not await self.book.open(record, revision):
             return BreakerReply(ok=True, detail=f"kept: another replica changed {target} first")
         revoked = await self.revoke(target)
@@ -150,7 +160,7 @@ class BreakerCommands:
             record.reason,
             len(revoked),
         )
-        self.spawn(self._sweep_again(target))
+        self.spawn(self._sweep_again(target))  # also for a re-opening, which no watch learns
         await self._alert(record, change, record.opened_by)
         return BreakerReply(ok=True, breakers=[await self.book.view(record)], revoked=revoked)
 
@@ -161,6 +171,10 @@ class BreakerCommands:
             return BreakerReply(ok=True, detail=f"not open: {target} has no breaker open")
         if command.opens and current.opens != command.opens:
             return BreakerReply(ok=True, detail=f"stale: the breaker of {target} changed")
+        # The close's horizon, before the close: refusals stored before it (a replica
+        # replaying them, or one still counting them) open nothing once it is closed.
+        outcomes = await self.js.stream_info(subjects.STREAM_OUTCOMES)
+        await self.book.hold_fired_at(target, outcomes.state.last_seq, self.marker_ttl_s)
         if not await self.book.close(target, revision):
             return BreakerReply(ok=True, detail=f"stale: another replica changed {target} first")
         log.warning("circuit breaker of %s closed by %s %s", target, command.by, command.reason)
@@ -170,15 +184,21 @@ class BreakerCommands:
 
     async def _sweep_again(self, target: str) -> None:
         await asyncio.sleep(PROPAGATION_S)
+        await self._sweep(target, "granted while its breaker's opening propagated")
+
+    async def _sweep(self, target: str, when: str) -> None:
+        """Revoke the target's live leases if its breaker is open (cooling): the grants
+        made before its opening reached every replica (``when`` says which sweep)."""
         record, _ = await self.book.record(target)
         if record is None or not await self.book.cooling(target):
             return  # closed, or a probe may be in flight: not ours to revoke
         late = await self.revoke(target)
         if late:
             log.warning(
-                "revoked %d lease(s) of %s granted while its breaker's opening propagated",
+                "revoked %d lease(s) of %s %s",
                 len(late),
                 target,
+                when,
             )
 
     async def _alert(self, record: BreakerRecord, change: BreakerChange, by: str) -> None:

@@ -184,12 +184,13 @@ async def circuit_probe(ctx: GrantContext) -> LeaseRefusal | None:
         return None
     ttl = ctx.settings.fleet.lease_ttl_s
     revision = await book.take_probe(req.target, req.job_id, req.worker, ttl)
-    # Re-opened meanwhile (a probe refused): its probe slot lapses with the lease TTL.
+    if revision is not None:
+        ctx.probe[0] = revision
+    # Re-opened meanwhile (a probe refused): the probe this ask took is freed with the rest.
     cooling = revision is not None and await book.cooling(req.target)
     if revision is not None and not cooling:
-        ctx.probe[0] = revision
         return None
-    await free_taken(ctx)  # the place and subnet hold this ask took, nothing of others'
+    await free_taken(ctx)  # the place, subnet hold and probe this ask took, nothing of others'
     if cooling:
         return LeaseRefusal(
             reason="circuit-open",
@@ -342,6 +343,10 @@ async def free_taken(ctx: GrantContext) -> None:
     for subnet in ctx.took_subnet:
         await ctx.places.unhold_subnet(req.target, req.job_id, req.worker, subnet)
     ctx.took_subnet.clear()
+    if ctx.probe[0] and ctx.breakers is not None:
+        # The probe this ask took (its revision: one taken since is another's).
+        await ctx.breakers.free_probe_at(req.target, ctx.probe[0])
+        ctx.probe[0] = 0
 
 
 async def _free_place(ctx: GrantContext) -> None:

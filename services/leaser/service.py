@@ -134,10 +134,10 @@ class Leaser:
         await self.quarantine.start()
         self.proposals = ProposalAnswers(self.settings, self.js, control, self.set_record)
         self.breakers = BreakerBook(self.js, control)
-        await self.breakers.start()
         self.breaker_commands = BreakerCommands(
             self.settings, self.js, self.breakers, self.revoke_target, self._spawn_task
         )
+        await self.breakers.start()
         self.metrics.append(self.breaker_commands.changes)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
@@ -200,6 +200,11 @@ class Leaser:
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
             await self.places.free(record.target, record.job_id)
+            if self.breakers.known(record.target):
+                # A probe handed back unrun (or unanswered) decides nothing: the next
+                # grant probes at once, not after the lease's TTL.
+                probe = BreakerProbe(job_id=call.job_id, worker=record.worker, fence=call.fence)
+                await self.breakers.free_probe(record.target, probe)
             avoid = None
             if call.avoid_reason:
                 # The target refused the job there: the holder goes on its avoid list
@@ -330,6 +335,9 @@ class Leaser:
                 read = None
             recorded = await self.store.record_grant(request.job_id, fence, read)
             if recorded.settled is not None:  # sealed since the checks read it
+                if ctx.probe[0]:  # nothing is sent under it: the next grant probes
+                    probe = BreakerProbe(job_id=request.job_id, worker=request.worker, fence=fence)
+                    await self.breakers.free_probe(request.target, probe)
                 return await self._nobodys(request, fence, recorded.settled)
         finally:
             if not live_now.done():
@@ -476,18 +484,20 @@ class Leaser:
 
     async def revoke_target(self, target: str) -> list[str]:
         """Revoke every live lease of ``target`` (its breaker opened); requeue the jobs.
-        No avoid entry: the whole target is paused, for every identity alike."""
-        return await self.revoke_where(target, lambda _: True)
+        No avoid entry: the whole target is paused, for every identity alike. The attempt
+        is refunded: the fleet paused the target, the job did nothing wrong."""
+        return await self.revoke_where(target, lambda _: True, refund=True)
 
     async def revoke_where(
         self,
         target: str,
         holds: Callable[[LeaseRecord], bool],
         avoid_as: Callable[[LeaseRecord], tuple[AvoidScope, str]] | None = None,
+        refund: bool = False,
     ) -> list[str]:
         """Revoke the live leases on ``target`` whose record ``holds`` accepts, as
-        ``revoke_scope`` says (with ``avoid_as`` naming whom each job avoids); the
-        revoked job ids."""
+        ``revoke_scope`` says (with ``avoid_as`` naming whom each job avoids, and the
+        attempt given back with ``refund``); the revoked job ids."""
         revoked = []
         for live in await self.store.all_live():
             record = live.record
@@ -495,11 +505,12 @@ class Leaser:
                 continue
             if await self.store.revoke(live):
                 await self.places.free(record.target, record.job_id)
+                avoid = None
                 if avoid_as is not None:
                     who, whom = avoid_as(record)
                     avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
-                    if avoid is not None:
-                        await self.store.amend(record.job_id, avoid=avoid)
+                if refund or avoid is not None:
+                    await self.store.amend(record.job_id, refund=refund, avoid=avoid)
                 if record.reply_subject:
                     await self.nc.publish(record.reply_subject, b"-NAK")
                 revoked.append(record.job_id)

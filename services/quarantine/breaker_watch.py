@@ -126,9 +126,9 @@ class BreakerWatch:
         opening = self.windows.observe(seen)
         if opening is None:
             return
-        if self.book.known(target):
-            self.fired.inc(target=target, outcome="kept")  # open already: nothing to ask
-            return
+        # Asked even when the breaker is open already: the leaser then moves the fired
+        # marker over this evidence (and answers kept), so a replay after the breaker
+        # closed does not open it again from refusals that came in while it was open.
         record = opening_record(self.settings, opening)
         await self._ask(Ask(BreakerOpen(record=record), opening, "opened"))
 
@@ -138,13 +138,26 @@ class BreakerWatch:
         assert self.book is not None
         event = seen.outcome
         found = await self.book.probe(event.target)
-        if found is None or (found[0].job_id, found[0].fence) != (event.job_id, event.fence):
+        if found is None:
+            return False
+        probe = found[0]
+        # The worker too: an outcome of another worker naming the probe's job and fence
+        # (forged, or a stale worker's) decides nothing.
+        if (probe.job_id, probe.fence, probe.worker) != (event.job_id, event.fence, event.worker):
             return False
         record, _ = await self.book.record(event.target)
         if record is None:
             return False
         breaker = self.settings.quarantine.breaker
-        if self.windows.counts(seen):
+        if event.kind == "retryable" or not event.called:
+            # A timeout or a 5xx says nothing of whether the site still refuses us, nor
+            # does a job judged without a request (expired, robots-disallowed...). A
+            # lease handed back frees the probe as it is released; one that ended here
+            # (the job settled unsent) frees it now, so another probe goes at once.
+            if not event.called:
+                await self.book.free_probe(event.target, probe)
+            self.fired.inc(target=event.target, outcome="probe-inconclusive")
+        elif self.windows.counts(seen):
             cool_s = min(record.cool_s * 2, max(breaker.max_cool_s, record.cool_s))
             again = msgspec.structs.replace(
                 record,
@@ -161,10 +174,6 @@ class BreakerWatch:
             )
             reopen = BreakerOpen(record=again, after_opens=record.opens)
             await self._ask(Ask(reopen, None, "probe-reopened"))
-        elif event.kind == "retryable":
-            # A timeout or a 5xx says nothing of whether the site still refuses us: the
-            # probe lapses with its lease and another one goes.
-            self.fired.inc(target=event.target, outcome="probe-inconclusive")
         else:
             close = BreakerClose(
                 target=event.target,

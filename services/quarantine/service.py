@@ -191,8 +191,7 @@ class QuarantineService:
     def longest_window_s(self) -> float:
         """The longest window (of the rules, the egress rule and the breaker): how far
         back a (re)started replica reads."""
-        rules = [r.window_s for r in self.settings.quarantine.rules]
-        return max([*rules, self.egress.window_s, self.settings.quarantine.breaker.window_s])
+        return self.settings.quarantine.longest_window_s
 
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
