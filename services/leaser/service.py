@@ -499,8 +499,7 @@ class Leaser:
         """
         if not record.set_by.startswith("rule:"):
             return False
-        left = current.left_s(0.0)
-        if left is None:  # until released: nothing outlasts it
+        if current.record.for_s <= 0:  # until released: nothing outlasts it
             return True
         if record.for_s <= 0:
             return False
