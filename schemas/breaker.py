@@ -93,6 +93,9 @@ class BreakerReply(msgspec.Struct, frozen=True, omit_defaults=True):
     fired_seq: int = 0
     """For an opening refused as ``already-fired``: the newest ``JF_OUTCOMES`` sequence
     that opened it before (the events after it count on)."""
+    retry_after_s: float = 0.0
+    """With ``ok`` false: the leaser did not finish the command (full, or JetStream did
+    not answer in time): send it again after this many seconds. 0: refused, final."""
 
 
 BreakerChange = Literal["opened", "reopened", "closed"]

@@ -314,3 +314,8 @@ class QuarantineReply(msgspec.Struct, frozen=True, omit_defaults=True):
     detail: str = ""
     proposals: list[QuarantineProposal] = []
     """The egress proposal an approve or reject answered."""
+    retry_after_s: float = 0.0
+    """With ``ok`` false: the leaser did not finish the command (it was full, or
+    JetStream did not answer it in time), so nothing is known to be wrong with it: send
+    the same command again after this many seconds. 0 with ``ok`` false: refused, final
+    (``detail`` says what to fix)."""

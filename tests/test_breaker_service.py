@@ -20,7 +20,7 @@ from jetfleet.schemas.breaker import (
     BreakerRecord,
     BreakerView,
 )
-from jetfleet.services.quarantine import QuarantineService
+from jetfleet.services.quarantine import QuarantineService, breaker_watch
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -408,3 +408,35 @@ async def test_a_breaker_opened_after_the_watch_died_is_still_enforced(
     client = LeaseClient(nc)
     reply = await client.grant(ask(order_for(settings, "/page/1", target=SHOP), worker="w-a"))
     assert isinstance(reply, LeaseRefusal) and reply.reason == "circuit-open", reply
+
+
+async def test_an_opening_answered_busy_is_asked_again_until_the_leaser_opens_it(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(breaker_watch, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(breaker_watch, "RETRY_CAP_S", 0.1)
+    assert services.leaser is not None
+    responder = services.leaser.responder
+    room = responder.limit
+    responder.limit = 0  # full: every command is answered busy, unread
+    replica = await services.add_quarantine()
+    for n in range(K):
+        await refuse(nc, f"busy-{n}", f"id-{n}")
+
+    async def answered_busy_often() -> bool:
+        return responder.refused.get(subject=subjects.BREAKER, reason="busy") >= 3
+
+    await wait_for(answered_busy_often, 30.0, "the opening answered busy again and again")
+    assert replica.breaker.fired.get(target=SHOP, outcome="failed") == 0
+    assert len(replica.breaker.pending) == 1
+    responder.limit = room
+
+    async def opened() -> bool:
+        return await state(settings) == "open"
+
+    await wait_for(opened, 30.0, "the busy opening made once the leaser has room")
+    assert replica.breaker.fired.get(target=SHOP, outcome="opened") == 1
+    assert replica.breaker.fired.get(target=SHOP, outcome="failed") == 0

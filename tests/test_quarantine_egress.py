@@ -24,8 +24,9 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
-from jetfleet.services.quarantine import QuarantineService
+from jetfleet.services.quarantine import QuarantineService, egress_proposals
 from nats.aio.client import Client as NatsClient
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import KeyNotFoundError
 
 from jetfleet import subjects
@@ -36,7 +37,7 @@ from jetfleet.errors import JetfleetError
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.quarantine_view import QuarantineView, read_quarantines
-from jetfleet.quarantine_proposals import proposal_id
+from jetfleet.quarantine_proposals import proposal_id, write_proposal
 from jetfleet.settings import EgressRule, QuarantineRule, QuarantineSettings, Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import count_messages
@@ -433,3 +434,31 @@ async def test_status_and_the_cli_list_show_records_and_proposals(
     with pytest.raises(KeyNotFoundError):
         control = await nc.jetstream().key_value(subjects.BUCKET_CONTROL)
         await control.get(f"{subjects.QUARANTINE_PROPOSAL_PREFIX}.{id_}")
+
+
+async def test_a_proposal_a_kv_error_kept_from_being_written_is_written_on_a_retry(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(egress_proposals, "RETRY_FIRST_S", 0.05)
+    write = write_proposal
+    failures: list[int] = []
+
+    async def failing_once(*args: object, **kwargs: object) -> None:
+        # The fault: JetStream does not answer the first write (a leader change).
+        if not failures:
+            failures.append(1)
+            raise NatsTimeoutError
+        await write(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(egress_proposals, "write_proposal", failing_once)
+    replica = await services.add_quarantine()
+    await publish(nc, "id-a", NET_A)
+    await publish(nc, "id-b", NET_A)
+    assert await proposed(nc) == proposal_id(NET_A, SHOP)
+    assert failures == [1]
+    assert replica.egress.proposed.get(target=SHOP, outcome="proposed") == 1
+    assert replica.egress.proposed.get(target=SHOP, outcome="failed") == 0
+    assert replica.egress.pending == []

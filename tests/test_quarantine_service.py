@@ -20,10 +20,18 @@ from jetfleet.services.quarantine import service as quarantine_service
 from jetfleet.services.quarantine.rule_windows import Firing
 from jetfleet.services.quarantine.service import marker_key
 from nats.aio.client import Client as NatsClient
+from nats.js.errors import KeyNotFoundError
 
 from jetfleet import subjects
 from jetfleet.cli.quarantine_commands import send
-from jetfleet.settings import QuarantineRule, QuarantineSettings, Settings
+from jetfleet.ops.quarantine_view import read_quarantines
+from jetfleet.settings import (
+    BreakerSettings,
+    EgressRule,
+    QuarantineRule,
+    QuarantineSettings,
+    Settings,
+)
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.queueing.helpers import committed, submit_paths
@@ -324,3 +332,138 @@ async def test_events_newer_than_the_fired_marker_count_on(
     await wait_for(retired, 30.0, "r2, r3 and r4 retiring the identity")
     (record,) = await records(settings)
     assert [e.job_id for e in record.evidence] == ["r2", "r3", "r4"]
+
+
+async def test_a_firing_answered_busy_stays_pending_and_is_set_once_the_leaser_has_room(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(quarantine_service, "RETRY_FIRST_S", 0.05)
+    monkeypatch.setattr(quarantine_service, "RETRY_CAP_S", 0.1)
+    assert services.leaser is not None
+    responder = services.leaser.responder
+    room = responder.limit
+    responder.limit = 0  # full: every command is answered busy, unread
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    for n in range(3):
+        await js.publish(subjects.outcome(SHOP, f"b{n}"), _challenged(SHOP, f"b{n}"))
+
+    async def answered_busy_often() -> bool:
+        return responder.refused.get(subject=subjects.QUARANTINE, reason="busy") >= 3
+
+    await wait_for(answered_busy_often, 30.0, "the firing answered busy again and again")
+    assert [p.firing.name for p in replica.pending] == [IDENTITY]
+    assert replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="failed") == 0
+    responder.limit = room
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the busy firing set once the leaser has room")
+    assert replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="set") == 1
+    assert replica.fired.get(rule=RETIRE.label, target=SHOP, outcome="failed") == 0
+    assert replica.pending == []
+
+
+async def test_a_rule_replaces_a_record_that_would_lapse_before_its_own_and_keeps_a_longer_one(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """Kept or replaced by the time a record has left by the server's clock: a rule kept
+    under a record that lapses first would be lost when it lapses (its marker claimed)."""
+    js = nc.jetstream()
+    # id-a: an operator's --for just over the rule's, aged until less than the rule's is
+    # left. id-b: an operator's twice the rule's.
+    for name, for_s in (("id-a", RETIRE.for_s + 2), ("id-b", RETIRE.for_s * 2)):
+        record = QuarantineRecord(
+            scope="identity", name=name, target=SHOP, reason="op", set_by="operator", for_s=for_s
+        )
+        assert (await send(settings, QuarantineSet(record=record))).ok
+
+    async def id_a_has_less_left_than_the_rule() -> bool:
+        view = await read_quarantines(js)
+        left = [r.left_s for r in view.records if r.name == "id-a"]
+        return bool(left) and left[0] is not None and left[0] < RETIRE.for_s
+
+    await wait_for(id_a_has_less_left_than_the_rule, 30.0, "id-a's record to age past 2 s")
+    replica = await services.add_quarantine()
+    for name in ("id-a", "id-b"):
+        for n in range(3):
+            event = msgspec.structs.replace(
+                msgspec.json.decode(_challenged(SHOP, f"{name}-{n}"), type=Outcome), identity=name
+            )
+            await js.publish(subjects.outcome(SHOP, f"{name}-{n}"), msgspec.json.encode(event))
+
+    async def both_met() -> bool:
+        return sum(replica.fired.values.values()) == 2
+
+    await wait_for(both_met, 30.0, "the rule met on both identities")
+    labels = {"rule": RETIRE.label, "target": SHOP}
+    assert replica.fired.get(outcome="set", **labels) == 1
+    assert replica.fired.get(outcome="kept", **labels) == 1
+    in_force = {r.name: r for r in await records(settings)}
+    assert (in_force["id-a"].set_by, in_force["id-a"].for_s) == (
+        f"rule:{RETIRE.label}",
+        RETIRE.for_s,
+    )
+    assert (in_force["id-b"].set_by, in_force["id-b"].for_s) == ("operator", RETIRE.for_s * 2)
+
+
+async def test_a_replica_lagging_past_the_fired_markers_life_does_not_fire_again(
+    nc: NatsClient,
+    services: InProcessStack,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica far behind the stream meets evidence whose marker has lapsed: it skips
+    it (``stale``) rather than set again a record an operator released."""
+    short = msgspec.structs.replace(RETIRE, window_s=2.0)
+    lagging_settings = msgspec.structs.replace(
+        settings,
+        quarantine=QuarantineSettings(
+            rules=(short,), egress=EgressRule(identities=0), breaker=BreakerSettings(window_s=1.0)
+        ),
+    )
+    monkeypatch.setattr(quarantine_service, "MARKER_MARGIN_S", 1.0)  # markers live 3 s
+    js = nc.jetstream()
+    first = QuarantineService(lagging_settings, services.connections[0])
+    await first.start()
+    try:
+        seqs = []
+        for n in range(3):
+            ack = await js.publish(subjects.outcome(SHOP, f"l{n}"), _challenged(SHOP, f"l{n}"))
+            seqs.append(ack.seq)
+
+        async def retired() -> bool:
+            return bool(await records(settings))
+
+        await wait_for(retired, 30.0, "the first replica's retirement")
+    finally:
+        await first.drain(5.0)
+    released = await send(settings, QuarantineRelease(scope="identity", name=IDENTITY, target=SHOP))
+    assert released.ok
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    key = marker_key(Firing(short, IDENTITY, SHOP, ()))
+
+    async def marker_lapsed() -> bool:
+        try:
+            await control.get(key)
+        except KeyNotFoundError:
+            return True
+        return False
+
+    await wait_for(marker_lapsed, 30.0, "the fired marker to lapse by its TTL")
+    # A replica that had read up to the first event and fell behind reads on from there.
+    lagging = QuarantineService(lagging_settings, services.connections[0])
+    lagging.next_seq = seqs[0]
+    await lagging.start()
+    try:
+        await read_everything(nc, lagging)
+        labels = {"rule": short.label, "target": SHOP}
+        assert lagging.fired.get(outcome="stale", **labels) == 1
+        assert lagging.fired.get(outcome="set", **labels) == 0
+        assert await records(settings) == []
+    finally:
+        await lagging.drain(5.0)

@@ -21,10 +21,13 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from jetfleet.schemas.breaker import BreakerRecord
 from jetfleet.schemas.lease import (
     LeaseAlreadyDone,
     LeaseRefusal,
     LeaseRequest,
+    QuarantineRecord,
+    QuarantineScope,
     Sealed,
     SealedDeath,
 )
@@ -138,31 +141,54 @@ async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
     return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
 
 
-async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
-    """The worker, its identity or its egress subnet is quarantined on this target."""
-    req = ctx.request
-    for scope, name in (
-        ("worker", req.worker),
-        ("identity", req.identity),
-        ("egress", req.subnet),
-    ):
-        record = await ctx.quarantine.get(scope, name, req.target)  # type: ignore[arg-type]
+async def quarantine_on(
+    book: QuarantineBook, target: str, worker: str, identity: str, subnet: str
+) -> tuple[QuarantineScope, str, QuarantineRecord] | None:
+    """The first of the worker, its identity and its egress subnet quarantined on
+    ``target`` (scope, name, record), or None. From the book's watch: a read only for a
+    scope it knows of."""
+    scopes: tuple[tuple[QuarantineScope, str], ...] = (
+        ("worker", worker),
+        ("identity", identity),
+        ("egress", subnet),
+    )
+    for scope, name in scopes:
+        record = await book.get(scope, name, target)
         if record is not None:
-            return LeaseRefusal(
-                reason="quarantined",
-                retry_after_s=min(record.for_s or QUARANTINE_RETRY_S, QUARANTINE_RETRY_S),
-                detail=f"{scope} {name} is quarantined on {req.target}: {record.reason}",
-            )
+            return scope, name, record
     return None
 
 
-async def circuit_open(ctx: GrantContext) -> LeaseRefusal | None:
-    """The target's circuit breaker is open (cooling): no grant to anyone."""
-    book, target = ctx.breakers, ctx.request.target
+async def quarantined(ctx: GrantContext) -> LeaseRefusal | None:
+    """The worker, its identity or its egress subnet is quarantined on this target."""
+    req = ctx.request
+    found = await quarantine_on(ctx.quarantine, req.target, req.worker, req.identity, req.subnet)
+    if found is None:
+        return None
+    scope, name, record = found
+    return LeaseRefusal(
+        reason="quarantined",
+        retry_after_s=min(record.for_s or QUARANTINE_RETRY_S, QUARANTINE_RETRY_S),
+        detail=f"{scope} {name} is quarantined on {req.target}: {record.reason}",
+    )
+
+
+async def breaker_cooling(book: BreakerBook | None, target: str) -> BreakerRecord | None:
+    """The record of ``target``'s breaker if it is open and cooling, else None (closed,
+    or half-open). From the book's watch: a read only for a target it knows of."""
     if book is None or not book.known(target):
         return None
     record, _ = await book.record(target)
     if record is None or not await book.cooling(target):
+        return None
+    return record
+
+
+async def circuit_open(ctx: GrantContext) -> LeaseRefusal | None:
+    """The target's circuit breaker is open (cooling): no grant to anyone."""
+    target = ctx.request.target
+    record = await breaker_cooling(ctx.breakers, target)
+    if record is None:
         return None  # closed, or half-open: circuit_probe decides
     return LeaseRefusal(
         reason="circuit-open",

@@ -38,12 +38,16 @@ from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_ca
 from jetfleet.services.leaser.checks import (
     GrantContext,
     answer_settled,
+    breaker_cooling,
+    circuit_open,
     first_objection,
     free_taken,
+    quarantine_on,
+    quarantined,
     taking_objection,
 )
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
-from jetfleet.services.leaser.quarantine_book import QuarantineBook
+from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -63,6 +67,8 @@ _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 QUARANTINE_PROPAGATION_S = 1.0
+# Compare-and-set tries of one record before the command is answered failed (ask again).
+PUT_TRIES = 10
 
 LEASE_REFUSALS = Refusals[LeaseReply](
     malformed=lambda error: LeaseRefusal(
@@ -76,20 +82,26 @@ LEASE_REFUSALS = Refusals[LeaseReply](
         reason="request-too-large", detail=f"{why} (fleet.max_request_bytes)"
     ),
 )
+# Busy, unavailable and failed answers carry retry_after_s: the command was not (or not
+# wholly) applied and every command is idempotent, so the sender asks again (a rule's
+# firing stays pending). Only malformed, too-large and the route's check are final.
+FAILED_RETRY_AFTER_S = 1.0
 QUARANTINE_REFUSALS = Refusals[QuarantineReply](
     malformed=lambda error: QuarantineReply(ok=False, detail=f"malformed command: {error}"),
     busy=lambda wait, why: QuarantineReply(
-        ok=False, detail=f"{why}: send the command again in {wait:g} s"
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
     ),
-    failed=lambda exc: QuarantineReply(ok=False, detail=str(exc)),
+    failed=lambda exc: QuarantineReply(
+        ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)
+    ),
     too_large=lambda why: QuarantineReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 BREAKER_REFUSALS = Refusals[BreakerReply](
     malformed=lambda error: BreakerReply(ok=False, detail=f"malformed command: {error}"),
     busy=lambda wait, why: BreakerReply(
-        ok=False, detail=f"{why}: send the command again in {wait:g} s"
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
     ),
-    failed=lambda exc: BreakerReply(ok=False, detail=str(exc)),
+    failed=lambda exc: BreakerReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
     too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
@@ -188,6 +200,12 @@ class Leaser:
             return reply
         if isinstance(call, LeaseRenew):
             record = await self.store.renew(call.job_id, call.fence, self.ttl_s)
+            if record is not None and await self._revoked_on_renewal(record, call.fence):
+                return LeaseRefusal(
+                    reason=LEASE_LOST,
+                    detail="revoked: the holder is quarantined on the target, or its "
+                    "circuit breaker is open",
+                )
             if record is not None:
                 # Beside the answer: a renewal must not wait on Redis.
                 self.responder.spawn(self._keep_place(record))
@@ -215,6 +233,21 @@ class Leaser:
                 await self.store.amend(call.job_id, refund=call.refund, avoid=avoid)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
+
+    async def _revoked_on_renewal(self, record: LeaseRecord, fence: int) -> bool:
+        """Revoke a lease whose holder is quarantined on its target, or whose target's
+        breaker cools, when it is renewed: a grant that slipped past every check and
+        sweep is then held at most a third of the TTL. From the watches' memory."""
+        found = await quarantine_on(
+            self.quarantine, record.target, record.worker, record.identity, _subnet_of(record)
+        )
+        if found is not None:
+            scope, name, _ = found
+            avoid = (scope, name) if scope != "egress" else _holder_scope(record)
+            return await self._revoke(LiveLease(record, fence, 0), lambda _: avoid)
+        if await breaker_cooling(self.breakers, record.target) is not None:
+            return await self._revoke(LiveLease(record, fence, 0), None)
+        return False
 
     async def _keep_place(self, record: LeaseRecord) -> None:
         """Extend a renewed job's in-flight place. A place found missing was freed when
@@ -326,6 +359,10 @@ class Leaser:
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
+            late = await quarantined(ctx) or await circuit_open(ctx)
+            if late is not None:
+                await free_taken(ctx)  # its probe too, if it took one: the next grant probes
+                return await self._landed_late(request, fence, late)
             if ctx.probe[0]:  # the half-open breaker's probe: its outcome names this fence
                 probe = BreakerProbe(job_id=request.job_id, worker=request.worker, fence=fence)
                 await self.breakers.mark_probe(request.target, probe, ctx.probe[0], self.ttl_s)
@@ -348,6 +385,23 @@ class Leaser:
             # Not needed after a refusal; a failed read is retried by record_grant.
             history.add_done_callback(_ignore_outcome)
         return LeaseGrant(fence=fence, ttl_s=self.ttl_s, attempt=recorded.grants)
+
+    async def _landed_late(
+        self, request: LeaseRequest, fence: int, refusal: LeaseRefusal
+    ) -> LeaseRefusal:
+        """A lease made after a quarantine or a breaker's opening landed (the check ran
+        before it, the taking checks and the create took long enough that both sweeps
+        may have run already): take it back and refuse, before the grant is recorded, so
+        it spends no attempt. Cheap: the checks answer from the watches' memory."""
+        await self.store.release(request.job_id, fence)
+        await self.places.free(request.target, request.job_id)
+        log.warning(
+            "took back the lease of %s just made for %s: %s",
+            request.job_id,
+            request.worker,
+            refusal.detail,
+        )
+        return refusal
 
     async def _held_already(
         self, request: LeaseRequest, live: LiveLease | None
@@ -407,17 +461,30 @@ class Leaser:
         return await self.set_record(command.record)
 
     async def set_record(self, record: QuarantineRecord) -> QuarantineReply:
-        """Store a quarantine record (unless a rule's would replace one it must keep),
-        then revoke the scope's held leases on the target and requeue their jobs."""
-        kept = await self._kept_over(record)
-        if kept is not None:
-            return QuarantineReply(
-                ok=True,
-                records=[kept],
-                detail=f"kept the record in force (set by {kept.set_by or 'unknown'}, "
-                f"for_s {kept.for_s:g}): a rule does not shorten or replace it",
+        """Store a quarantine record (unless a rule's would replace one that outlasts it),
+        then revoke the scope's held leases on the target and requeue their jobs.
+
+        The record is written by compare-and-set on the revision read: another command
+        on the same scope landing in between makes this one read and decide again."""
+        for _ in range(PUT_TRIES):
+            current = await self.quarantine.entry(record.scope, record.name, record.target)
+            if current is not None and await self._outlasts(current, record):
+                kept = current.record
+                return QuarantineReply(
+                    ok=True,
+                    records=[kept],
+                    detail=f"kept the record in force (set by {kept.set_by or 'unknown'}, "
+                    f"for_s {kept.for_s:g}): it outlasts the rule's, which does not "
+                    "shorten it",
+                )
+            if await self.quarantine.put(record, current.revision if current else 0):
+                break
+        else:
+            # Answered as failed, with a retry-after: the sender asks again.
+            raise RuntimeError(
+                f"the record of {record.scope} {record.name} on {record.target} kept "
+                "changing while it was set: too much contention"
             )
-        await self.quarantine.put(record)
         revoked = await self.revoke_scope(record.scope, record.name, record.target)
         log.warning(
             "quarantined %s %s on %s (%s); revoked %d lease(s)",
@@ -430,20 +497,28 @@ class Leaser:
         self._spawn_task(self._sweep_again(record))
         return QuarantineReply(ok=True, records=[record], revoked=revoked)
 
-    async def _kept_over(self, record: QuarantineRecord) -> QuarantineRecord | None:
-        """The record in force that a rule's ``record`` must not replace, if any.
+    async def _outlasts(self, current: BookEntry, record: QuarantineRecord) -> bool:
+        """Whether a rule's ``record`` must keep ``current`` rather than replace it:
+        ``current`` lasts at least as long from now, by the server's clock (its stored
+        time plus its TTL). An operator's command always replaces.
 
-        The book's put purges and recreates the key, so without this a rule firing on a
-        scope an operator holds until released would turn that hold into a 300 s one.
+        Kept only by how long it has left, not by who set it or its ``for_s``: a rule
+        kept under a short record (an operator's ``--for 3``) would otherwise be lost
+        when it expires, its fired marker claimed.
         """
         if not record.set_by.startswith("rule:"):
-            return None
-        current = await self.quarantine.get(record.scope, record.name, record.target)
-        if current is None:
-            return None
-        if current.set_by == "operator" or current.for_s == 0 or current.for_s > record.for_s:
-            return current
-        return None
+            return False
+        if current.record.for_s <= 0:  # until released: nothing outlasts it
+            return True
+        if record.for_s <= 0:
+            return False
+        now = await self.clock.now()
+        if now is None:
+            # Raised: answered failed with a retry-after, so the rule asks again.
+            raise RuntimeError("the NATS server's time cannot be read: cannot judge a record")
+        left = current.left_s(now.timestamp())
+        assert left is not None
+        return left >= record.for_s
 
     async def _sweep_again(self, record: QuarantineRecord) -> None:
         # Other replicas learn of the quarantine through their KV watch within
@@ -503,18 +578,35 @@ class Leaser:
             record = live.record
             if record.target != target or not holds(record):
                 continue
-            if await self.store.revoke(live):
-                await self.places.free(record.target, record.job_id)
-                avoid = None
-                if avoid_as is not None:
-                    who, whom = avoid_as(record)
-                    avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
-                if refund or avoid is not None:
-                    await self.store.amend(record.job_id, refund=refund, avoid=avoid)
-                if record.reply_subject:
-                    await self.nc.publish(record.reply_subject, b"-NAK")
+            if await self._revoke(live, avoid_as, refund):
                 revoked.append(record.job_id)
         return revoked
+
+    async def _revoke(
+        self,
+        live: LiveLease,
+        avoid_as: Callable[[LeaseRecord], tuple[AvoidScope, str]] | None,
+        refund: bool = False,
+    ) -> bool:
+        """Revoke one live lease and requeue its job (``revoke_scope`` says how, and
+        ``refund`` gives its attempt back); whether it was revoked. A sealed job's lease (committed or dead-lettered: after the
+        settle the lease is left to expire) is left alone: its job goes nowhere."""
+        record = live.record
+        read = await self.store.read_history(record.job_id)
+        if read.history is not None and read.history.settled is not None:
+            return False
+        if not await self.store.revoke(live):
+            return False
+        await self.places.free(record.target, record.job_id)
+        avoid = None
+        if avoid_as is not None:
+            who, whom = avoid_as(record)
+            avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
+        if refund or avoid is not None:
+            await self.store.amend(record.job_id, refund=refund, avoid=avoid)
+        if record.reply_subject:
+            await self.nc.publish(record.reply_subject, b"-NAK")
+        return True
 
 
 def _subnet_of(record: LeaseRecord) -> str:

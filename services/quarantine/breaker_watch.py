@@ -22,6 +22,7 @@ from jetfleet.schemas.breaker import (
     BreakerReply,
 )
 from jetfleet.schemas.lease import Evidence
+from jetfleet.services.leaser.breaker_commands import MARKER_MARGIN_S as FIRED_MARKER_MARGIN_S
 from jetfleet.services.quarantine.breaker_windows import BreakerWindows, Opening
 from jetfleet.services.quarantine.rule_windows import Seen
 from nats.aio.client import Client as NatsClient
@@ -32,6 +33,7 @@ from nats.js.kv import KeyValue
 from jetfleet import subjects
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.metrics import CounterFamily
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -97,10 +99,12 @@ class BreakerWatch:
         self.fired = CounterFamily(
             "jetfleet_breaker_fired_total",
             "Circuit breaker asks of the quarantine service by target and outcome (opened, "
-            "kept, already-fired, failed, probe-closed, probe-reopened, probe-inconclusive)",
+            "kept, already-fired, stale, failed, probe-closed, probe-reopened, "
+            "probe-inconclusive)",
         )
         self.pending: list[Ask] = []
         self.book: BreakerBook | None = None
+        self.clock = ServerClock(nc, subjects.STREAM_OUTCOMES)
 
     async def start(self, control: KeyValue) -> None:
         """Follow the breakers in force (to know a probe's outcome when it comes)."""
@@ -129,6 +133,12 @@ class BreakerWatch:
         # Asked even when the breaker is open already: the leaser then moves the fired
         # marker over this evidence (and answers kept), so a replay after the breaker
         # closed does not open it again from refusals that came in while it was open.
+        if await self._outlived(opening):
+            log.error(
+                "breaker of %s met on evidence older than its fired marker lives: skipped", target
+            )
+            self.fired.inc(target=target, outcome="stale")
+            return
         record = opening_record(self.settings, opening)
         await self._ask(Ask(BreakerOpen(record=record), opening, "opened"))
 
@@ -206,12 +216,17 @@ class BreakerWatch:
             reply = _reply_decoder.decode(answer.data)
         except (NatsTimeoutError, NoRespondersError, TimeoutError) as exc:
             log.warning("breaker %s of %s: no leaser answered: %r", ask.what, target, exc)
-            ask.attempts += 1
-            ask.due = time.monotonic() + min(RETRY_FIRST_S * 2 ** (ask.attempts - 1), RETRY_CAP_S)
-            self.pending.append(ask)
+            self._queue(ask)
             return
         except Exception as exc:  # a garbled answer: asking again would get the same
             reply = BreakerReply(ok=False, detail=f"{type(exc).__name__}: {exc}")
+        if not reply.ok and reply.retry_after_s > 0:
+            # Busy, or JetStream did not answer the leaser: nothing is wrong with the ask.
+            log.warning(
+                "breaker %s of %s: the leaser could not now: %s", ask.what, target, reply.detail
+            )
+            self._queue(ask, reply.retry_after_s)
+            return
         if not reply.ok:
             log.error("breaker %s of %s refused by the leaser: %s", ask.what, target, reply.detail)
             self.fired.inc(target=target, outcome="failed")
@@ -224,6 +239,20 @@ class BreakerWatch:
             self.fired.inc(target=target, outcome="kept")
         else:
             self.fired.inc(target=target, outcome=ask.what)
+
+    def _queue(self, ask: Ask, at_least_s: float = 0.0) -> None:
+        ask.attempts += 1
+        wait = min(RETRY_FIRST_S * 2 ** (ask.attempts - 1), RETRY_CAP_S)
+        ask.due = time.monotonic() + max(wait, min(at_least_s, RETRY_CAP_S))
+        self.pending.append(ask)
+
+    async def _outlived(self, opening: Opening) -> bool:
+        """Whether the opening's newest evidence is older than the target's fired marker
+        lives, by the server's now (this replica lags far behind): the marker may have
+        lapsed, and the leaser would open a closed breaker again on old evidence."""
+        now = await self.clock.now()
+        ttl_s = self.settings.quarantine.breaker.window_s + FIRED_MARKER_MARGIN_S
+        return now is not None and opening.evidence[-1].at_s <= now.timestamp() - ttl_s
 
 
 def _target(ask: Ask) -> str:

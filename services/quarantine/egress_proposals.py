@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
+from dataclasses import dataclass, field
 
 from jetfleet.schemas.lease import Evidence, QuarantineProposal
 from jetfleet.services.leaser.quarantine_book import record_key
 from jetfleet.services.quarantine.egress_windows import EgressFiring, EgressWindows
-from jetfleet.services.quarantine.fired_markers import FiredMarkers
+from jetfleet.services.quarantine.fired_markers import Claim, FiredMarkers
 from jetfleet.services.quarantine.rule_windows import Seen
 from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
@@ -30,6 +32,9 @@ from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
 MAX_REASON_CHARS = 500
+# A proposal a KV error kept from being written is tried again after this, doubling.
+RETRY_FIRST_S = 1.0
+RETRY_CAP_S = 30.0
 SHOWN_IN_REASON = 5
 
 
@@ -71,6 +76,17 @@ def proposal_for(firing: EgressFiring, settings: Settings) -> QuarantineProposal
     )
 
 
+@dataclass
+class EgressPending:
+    """A proposal a KV error kept from being written, to try again."""
+
+    firing: EgressFiring
+    claim: Claim | None
+    attempts: int = 0
+    due: float = 0.0
+    first: float = field(default_factory=time.monotonic)
+
+
 class EgressProposals:
     """Counts blocked outcomes per (subnet, target) and writes the proposals they make."""
 
@@ -81,9 +97,10 @@ class EgressProposals:
         self.proposed = CounterFamily(
             "jetfleet_quarantine_proposals_total",
             "Egress proposals met, by target and what came of it (proposed, "
-            "already-fired, in-force, failed)",
+            "already-fired, stale, in-force, failed)",
         )
         self.metrics = [self.proposed]
+        self.pending: list[EgressPending] = []
         self._js: JetStreamContext | None = None
         self._control: KeyValue | None = None
         self._markers: FiredMarkers | None = None
@@ -107,36 +124,50 @@ class EgressProposals:
         if firing is not None:
             await self.propose(firing)
 
-    async def propose(self, firing: EgressFiring) -> None:
+    async def propose(self, firing: EgressFiring, pending: EgressPending | None = None) -> None:
         """Claim the firing's marker and write its proposal, unless the evidence proposed
-        before or the subnet is already quarantined there. A KV error loses this firing
-        (logged, ``outcome="failed"``; its marker put back, so a replay proposes it)."""
+        before, is older than a marker lives (``stale``), or the subnet is already
+        quarantined there. A KV error keeps the firing pending (its claim held) and it is
+        tried again by ``retry_due``; given up (``failed``, its marker put back, so a
+        replay proposes it) once its evidence is older than the rule's window."""
         assert self._js is not None and self._control is not None and self._markers is not None
-        key = egress_marker_key(self.rule.name, firing.subnet, firing.target)
-        claim = None
+        claim = pending.claim if pending is not None else None
         try:
-            claim = await self._markers.claim(key, firing.evidence[0].seq, firing.evidence[-1].seq)
-            if isinstance(claim, int):
-                self._count(firing, "already-fired")
-                # Events newer than the marker did not propose anything: they count on.
-                self.windows.restore(firing, after_seq=claim)
-                return
+            if claim is None:
+                if await self._markers.outlived(firing.evidence[-1].at_s):
+                    self._count(firing, "stale")
+                    return
+                key = egress_marker_key(self.rule.name, firing.subnet, firing.target)
+                claimed = await self._markers.claim(
+                    key, firing.evidence[0].seq, firing.evidence[-1].seq
+                )
+                if isinstance(claimed, int):
+                    self._count(firing, "already-fired")
+                    # Events newer than the marker did not propose anything: they count on.
+                    self.windows.restore(firing, after_seq=claimed)
+                    return
+                claim = claimed
             if await self._in_force(firing):
                 self._count(firing, "in-force")
                 return
             proposal = proposal_for(firing, self.settings)
             await write_proposal(self._js, proposal, self.rule.proposal_ttl_s)
         except Exception as exc:
-            log.error(
-                "rule %s: the egress proposal for %s on %s could not be written: %r",
+            log.warning(
+                "rule %s: the egress proposal for %s on %s could not be written now, "
+                "trying again: %r",
                 self.rule.name,
                 firing.subnet,
                 firing.target,
                 exc,
             )
-            self._count(firing, "failed")
-            if not isinstance(claim, int):
-                await self._markers.unclaim(claim)
+            again = pending or EgressPending(firing, claim)
+            again.claim = claim
+            again.attempts += 1
+            again.due = time.monotonic() + min(
+                RETRY_FIRST_S * 2 ** (again.attempts - 1), RETRY_CAP_S
+            )
+            self.pending.append(again)
             return
         self._count(firing, "proposed")
         log.warning(
@@ -148,6 +179,41 @@ class EgressProposals:
             proposal.id,
             proposal.id,
         )
+
+    async def retry_due(self) -> None:
+        """Try again the pending proposals whose wait is over; give up (``failed``) on
+        those waiting longer than the rule's window (their evidence is stale by then)."""
+        assert self._markers is not None
+        now = time.monotonic()
+        due = [p for p in self.pending if p.due <= now]
+        self.pending = [p for p in self.pending if p.due > now]
+        for pending in due:
+            if now - pending.first > self.rule.window_s:
+                log.error(
+                    "rule %s: gave up the egress proposal for %s on %s: it could not be "
+                    "written for %g s",
+                    self.rule.name,
+                    pending.firing.subnet,
+                    pending.firing.target,
+                    self.rule.window_s,
+                )
+                self._count(pending.firing, "failed")
+                await self._markers.unclaim(pending.claim)
+                continue
+            await self.propose(pending.firing, pending)
+
+    async def stop(self) -> None:
+        """Put back the markers of proposals still unwritten (a replay proposes them)."""
+        if self._markers is None:
+            return
+        for pending in self.pending:
+            log.error(
+                "stopping: egress proposal for %s on %s unwritten",
+                pending.firing.subnet,
+                pending.firing.target,
+            )
+            await self._markers.unclaim(pending.claim)
+        self.pending = []
 
     async def _in_force(self, firing: EgressFiring) -> bool:
         """Whether the subnet is quarantined on the target already."""

@@ -20,6 +20,7 @@ from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.lease_store import ttl_whole_seconds
+from jetfleet.server_clock import ServerClock
 
 CLAIM_ATTEMPTS = 5
 _encoder = msgspec.json.Encoder()
@@ -39,10 +40,23 @@ class Claim:
 class FiredMarkers:
     """Claims and puts back fired markers; each lives ``ttl_s`` by the server's TTL."""
 
-    def __init__(self, js: JetStreamContext, control: KeyValue, ttl_s: float) -> None:
+    def __init__(
+        self, js: JetStreamContext, control: KeyValue, ttl_s: float, clock: ServerClock
+    ) -> None:
         self.js = js
         self.control = control
         self.ttl_s = ttl_s
+        self.clock = clock
+
+    async def outlived(self, newest_at_s: float) -> bool:
+        """Whether evidence whose newest event the server stored at ``newest_at_s`` is
+        older than a marker lives, by the server's now: the marker it set (written after
+        that event, so lapsing after ``newest_at_s + ttl_s``) may be gone, and a claim
+        would not know it fired. Only a replica lagging by more than that meets such
+        evidence (one that restarts reads from the longest window before now). False
+        while the server's time cannot be read: the firing goes on as before."""
+        now = await self.clock.now()
+        return now is not None and newest_at_s <= now.timestamp() - self.ttl_s
 
     async def claim(self, key: str, oldest_seq: int, newest_seq: int) -> Claim | int:
         """Move marker ``key`` to ``newest_seq``, atomically; or the marker's seq if it

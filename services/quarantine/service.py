@@ -163,7 +163,8 @@ class QuarantineService:
         )
         self.fired = CounterFamily(
             "jetfleet_quarantine_fired_total",
-            "Rules met, by rule, target and what came of it (set, kept, already-fired, failed)",
+            "Rules met, by rule, target and what came of it (set, kept, already-fired, "
+            "stale, failed)",
         )
         self.egress = EgressProposals(settings)
         self.second_order = SecondOrder(settings)
@@ -196,7 +197,9 @@ class QuarantineService:
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
         self._control = await self.js.key_value(subjects.BUCKET_CONTROL)
-        self.markers = FiredMarkers(self.js, self._control, self.longest_window_s + MARKER_MARGIN_S)
+        self.markers = FiredMarkers(
+            self.js, self._control, self.longest_window_s + MARKER_MARGIN_S, self.clock
+        )
         self.egress.start(self.js, self._control, self.markers)
         self.second_order.start(self.js)
         await self.breaker.start(self._control)
@@ -216,6 +219,7 @@ class QuarantineService:
         while not self._stopping.is_set():
             try:
                 await self._retry_due()
+                await self.egress.retry_due()
                 await self.breaker.retry_due()
                 if sub is None:
                     sub = await self._subscribe()
@@ -240,6 +244,7 @@ class QuarantineService:
                 pending.firing.target,
             )
             await self._unclaim(pending.claim)
+        await self.egress.stop()
         await self.breaker.stop()
 
     async def _unsubscribe(self, sub: JetStreamContext.PullSubscription | None) -> None:
@@ -312,8 +317,11 @@ class QuarantineService:
         """Claim the firing's marker and send its record, unless its evidence fired before.
 
         A firing whose marker could not be read or claimed (a KV error) is kept pending
-        and tried again: the reader has already moved past its events.
+        and tried again: the reader has already moved past its events. One whose evidence
+        is older than a marker lives (this replica lags far behind) is skipped, ``stale``.
         """
+        if await self._outlived(firing):
+            return
         try:
             claim = await self._claim(firing)
         except Exception as exc:
@@ -336,15 +344,33 @@ class QuarantineService:
             return
         await self._send(Pending(firing, claim, self._age_s(firing)))
 
+    async def _outlived(self, firing: Firing) -> bool:
+        """Whether the firing's evidence is older than its fired marker lives (logged and
+        counted ``stale``): the marker another replica set from it may have lapsed, so
+        claiming could act on the same evidence twice (a released record set again)."""
+        assert self.markers is not None
+        if not await self.markers.outlived(firing.evidence[-1].at_s):
+            return False
+        log.error(
+            "rule %s met by %s %s on %s from evidence older than %g s (this replica "
+            "lags behind the stream): skipped, as a restarted replica would not read it",
+            firing.rule.label,
+            firing.rule.scope,
+            firing.name,
+            firing.target,
+            self.markers.ttl_s,
+        )
+        self._count(firing, "stale")
+        return True
+
     def _age_s(self, firing: Firing) -> float:
         """How old the firing's newest evidence is, by the newest event time read."""
         return max(0.0, self._newest_at_s - firing.evidence[-1].at_s)
 
-    def _queue(self, pending: Pending) -> None:
+    def _queue(self, pending: Pending, at_least_s: float = 0.0) -> None:
         pending.attempts += 1
-        pending.due = time.monotonic() + min(
-            RETRY_FIRST_S * 2 ** (pending.attempts - 1), RETRY_CAP_S
-        )
+        wait = min(RETRY_FIRST_S * 2 ** (pending.attempts - 1), RETRY_CAP_S)
+        pending.due = time.monotonic() + max(wait, min(at_least_s, RETRY_CAP_S))
         self.pending.append(pending)
 
     async def _retry_due(self) -> None:
@@ -369,6 +395,8 @@ class QuarantineService:
                 await self._unclaim(pending.claim)
                 continue
             if pending.claim is None:
+                if await self._outlived(firing):
+                    continue
                 try:
                     claim = await self._claim(firing)
                 except Exception as exc:
@@ -407,6 +435,20 @@ class QuarantineService:
             return
         except Exception as exc:  # a garbled answer: asking again would get the same
             reply = QuarantineReply(ok=False, detail=f"{type(exc).__name__}: {exc}")
+        if not reply.ok and reply.retry_after_s > 0:
+            # Busy, or JetStream did not answer the leaser in time: it did not look at
+            # the record, so nothing is wrong with it. Asked again, like no answer.
+            log.warning(
+                "%s: the leaser could not set %s %s on %s now (attempt %d), asking again: %s",
+                record.set_by,
+                record.scope,
+                record.name,
+                record.target,
+                pending.attempts + 1,
+                reply.detail,
+            )
+            self._queue(pending, at_least_s=reply.retry_after_s)
+            return
         if not reply.ok:
             log.error(
                 "%s: the leaser refused %s %s on %s: %s",
