@@ -190,6 +190,30 @@ async def test_an_uncalled_outcome_naming_the_probe_keeps_the_breaker(
     assert [a.change for a in await alerts(nc)] == ["opened"]
 
 
+async def test_a_probe_whose_last_attempt_timed_out_decides_nothing(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    # Its last attempt's timeout (or 5xx) made final: the site said nothing of whether it
+    # still refuses the fleet, though a request was sent.
+    replica = await services.add_quarantine()
+    await open_by_hand(settings)
+    await wait_state(settings, "half-open")
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/1", target=SHOP)
+    probe = await client.grant(ask(order, worker="w-a", identity="id-a"))
+    assert isinstance(probe, LeaseGrant), probe
+    job = order.job.id
+    final = outcome(job, probe.fence, "w-a", kind="permanent", reason="attempts-exhausted")
+    await nc.jetstream().publish(subjects.outcome(SHOP, job), final)
+    await counted(replica, "probe-inconclusive", 1)
+    assert await state(settings) == "half-open"
+    # The job settled: its probe is freed for the next grant at once.
+    again = order_for(settings, "/page/2", target=SHOP)
+    reply = await client.grant(ask(again, worker="w-b", identity="id-b"))
+    assert isinstance(reply, LeaseGrant), reply
+    assert replica.breaker.fired.get(target=SHOP, outcome="probe-closed") == 0
+
+
 async def test_a_probe_handed_back_unrun_lets_the_next_grant_probe_at_once(
     settings: Settings, nc: NatsClient, services: InProcessStack
 ) -> None:

@@ -241,13 +241,22 @@ class Leaser:
         found = await quarantine_on(
             self.quarantine, record.target, record.worker, record.identity, _subnet_of(record)
         )
+        live = LiveLease(record, fence, 0)
         if found is not None:
             scope, name, _ = found
             avoid = (scope, name) if scope != "egress" else _holder_scope(record)
-            return await self._revoke(LiveLease(record, fence, 0), lambda _: avoid)
-        if await breaker_cooling(self.breakers, record.target) is not None:
-            return await self._revoke(LiveLease(record, fence, 0), None)
-        return False
+            revoked = await self._revoke(live, lambda _: avoid)
+        elif await breaker_cooling(self.breakers, record.target) is not None:
+            # As the breaker's sweeps do: the attempt is given back.
+            revoked = await self._revoke(live, None, refund=True)
+        else:
+            return False
+        if revoked and self.breakers.known(record.target):
+            # A half-open breaker's probe lease revoked decides nothing: the next grant
+            # probes at once, not after the lease's TTL.
+            probe = BreakerProbe(job_id=record.job_id, worker=record.worker, fence=fence)
+            await self.breakers.free_probe(record.target, probe)
+        return revoked
 
     async def _keep_place(self, record: LeaseRecord) -> None:
         """Extend a renewed job's in-flight place. A place found missing was freed when
@@ -589,8 +598,9 @@ class Leaser:
         refund: bool = False,
     ) -> bool:
         """Revoke one live lease and requeue its job (``revoke_scope`` says how, and
-        ``refund`` gives its attempt back); whether it was revoked. A sealed job's lease (committed or dead-lettered: after the
-        settle the lease is left to expire) is left alone: its job goes nowhere."""
+        ``refund`` gives its attempt back); whether it was revoked. A sealed job's lease
+        (committed or dead-lettered: after the settle the lease is left to expire) is
+        left alone: its job goes nowhere."""
         record = live.record
         read = await self.store.read_history(record.job_id)
         if read.history is not None and read.history.settled is not None:

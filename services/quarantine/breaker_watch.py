@@ -159,12 +159,15 @@ class BreakerWatch:
         if record is None:
             return False
         breaker = self.settings.quarantine.breaker
-        if event.kind == "retryable" or not event.called:
+        # attempts-exhausted: the last attempt's timeout or 5xx, made final; no verdict.
+        inconclusive = event.kind == "retryable" or event.reason == "attempts-exhausted"
+        if inconclusive or not event.called:
             # A timeout or a 5xx says nothing of whether the site still refuses us, nor
             # does a job judged without a request (expired, robots-disallowed...). A
             # lease handed back frees the probe as it is released; one that ended here
             # (the job settled unsent) frees it now, so another probe goes at once.
-            if not event.called:
+            if not event.called or event.kind != "retryable":
+                # Settled here: no release will free it.
                 await self.book.free_probe(event.target, probe)
             self.fired.inc(target=event.target, outcome="probe-inconclusive")
         elif self.windows.counts(seen):
@@ -251,7 +254,9 @@ class BreakerWatch:
         lives, by the server's now (this replica lags far behind): the marker may have
         lapsed, and the leaser would open a closed breaker again on old evidence."""
         now = await self.clock.now()
-        ttl_s = self.settings.quarantine.breaker.window_s + FIRED_MARKER_MARGIN_S
+        # The leaser writes the marker with the service's longest window (a restart
+        # reads back that far), not the breaker's own.
+        ttl_s = self.settings.quarantine.longest_window_s + FIRED_MARKER_MARGIN_S
         return now is not None and opening.evidence[-1].at_s <= now.timestamp() - ttl_s
 
 

@@ -47,7 +47,7 @@ class BreakerWindows:
         """Whether the breaker counts this event: a ``blocked`` outcome with a reason in
         ``on``."""
         event = seen.outcome
-        return event.kind == "blocked" and event.reason in self.settings.reasons
+        return event.kind == "blocked" and event.called and event.reason in self.settings.reasons
 
     def observe(self, seen: Seen) -> Opening | None:
         """Count one event; the opening it makes, if it brings the target to K."""

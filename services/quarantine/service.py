@@ -72,6 +72,8 @@ INACTIVE_S = 300.0
 # leaser answers or its evidence is older than the record would last. A refusal is final.
 RETRY_FIRST_S = 1.0
 RETRY_CAP_S = 30.0
+UNTIL_RELEASED_PATIENCE_S = 86400.0
+"""How long a firing of a rule whose record lasts until released is tried again."""
 SET_TIMEOUT_S = 10.0
 # A fired marker outlives the longest window by this much, so a replay that could
 # rebuild the same window always finds it.
@@ -302,9 +304,12 @@ class QuarantineService:
         at_s = msg.metadata.timestamp.timestamp()
         self._newest_at_s = max(self._newest_at_s, at_s)
         seen = Seen(at_s=at_s, seq=seq, outcome=event)
-        for firing in self.windows.observe(seen):
-            await self.apply(firing)
-        await self.egress.observe(seen)
+        if event.called or event.kind != "blocked":
+            # A block the worker met without calling this target (a handler that does
+            # not request it) says nothing of how the target treats the identity.
+            for firing in self.windows.observe(seen):
+                await self.apply(firing)
+            await self.egress.observe(seen)
         await self.breaker.observe(seen)
         self._read_since_forget += 1
         if self._read_since_forget >= FORGET_EVERY:
@@ -381,8 +386,10 @@ class QuarantineService:
         self.pending = [p for p in self.pending if p.due > now]
         for pending in due:
             firing = pending.firing
-            for_s = firing.rule.for_s
-            if for_s > 0 and pending.age_s + (now - pending.queued) > for_s:
+            # A record until released has no end to wait past: a day bounds its retries
+            # (a leaser failing that long needs an operator, not one more ask).
+            for_s = firing.rule.for_s or UNTIL_RELEASED_PATIENCE_S
+            if pending.age_s + (now - pending.queued) > for_s:
                 log.error(
                     "rule %s: gave up %s %s on %s, its evidence is older than %g s",
                     firing.rule.label,
