@@ -5,6 +5,7 @@ decision is a compare-and-set in JetStream KV judged by the server's clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -199,7 +200,7 @@ class Leaser:
             return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
-            await self.places.free(record.target, record.job_id)
+            await self._free_lease(record)
             avoid = None
             if call.avoid_reason:
                 # The target refused the job there: the holder goes on its avoid list
@@ -227,6 +228,13 @@ class Leaser:
             return
         await self.places.keep(record.target, record.job_id, restore=True)
 
+    async def _free_lease(self, record: LeaseRecord) -> None:
+        """Free a released or revoked lease's place and its own subnet hold: the job may
+        have been granted to another worker since, whose hold stays."""
+        await self.places.free_lease(
+            record.target, record.job_id, record.worker, _subnet_of(record)
+        )
+
     async def _still_running(self, record: LeaseRecord) -> bool:
         """Whether a renewed job whose place (or hold) was found missing still runs."""
         # Freed by a release (the lease is gone) or a settle (the job is sealed; its
@@ -243,13 +251,13 @@ class Leaser:
         if not await self._still_running(record):
             return
         try:
-            left = await self.places.hold_subnet(
-                record.target, record.job_id, record.worker, subnet
+            held = await self.places.hold_subnet(
+                record.target, record.job_id, record.worker, subnet, restore=True
             )
         except Exception as exc:
             log.warning("could not restore %s's subnet hold: %s", record.job_id, exc)
             return
-        if left is not None:
+        if not isinstance(held, str):
             log.warning(
                 "job %s of worker %s (subnet %s) lost its hold on %s and another worker of "
                 "the subnet holds it now: both serve it until this lease ends",
@@ -291,7 +299,13 @@ class Leaser:
             held = await self._held_already(request, await live_now)
             if held is not None:
                 return held
-            verdict = await taking_objection(ctx)
+            try:
+                verdict = await taking_objection(ctx)
+            except BaseException:
+                # A check failed (or the ask was cancelled) after others took a place,
+                # a subnet hold: they go now, not one lease TTL later.
+                await _shielded(free_taken(ctx))
+                raise
             if verdict is not None:
                 return verdict
             record = LeaseRecord(
@@ -307,7 +321,7 @@ class Leaser:
                 fence = await self.store.create(record, self.ttl_s)
             except BaseException:
                 # No lease came of it: its new place and subnet hold go too.
-                await free_taken(ctx)
+                await _shielded(free_taken(ctx))
                 raise
             if fence is None:
                 # Granted by another ask meanwhile. Places are the job's, not the ask's:
@@ -494,7 +508,7 @@ class Leaser:
             if record.target != target or not holds(record):
                 continue
             if await self.store.revoke(live):
-                await self.places.free(record.target, record.job_id)
+                await self._free_lease(record)
                 if avoid_as is not None:
                     who, whom = avoid_as(record)
                     avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
@@ -522,6 +536,18 @@ def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:
     if record.identity:
         return "identity", record.identity
     return "worker", record.worker
+
+
+async def _shielded(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (the caller's
+    cancellation still propagates after it)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
