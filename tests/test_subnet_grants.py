@@ -37,8 +37,11 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
     return make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
 
 
-def subnet_ask(order: WorkOrder, worker: str, subnet: str = NET, **fields: bool) -> LeaseRequest:
-    return msgspec.structs.replace(ask(order, worker=worker, **fields), subnet=subnet)
+def subnet_ask(
+    order: WorkOrder, worker: str, subnet: str = NET, sends_request: bool = False
+) -> LeaseRequest:
+    request = ask(order, worker=worker, sends_request=sends_request)
+    return msgspec.structs.replace(request, subnet=subnet)
 
 
 async def test_an_ask_cancelled_in_a_later_check_frees_its_place_and_subnet_hold(

@@ -332,10 +332,11 @@ async def subnet_exclusive(ctx: GrantContext) -> LeaseRefusal | None:
         return None
     await _free_place(ctx)
     if held == OWN_ONLY:
+        recovering = ctx.places.recovering_s(req.target, subnet)
         return LeaseRefusal(
             reason="subnet-busy",
             retry_after_s=SUBNET_BUSY_RETRY_S,
-            detail=f"Redis was unreachable lately: for {ctx.places.recovering_s(req.target, subnet):.0f} s "
+            detail=f"Redis was unreachable lately: for {recovering:.0f} s "
             f"more {req.target} is held for subnet {subnet} only by a worker whose running "
             "jobs renew their holds (one worker per subnet and target)",
         )
