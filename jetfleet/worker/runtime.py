@@ -517,6 +517,15 @@ class Worker:
         while it has deliveries to spare, so old jobs keep their share of the permits."""
         return max(wait, self.pace.target_busy_s(target, msg.metadata.num_delivered or 1))
 
+    def _pin_owner_busy_delay(self, msg: Msg, target: str, retry_after: float) -> float:
+        """How long a pinned job whose pin's worker runs but is busy stays away, past
+        its patience: HAND_BACK_MAX_S doubled with each delivery since, up to the paced
+        cap (hand_back_pace.py), so it waits up to its max age without using up its
+        deliveries, and is back soon when the owner was busy only briefly."""
+        since = (msg.metadata.num_delivered or 1) - PINNED_PATIENCE
+        grown = self.pace.growing_s(target, since, first_s=HAND_BACK_MAX_S)
+        return max(retry_after, grown)
+
     def _subnet_busy_wait(self, target: str, retry_after: float) -> float:
         """How long this worker leaves ``target`` alone after ``subnet-busy``: the
         refusal's wait doubled with each refusal in a row (a refusal within the hold,
@@ -855,7 +864,7 @@ class Worker:
                 # is only busy, so the job waits for it, paced against its max age. At
                 # one ask per HAND_BACK_MAX_S it used up max_deliver in minutes and
                 # ended no-eligible-worker beside a worker that could run it.
-                delay = self._hand_back_delay(msg, target, retry_after)
+                delay = self._pin_owner_busy_delay(msg, target, retry_after)
                 reason = PIN_REFUSALS[reply.reason]
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
