@@ -5,8 +5,10 @@ asked about a moment the caller gives (the leaser gives the NATS server's now, n
 host clock). A span ``"22:00-02:00"`` crosses midnight and belongs to the day it starts
 on; ``"00:00-24:00"`` is the whole day. Times are wall-clock times of the zone, so a
 span keeps its local hours across a DST change (it is an hour shorter or longer that
-day); a time in a spring-forward gap is read with the offset before the change (01:30 in
-a 01:00-02:00 gap opens at 02:30), a repeated time at its first occurrence.
+day); a span starting in a spring-forward gap opens when the gap ends (01:30 in a
+01:00-02:00 gap opens at 02:00, so even a span wholly in the gap opens that day), an end
+in a gap is read with the offset before the change (01:40 closes at 02:40), a repeated
+time is its first occurrence.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ class ActivityWindow:
             if day.weekday() not in self.days:
                 continue
             for start, _ in self.spans:
-                wait = (self._instant(day, start) - now).total_seconds()
+                wait = (self._opening(day, start) - now).total_seconds()
                 if wait > 0 and (soonest is None or wait < soonest):
                     soonest = wait
             if soonest is not None:
@@ -85,7 +87,7 @@ class ActivityWindow:
             if day.weekday() not in self.days:
                 continue
             for start, end in self.spans:
-                begins = self._instant(day, start)
+                begins = self._opening(day, start)
                 ends = self._instant(day, end if end > start else end + DAY_S)
                 if begins <= now < ends:
                     return True
@@ -102,6 +104,32 @@ class ActivityWindow:
         # change, so it lands as far past the gap's start as it was (01:30 in a 01:00-02:00
         # gap is 02:30); a repeated one (fall back) is its first occurrence.
         return wall.replace(tzinfo=self.zone).astimezone(datetime.UTC)
+
+    def _opening(self, day: datetime.date, seconds: int) -> datetime.datetime:
+        """The UTC instant a span starting at local ``seconds`` after ``day``'s midnight
+        opens: as ``_instant``, but a start in a spring-forward gap opens when the gap
+        ends (01:30 in a 01:00-02:00 gap opens at 02:00), so a span running past the
+        gap's end by less than the gap (01:30-02:15) still opens that day."""
+        after = self._instant(day, seconds)
+        wall = after.astimezone(self.zone).replace(tzinfo=None)
+        asked = datetime.datetime.combine(day, datetime.time()) + datetime.timedelta(
+            seconds=seconds
+        )
+        if wall == asked:
+            return after  # the wall time exists
+        # In a gap: its end is the change of offset (on a whole second), within the
+        # gap's length before.
+        offset = after.astimezone(self.zone).utcoffset()
+        high = int(after.timestamp())
+        low = high - int((wall - asked).total_seconds())
+        while high - low > 1:
+            mid = (low + high) // 2
+            instant = datetime.datetime.fromtimestamp(mid, datetime.UTC)
+            if instant.astimezone(self.zone).utcoffset() == offset:
+                high = mid
+            else:
+                low = mid
+        return datetime.datetime.fromtimestamp(high, datetime.UTC)
 
     def longest_closed_s(self) -> float:
         """The longest closed spell in wall-clock seconds over a week (a DST change can

@@ -905,13 +905,21 @@ def _validate_window_fits_max_age(settings: Settings, name: str) -> None:
     max_age = settings.max_age_s(name)
     # An hour of margin: a DST change lengthens one closed spell by an hour.
     if closed + 3600 >= max_age:
+        needed = closed + 3600
+        retention = settings.fleet.retention_s
+        # max_age_s may not pass fleet.retention_s: say so when the fix needs both.
+        also = (
+            f", and fleet.retention_s (now {retention:.0f}) at least as high"
+            if needed >= retention
+            else f" (at most fleet.retention_s, {retention:.0f})"
+        )
         raise ConfigError(
             f"config: targets.{name}.active_hours is invalid: the window is closed for up to "
             f"{closed / 3600:g} h at a stretch, and a job of {name} expires after "
             f"{max_age / 3600:g} h (targets.{name}.max_age_s, else fleet.max_job_age_s): a job "
             "submitted at closing would be dead-lettered expired unrun. Widen active_hours "
-            f"or active_days, or set targets.{name}.max_age_s above {closed + 3600:.0f} "
-            "(the longest closed spell plus an hour for a DST change)"
+            f"or active_days, or set targets.{name}.max_age_s above {needed:.0f} "
+            f"(the longest closed spell plus an hour for a DST change){also}"
         )
 
 

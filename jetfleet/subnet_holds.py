@@ -17,7 +17,7 @@ short. Redis unreachable: the caller fails closed (``CapsUnavailable``).
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -27,9 +27,11 @@ from jetfleet.inflight_caps import NOW_MS_LUA, CapsUnavailable
 KEY_PREFIX = "jf:subnet:"
 
 
-# ARGV: job id, worker, subnet, ttl ms. Returns {1, 0} when the job's member is taken or
-# lengthened, {0, ms} when another worker of the subnet holds the target (ms: until the
-# soonest of its members runs out, unless renewed).
+# ARGV: job id, worker, subnet, ttl ms, own only (1 or 0). Returns {2, 0} when the job's
+# member is new, {1, 0} when it was there (lengthened: another ask of the same worker and
+# job, or a grant made again), {0, ms} when another worker of the subnet holds the target
+# (ms: until the soonest of its members runs out, unless renewed). With own only, a worker
+# with no live member of the subnet on the target is refused {0, -1}: see ``take``.
 _TAKE = (
     NOW_MS_LUA
     + """
@@ -49,12 +51,22 @@ for i = 1, #members, 2 do
   end
 end
 if busy ~= nil then return {0, busy} end
+local had = redis.call('ZSCORE', KEYS[1], mine)
+if ARGV[5] == '1' and not had then
+  local own = '\\n' .. ARGV[2] .. suffix
+  local found = false
+  for i = 1, #members, 2 do
+    if string.sub(members[i], -#own) == own then found = true end
+  end
+  if not found then return {0, -1} end
+end
 -- GT adds a new member and only ever lengthens one there.
 redis.call('ZADD', KEYS[1], 'GT', now + tonumber(ARGV[4]), mine)
 if redis.call('PTTL', KEYS[1]) < 2 * tonumber(ARGV[4]) then
   redis.call('PEXPIRE', KEYS[1], 2 * tonumber(ARGV[4]))
 end
-return {1, 0}
+if had then return {1, 0} end
+return {2, 0}
 """
 )
 
@@ -72,7 +84,8 @@ return 1
 """
 )
 
-# ARGV: job id. Drops every member of the job (it has one per worker that asked).
+# ARGV: job id. Drops every member of the job (it has one per worker that asked): only for
+# a settled job, which nobody is granted again.
 _DROP_JOB = """
 local prefix = ARGV[1] .. '\\n'
 local dropped = 0
@@ -84,6 +97,12 @@ for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
 end
 return dropped
 """
+
+
+Took = Literal["taken", "kept"]
+"""What a successful take did: made the job's member, or found it there (lengthened)."""
+OWN_ONLY = -1.0
+"""``take``'s answer when ``own_only`` refused a worker holding nothing of the target."""
 
 
 def member(job_id: str, worker: str, subnet: str) -> str:
@@ -101,15 +120,29 @@ class SubnetHolds:
         self._drop_job = client.register_script(_DROP_JOB)
 
     async def take(
-        self, target: str, job_id: str, worker: str, subnet: str, ttl_s: float
-    ) -> float | None:
-        """Hold ``target`` for ``worker`` of ``subnet`` with this job: None when held
-        (taken, or lengthened), else the seconds until another worker's hold on it runs
-        out unless renewed."""
-        taken, left_ms = cast(
-            list[int], await self._call(self._take, target, job_id, worker, subnet, _ms(ttl_s))
+        self,
+        target: str,
+        job_id: str,
+        worker: str,
+        subnet: str,
+        ttl_s: float,
+        own_only: bool = False,
+    ) -> Took | float:
+        """Hold ``target`` for ``worker`` of ``subnet`` with this job: ``taken`` (a new
+        member) or ``kept`` (it was there already, so it is not this ask's to drop),
+        else the seconds until another worker's hold on it runs out unless renewed.
+        ``own_only``: refuse (``OWN_ONLY``) unless ``worker`` holds the target for the
+        subnet already: after Redis was unreachable, holds not renewed meanwhile may have
+        run out, and their holders' renewals must restore them before anybody else of
+        the subnet is let in."""
+        flag = "1" if own_only else "0"
+        took, left_ms = cast(
+            list[int],
+            await self._call(self._take, target, job_id, worker, subnet, _ms(ttl_s), flag),
         )
-        return None if taken else max(0.0, left_ms / 1000)
+        if took:
+            return "taken" if took == 2 else "kept"
+        return OWN_ONLY if left_ms < 0 else max(0.0, left_ms / 1000)
 
     async def keep(self, target: str, job_id: str, worker: str, subnet: str, ttl_s: float) -> bool:
         """Lengthen the job's hold with its renewed lease; False when it was gone."""
@@ -118,14 +151,15 @@ class SubnetHolds:
         )
 
     async def drop_member(self, target: str, job_id: str, worker: str, subnet: str) -> None:
-        """Drop the hold one ask took (it led to no lease)."""
+        """Drop one holder's hold of the job: the one an ask took that led to no lease,
+        or a released or revoked lease's (a later holder's stays)."""
         try:
             await self.client.zrem(KEY_PREFIX + target, member(job_id, worker, subnet))
         except RedisError as exc:
             raise CapsUnavailable(f"redis: {exc}") from exc
 
     async def drop(self, target: str, job_id: str) -> None:
-        """Drop the job's holds (its lease was released, revoked or settled)."""
+        """Drop every hold of the job (it settled: nobody is granted it again)."""
         await self._call(self._drop_job, target, job_id)
 
     async def _call(self, script: Any, target: str, *args: object) -> Any:

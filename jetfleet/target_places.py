@@ -9,18 +9,30 @@ sink frees it when it settles the job. Keeping and freeing are best effort, sinc
 also expires with its lease; only taking one can refuse (docs/rate-limits.md).
 A job leased to a worker that declares a subnet also holds its target for that subnet
 (``SubnetHolds``, in the same Redis), kept and freed with its place.
+
+While Redis is unreachable the holds are not renewed, so they may run out (or go with
+Redis's state) while their jobs still run. So for one lease TTL after a subnet call of
+a (target, subnet) last failed here, a grant holds that pair only for a worker holding
+it already (``own_only``): the running jobs' renewals, one a third of a TTL, restore
+their holds first. Only this replica's failures count: a pair whose holder renewed
+through another replica is held back only there (docs/leases.md, "One worker per
+subnet").
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Literal
 
 from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.settings import Settings
-from jetfleet.subnet_holds import SubnetHolds
+from jetfleet.subnet_holds import SubnetHolds, Took
 
 log = logging.getLogger(__name__)
+
+RECOVERING_MAX = 4096
+"""Pairs remembered as recovering before the ended ones are forgotten."""
 
 Taken = Literal["full", "kept", "taken"]
 """What taking a place did: refused (the target is full), found the job's place already
@@ -36,12 +48,34 @@ class TargetPlaces:
         """Every declared target, in declaration order."""
         self.caps = InFlightCaps.connect(settings.redis.url)
         self.subnets = SubnetHolds(self.caps.client)
+        # (target, subnet) -> monotonic end of its recovery: see the module's docstring.
+        self._recovering: dict[tuple[str, str], float] = {}
 
-    async def hold_subnet(self, target: str, job_id: str, worker: str, subnet: str) -> float | None:
-        """Hold ``target`` for ``subnet`` with this job of ``worker``: None when held,
-        else the seconds until another worker's hold runs out unless renewed. Raises
-        CapsUnavailable when Redis cannot say."""
-        return await self.subnets.take(target, job_id, worker, subnet, self.ttl_s)
+    def recovering_s(self, target: str, subnet: str) -> float:
+        """Seconds a grant still holds ``target`` for ``subnet`` only for a worker
+        holding it already (0: for any worker of the subnet)."""
+        return max(0.0, self._recovering.get((target, subnet), 0.0) - time.monotonic())
+
+    def _failed(self, target: str, subnet: str) -> None:
+        now = time.monotonic()
+        if len(self._recovering) >= RECOVERING_MAX:
+            self._recovering = {k: t for k, t in self._recovering.items() if t > now}
+        self._recovering[(target, subnet)] = now + self.ttl_s
+
+    async def hold_subnet(
+        self, target: str, job_id: str, worker: str, subnet: str, restore: bool = False
+    ) -> Took | float:
+        """Hold ``target`` for ``subnet`` with this job of ``worker``: ``taken`` or
+        ``kept``, else the seconds until another worker's hold runs out unless renewed
+        (``subnet_holds.OWN_ONLY`` while recovering from an outage, for a worker holding
+        nothing of it). ``restore``: a running job's renewal putting its lost hold back,
+        never held back by the recovery. Raises CapsUnavailable when Redis cannot say."""
+        own_only = not restore and self.recovering_s(target, subnet) > 0
+        try:
+            return await self.subnets.take(target, job_id, worker, subnet, self.ttl_s, own_only)
+        except CapsUnavailable:
+            self._failed(target, subnet)
+            raise
 
     async def unhold_subnet(self, target: str, job_id: str, worker: str, subnet: str) -> None:
         """Drop the hold an ask took that led to no lease."""
@@ -57,6 +91,7 @@ class TargetPlaces:
             return await self.subnets.keep(target, job_id, worker, subnet, self.ttl_s)
         except CapsUnavailable as exc:
             log.warning("could not extend %s's subnet hold: %s", job_id, exc)
+            self._failed(target, subnet)
             return True
 
     async def take(self, target: str, job_id: str, cap: int) -> Taken:
@@ -82,8 +117,18 @@ class TargetPlaces:
         except CapsUnavailable as exc:
             log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
 
+    async def free_lease(self, target: str, job_id: str, worker: str, subnet: str) -> None:
+        """Free the place and the subnet hold of a released or revoked lease now; the
+        hold of another worker granted the job since then stays (``subnet`` '': none)."""
+        try:
+            await self.caps.drop(target, job_id)
+            if subnet:
+                await self.subnets.drop_member(target, job_id, worker, subnet)
+        except CapsUnavailable as exc:
+            log.warning("could not free %s's place (it expires with the lease): %s", job_id, exc)
+
     async def free(self, target: str, job_id: str) -> None:
-        """Free the job's place and its subnet holds now (released, revoked or settled)."""
+        """Free the job's place and all its subnet holds now (it settled)."""
         try:
             await self.caps.drop(target, job_id)
             await self.subnets.drop(target, job_id)

@@ -86,9 +86,16 @@ def test_a_dst_day_keeps_the_local_hours() -> None:
     # On the day before, 03:00 local is 03:00 UTC; on the DST day it is 02:00 UTC.
     assert w.opens_in_s(at("2026-03-29T00:00:00+00:00")) == 2 * 3600.0
     assert w.opens_in_s(at("2026-03-29T02:00:00+00:00")) == 0.0
-    # A start in the gap (01:30 does not exist that day) opens at 02:30 local.
+    # A start in the gap (01:30 does not exist that day) opens as the gap ends, 02:00.
     gap = window(("01:30-05:00",), tz="Europe/Lisbon")
-    assert gap.opens_in_s(at("2026-03-29T01:29:59+00:00")) == 1.0
+    assert gap.opens_in_s(at("2026-03-29T00:59:59+00:00")) == 1.0
+    # A span ending just past the gap, or wholly in it, still opens that day (read
+    # naively it began after it ended, or vanished, and the day was skipped).
+    for span, closes in (("01:30-02:15", "01:15"), ("01:10-01:40", "01:40")):
+        w = window((span,), tz="Europe/Lisbon")
+        assert w.opens_in_s(at("2026-03-29T00:59:59+00:00")) == 1.0, span
+        assert w.opens_in_s(at("2026-03-29T01:00:00+00:00")) == 0.0, span
+        assert w.opens_in_s(at(f"2026-03-29T{closes}:00+00:00")) > 0, span
 
 
 def test_longest_closed_spell_over_a_week() -> None:
@@ -165,6 +172,18 @@ def test_a_window_closed_longer_than_the_jobs_max_age_is_refused(tmp_path: Path)
     assert "targets.shop.active_hours is invalid" in message
     assert "closed for up to 167 h" in message
     assert "set targets.shop.max_age_s above 604800" in message
+    # max_age_s may not pass fleet.retention_s (a week by default): the advice says so,
+    # and following it loads.
+    assert "and fleet.retention_s (now 604800) at least as high" in message
+    weekly = 'active_hours = ["10:00-11:00"]\nactive_days = ["mon"]\nmax_age_s = 604900\n'
+    with pytest.raises(ConfigError, match=r"fleet\.retention_s"):
+        _load(tmp_path, weekly)
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(
+        '[fleet]\nretention_s = 604900\n[targets.shop]\nbase_url = "https://shop.example/"\n'
+        + weekly
+    )
+    load_settings(path, {})
     # Open on Mondays and Thursdays, the longest spell is Thu 11:00 to Mon 10:00 (95 h):
     # a max age above it plus the DST hour loads.
     body = 'active_hours = ["10:00-11:00"]\nactive_days = ["mon", "thu"]\nmax_age_s = {}\n'

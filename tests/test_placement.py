@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo
 import msgspec
 import pytest
 from jetfleet.schemas import CommittedResult, Job, Rejection, WorkOrder
+from jetfleet.services.leaser import checks
 from nats.aio.client import Client as NatsClient
 
 import jetfleet.cli.main as cli_main
@@ -162,6 +163,52 @@ async def test_a_job_pinned_to_a_region_no_worker_serves_ends_dead_no_eligible_w
         await conserved(stack)
 
 
+def hand_backs(worker: Worker, reason: str) -> int:
+    return sum(
+        n for labels, n in worker.hand_backs.values.items() if dict(labels)["reason"] == reason
+    )
+
+
+async def test_a_job_pinned_to_a_busy_region_waits_for_it_and_runs_there(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    # A max age of a minute: the hand-backs are paced to last it (a few seconds each),
+    # where they were 2 s at most and used up the backstop in about half a minute.
+    settings = placement_settings(nats_url, redis_url, simulator, max_age_s=60.0)
+    async with running_stack(settings) as stack:
+        nc = stack.connections[0]
+        eu = await add_worker(stack, "w-eu", region="eu")
+        # A worker of region ap runs, but is busy elsewhere: it announces its region
+        # and takes none of this target's jobs.
+        busy_ap = asyncio.create_task(
+            RegionPresence(nc.jetstream()).announce("ap", settings.worker.claim_ttl_s)
+        )
+        try:
+            [job] = jobs_for("demo", settings, pages(1), pin_region="ap")
+            await submit_jobs(nc.jetstream(), settings, "demo", [job])
+
+            async def waiting_for_ap() -> bool:
+                return hand_backs(eu, "region-busy") >= 2
+
+            await wait_for(waiting_for_ap, 60, "the job to wait for region ap's worker")
+            assert hand_backs(eu, "no-eligible-worker") == 0
+            assert await list_dead_letters(nc.jetstream()) == []
+            await add_worker(stack, "w-ap", region="ap")  # it frees up
+            # (w-eu stops: it could go on catching the job's redeliveries first, each
+            # one more paced wait; that race is not what this test is about.)
+            await eu.drain(5.0)
+            stack.workers.remove(eu)
+            await wait_committed(nc, 1, 30, "the job committed in region ap")
+        finally:
+            busy_ap.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await busy_ap
+        [result] = (await committed(nc)).values()
+        assert (result.job_id, result.worker, result.attempt) == (job.id, "w-ap", 1)
+        assert await list_dead_letters(nc.jetstream()) == []
+        await conserved(stack)
+
+
 # --- one worker per subnet and target ---------------------------------------------------
 
 
@@ -217,6 +264,35 @@ async def test_two_workers_of_one_subnet_never_serve_a_target_at_once(
         await conserved(stack)
 
 
+async def test_a_worker_refused_for_its_subnet_holds_off_longer_each_time_in_a_row(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    settings = placement_settings(nats_url, redis_url, simulator, timeout_s=30.0)
+    async with running_stack(settings) as stack:
+        nc = stack.connections[0]
+        await add_worker(stack, "w-a1", subnet=SUBNET_A, concurrency=2)
+        await add_worker(stack, "w-a2", subnet=SUBNET_A, concurrency=2)
+        # Slow jobs: one worker of the subnet holds the target for several seconds.
+        jobs = jobs_for("demo", settings, [f"{p}?delay=6" for p in pages(3, "slow")])
+        await submit_jobs(nc.jetstream(), settings, "demo", jobs)
+
+        def refused_thrice() -> Worker | None:
+            return next((w for w in stack.workers if w.stats["refused:subnet-busy"] >= 3), None)
+
+        async def one_refused_thrice() -> bool:
+            return refused_thrice() is not None
+
+        await wait_for(one_refused_thrice, 30, "a worker refused subnet-busy three times")
+        refused = refused_thrice()
+        assert refused is not None
+        # 2 s, then 4 s, then (at most two lease TTLs of 3 s) 6 s: each refusal in a
+        # row holds it off longer, where it asked again every 2 s.
+        assert refused.gate.held_for("demo") > 2 * checks.SUBNET_BUSY_RETRY_S
+        await wait_committed(nc, len(jobs), 60, "every job committed")
+        results = await committed(nc)
+        assert {r.attempt for r in results.values()} == {1}
+
+
 # --- activity windows -------------------------------------------------------------------
 
 
@@ -264,6 +340,49 @@ async def test_a_target_outside_its_window_gets_nothing_and_its_backlog_drains_w
         assert simulator.counts()["total"] == len(jobs)
         assert (await list_dead_letters(nc.jetstream())) == []
         await conserved(stack)
+
+
+async def test_a_closed_partition_members_jobs_stay_away_until_it_opens(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    # "closed" and "open" share one partition (one work lane): the lane keeps fetching
+    # for "open", and "closed"'s jobs it fetches while held go back until the opening,
+    # not for a paced hand-back each (that cost a delivery every few seconds).
+    settings = placement_settings(nats_url, redis_url, simulator)
+    open_target = settings.targets["demo"]
+    now = datetime.datetime.now(datetime.UTC)
+    span = f"{now + datetime.timedelta(hours=2):%H:%M}-{now + datetime.timedelta(hours=3):%H:%M}"
+    closed_target = msgspec.structs.replace(open_target, active_hours=(span,), max_age_s=172800.0)
+    fleet = msgspec.structs.replace(settings.fleet, dedicated_targets=0, target_partitions=1)
+    settings = msgspec.structs.replace(
+        settings, fleet=fleet, targets={"open": open_target, "closed": closed_target}
+    )
+    validate(settings)
+    async with running_stack(settings) as stack:
+        nc = stack.connections[0]
+        worker = await add_worker(stack, "w-0", concurrency=4)
+        closed = jobs_for("closed", settings, pages(12))
+        await submit_jobs(nc.jetstream(), settings, "closed", closed)
+        opened = jobs_for("open", settings, pages(40))
+        await submit_jobs(nc.jetstream(), settings, "open", opened)
+
+        def closed_hand_backs() -> int:
+            values = worker.hand_backs.values.items()
+            return sum(n for labels, n in values if dict(labels)["target"] == "closed")
+
+        async def each_closed_job_back_once() -> bool:
+            return closed_hand_backs() >= len(closed)
+
+        await wait_for(each_closed_job_back_once, 30, "every closed job handed back")
+        js = nc.jetstream()
+
+        async def open_done() -> bool:
+            return await count_messages(js, subjects.STREAM_RESULTS, subjects.results("open")) >= 40
+
+        await wait_for(open_done, 60, "the open member's jobs committed")
+        # While the lane went on fetching, no closed job came back a second time.
+        assert closed_hand_backs() == len(closed)
+        assert refusals(stack, "outside-window") >= 1
 
 
 async def _refused(stack: InProcessStack) -> bool:

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from jetfleet.inflight_caps import CapsUnavailable
-from jetfleet.subnet_holds import SubnetHolds, canonical_subnet
+from jetfleet.subnet_holds import OWN_ONLY, SubnetHolds, canonical_subnet
 from tests.conftest import wait_for
 
 NET = "10.1.0.0/24"
@@ -23,25 +23,45 @@ def holds(redis_client: aioredis.Redis) -> SubnetHolds:
 async def test_one_worker_of_a_subnet_holds_a_target_and_others_of_it_are_refused(
     holds: SubnetHolds,
 ) -> None:
-    assert await holds.take("shop", "j1", "w-a1", NET, TTL_S) is None
-    assert await holds.take("shop", "j2", "w-a1", NET, TTL_S) is None  # same worker: more
+    assert await holds.take("shop", "j1", "w-a1", NET, TTL_S) == "taken"
+    assert await holds.take("shop", "j2", "w-a1", NET, TTL_S) == "taken"  # same worker: more
     left = await holds.take("shop", "j3", "w-a2", NET, TTL_S)
-    assert left is not None and TTL_S - 1 < left <= TTL_S
+    assert isinstance(left, float) and TTL_S - 1 < left <= TTL_S
     # Another subnet, another target, or no conflict: held beside it.
-    assert await holds.take("shop", "j4", "w-b1", "10.2.0.0/24", TTL_S) is None
-    assert await holds.take("blog", "j5", "w-a2", NET, TTL_S) is None
+    assert await holds.take("shop", "j4", "w-b1", "10.2.0.0/24", TTL_S) == "taken"
+    assert await holds.take("blog", "j5", "w-a2", NET, TTL_S) == "taken"
+
+
+async def test_a_take_says_whether_it_made_the_hold_or_found_it(holds: SubnetHolds) -> None:
+    # A grant made again (or another ask of the same worker and job) finds the member:
+    # it is not that ask's to drop when it leads to no lease.
+    assert await holds.take("shop", "j1", "w-a1", NET, TTL_S) == "taken"
+    assert await holds.take("shop", "j1", "w-a1", NET, TTL_S) == "kept"
+
+
+async def test_own_only_lets_in_only_a_worker_that_holds_the_target_for_the_subnet(
+    holds: SubnetHolds,
+) -> None:
+    # After an outage: nobody of the subnet holds it, so nobody new is let in...
+    assert await holds.take("shop", "j1", "w-a2", NET, TTL_S, own_only=True) == OWN_ONLY
+    # ...until a running job's renewal restores its holder's hold (not own-only)...
+    assert await holds.take("shop", "j0", "w-a1", NET, TTL_S) == "taken"
+    # ...after which its worker's new grants hold it too, and others wait as ever.
+    assert await holds.take("shop", "j2", "w-a1", NET, TTL_S, own_only=True) == "taken"
+    assert isinstance(await holds.take("shop", "j1", "w-a2", NET, TTL_S, own_only=True), float)
+    assert await holds.take("shop", "j3", "w-b1", "10.2.0.0/24", TTL_S) == "taken"
 
 
 async def test_the_hold_passes_on_when_the_owners_last_job_lets_go(holds: SubnetHolds) -> None:
     await holds.take("shop", "j1", "w-a1", NET, TTL_S)
     await holds.take("shop", "j2", "w-a1", NET, TTL_S)
     await holds.drop("shop", "j1")
-    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) is not None  # j2 still holds
+    assert isinstance(await holds.take("shop", "j3", "w-a2", NET, TTL_S), float)  # j2 holds
     await holds.drop("shop", "j2")
-    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) is None
+    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) == "taken"
     # A renewal of a job whose hold was dropped does not bring it back.
     assert await holds.keep("shop", "j2", "w-a1", NET, TTL_S) is False
-    assert await holds.take("shop", "j6", "w-a1", NET, TTL_S) is not None
+    assert isinstance(await holds.take("shop", "j6", "w-a1", NET, TTL_S), float)
 
 
 async def _redis_s(client: aioredis.Redis) -> float:
@@ -62,16 +82,16 @@ async def test_a_hold_runs_out_with_its_lease_time_unless_kept(
 
     await wait_for(past_j1s_time, 5, "j1's hold to run out by Redis's clock")
     # j1's ran out; j2's was kept, so the subnet's target is still w-a1's.
-    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) is not None
+    assert isinstance(await holds.take("shop", "j3", "w-a2", NET, TTL_S), float)
     await holds.drop("shop", "j2")
-    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) is None
+    assert await holds.take("shop", "j3", "w-a2", NET, TTL_S) == "taken"
 
 
 async def test_an_ask_that_led_to_no_lease_drops_only_its_own_hold(holds: SubnetHolds) -> None:
     await holds.take("shop", "j1", "w-a1", NET, TTL_S)
     await holds.take("shop", "j1", "w-b1", "10.2.0.0/24", TTL_S)  # a rival ask, same job
     await holds.drop_member("shop", "j1", "w-b1", "10.2.0.0/24")
-    assert await holds.take("shop", "j2", "w-a2", NET, TTL_S) is not None  # w-a1's stays
+    assert isinstance(await holds.take("shop", "j2", "w-a2", NET, TTL_S), float)  # w-a1's stays
 
 
 def test_a_subnet_is_written_one_way() -> None:

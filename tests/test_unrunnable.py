@@ -434,9 +434,11 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
     """An owner whose slots are all busy does not pull, so only workers without the
     identity see its jobs for a while: long enough to pass the patience, yet the jobs can
     run, so they must wait for it rather than be driven to the backstop."""
-    # Attempts run under the target's timeout: room for the slow ones.
+    # Attempts run under the target's timeout: room for the slow ones. A job that waits
+    # for a busy owner is handed back paced against its max age (a day by default:
+    # waits growing to about two minutes); ten minutes keeps this test's waits short.
     settings = unrunnable_settings(
-        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S
+        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S, max_age_s=600.0
     )
     fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
     worker = msgspec.structs.replace(settings.worker, concurrency=2)

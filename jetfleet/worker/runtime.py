@@ -146,6 +146,11 @@ HAND_BACK_MAX_S = 2.0
 # (the backstop) in moments and leaves the pending window to runnable jobs. A job whose
 # owner is running but busy keeps the growing delay and waits for it.
 PINNED_PATIENCE = 8
+# The refusals of a pinned job by a worker not its pin's, and what its hand-back is called
+# once its pin's owner is known to run and so is only busy (not no-eligible-worker).
+PIN_REFUSALS = {"wrong-identity": "identity-busy", "wrong-region": "region-busy"}
+# The longest this worker leaves a target alone for another worker of its subnet.
+SUBNET_BUSY_MAX_S = 30.0
 # A job refused outside its target's activity window returns within this many seconds
 # after the window opens (spread, so a backlog does not all ask at the opening instant).
 WINDOW_SPREAD_S = 2.0
@@ -231,6 +236,7 @@ class Worker:
         )
         self.metrics += self.lending.metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        self._subnet_busy: dict[str, int] = {}  # subnet-busy refusals in a row, by target
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
         self.quit = asyncio.Event()
@@ -511,6 +517,28 @@ class Worker:
         while it has deliveries to spare, so old jobs keep their share of the permits."""
         return max(wait, self.pace.target_busy_s(target, msg.metadata.num_delivered or 1))
 
+    def _pin_owner_busy_delay(self, msg: Msg, target: str, retry_after: float) -> float:
+        """How long a pinned job whose pin's worker runs but is busy stays away, past
+        its patience: HAND_BACK_MAX_S doubled with each delivery since, up to the paced
+        cap (hand_back_pace.py), so it waits up to its max age without using up its
+        deliveries, and is back soon when the owner was busy only briefly."""
+        since = (msg.metadata.num_delivered or 1) - PINNED_PATIENCE
+        grown = self.pace.growing_s(target, since, first_s=HAND_BACK_MAX_S)
+        return max(retry_after, grown)
+
+    def _subnet_busy_wait(self, target: str, retry_after: float) -> float:
+        """How long this worker leaves ``target`` alone after ``subnet-busy``: the
+        refusal's wait doubled with each refusal in a row (a refusal within the hold,
+        from the same fetched batch, is not another), up to SUBNET_BUSY_MAX_S and two
+        lease TTLs (the owner's hold ends within one TTL of its last lease). Without it
+        a refused worker fetched and handed back the target's jobs every 2 s, keeping
+        them from the owner's pending window."""
+        streak = self._subnet_busy.get(target, 0)
+        if self.gate.held_for(target) <= 0:
+            streak = self._subnet_busy[target] = streak + 1
+        cap = max(retry_after, min(SUBNET_BUSY_MAX_S, 2 * self.settings.fleet.lease_ttl_s))
+        return min(cap, retry_after * 2.0 ** max(0, streak - 1))
+
     def _growing_delay(self, msg: Msg) -> float:
         """MIN_REFUSAL_DELAY_S doubled with each delivery up to HAND_BACK_MAX_S, jittered."""
         deliveries = min(int(msg.metadata.num_delivered or 1), 16)
@@ -610,7 +638,12 @@ class Worker:
             # The target asked us to back off (maybe after this job was fetched), or a
             # probe is out, or its next permit is not free yet (the rest of a fetched
             # batch): do not call it yet. No lease is taken, so nothing is spent.
-            if self.gate.waiting_for_permit(target):
+            opens_in = self.gate.opens_in(target)
+            if opens_in > 0:
+                # Its target's window is closed: away until it opens, like the job the
+                # leaser refused outside-window, not once a paced hand-back.
+                delay = opens_in + random.uniform(0.0, WINDOW_SPREAD_S)
+            elif self.gate.waiting_for_permit(target):
                 delay = self._rate_wait_delay(msg, target, wait)
             elif self.gate.only_here(target):
                 delay = self._elsewhere_delay(msg, target)
@@ -781,6 +814,7 @@ class Worker:
             return None
         if isinstance(reply, LeaseRefusal):
             self.stats[f"refused:{reply.reason}"] += 1
+            reason = reply.reason
             if reply.reason == "dead-lettered":
                 await self._term(msg, "dead-lettered")  # a term that was lost, sent again
                 return None
@@ -812,26 +846,39 @@ class Worker:
                 # The refusal concerns this worker's use of the target, not the job: this
                 # worker stops pulling the target, and the job goes back at once for the
                 # others (when the whole target is refused, nobody pulls it anyway).
+                if reply.reason == "subnet-busy":
+                    retry_after = self._subnet_busy_wait(target, retry_after)
                 self.lending.held(target, reply.reason, retry_after)
                 if reply.reason in WORKER_SCOPED_REFUSALS:
                     self.gate.hold(target, retry_after, only_here=True)
                     delay = self._elsewhere_delay(msg, target)
                 else:
-                    self.gate.hold(target, retry_after)
+                    self.gate.hold(target, retry_after, opens_in_s=reply.opens_in_s)
                     delay = self._hand_back_delay(msg, target, MIN_REFUSAL_DELAY_S)
                 if reply.opens_in_s > 0:
                     # Outside the target's activity window: the job stays away until it
                     # opens (jittered, so the backlog does not return at one instant),
                     # one delivery per closed spell however long, not one per ask.
                     delay = reply.opens_in_s + random.uniform(0.0, WINDOW_SPREAD_S)
+            elif (
+                reply.reason in PIN_REFUSALS and (msg.metadata.num_delivered or 0) > PINNED_PATIENCE
+            ):
+                # Past its patience, and a worker owning the identity or of the region
+                # runs (_nobody_owns_pin, _nobody_in_region said so before the ask): it
+                # is only busy, so the job waits for it, paced against its max age. At
+                # one ask per HAND_BACK_MAX_S it used up max_deliver in minutes and
+                # ended no-eligible-worker beside a worker that could run it.
+                delay = self._pin_owner_busy_delay(msg, target, retry_after)
+                reason = PIN_REFUSALS[reply.reason]
             else:
                 # About this job (wrong-identity, held, leaser-error): the delay grows with
                 # each delivery, to one lease request per HAND_BACK_MAX_S; a job pinned to
                 # an identity nobody owns goes to the backstop after its patience
                 # (_nobody_owns_pin).
                 delay = max(retry_after, self._growing_delay(msg))
-            await self._hand_back(msg, target, reply.reason, delay)
+            await self._hand_back(msg, target, reason, delay)
             return None
+        self._subnet_busy.pop(target, None)
         return Held(
             fence=reply.fence,
             ttl_s=reply.ttl_s,

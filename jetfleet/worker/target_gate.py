@@ -23,6 +23,7 @@ class TargetGate:
         self._probing: set[str] = set()
         self._blocks: dict[str, int] = {}
         self._only_here: dict[str, float] = {}
+        self._opens_at: dict[str, float] = {}
 
     def block_streak(self, target: str) -> int:
         """How many blocks in a row ``target`` answered this worker (0 once it answers
@@ -33,14 +34,29 @@ class TargetGate:
         """Seconds this worker must still leave ``target`` alone (0 when free)."""
         return max(0.0, self._until.get(target, 0.0) - time.monotonic())
 
-    def hold(self, target: str, seconds: float, only_here: bool = False) -> None:
+    def hold(
+        self, target: str, seconds: float, only_here: bool = False, opens_in_s: float = 0.0
+    ) -> None:
         """Leave ``target`` alone for ``seconds`` (a refusal that concerns the target).
         ``only_here``: the refusal is about this worker or its identity (a quarantine),
-        so other workers may run the target's jobs meanwhile (``only_here_for``)."""
-        until = time.monotonic() + seconds
+        so other workers may run the target's jobs meanwhile (``only_here_for``).
+        ``opens_in_s``: the target is outside its activity window, which opens then
+        (``opens_in``); the hold itself may be shorter, to ask again meanwhile."""
+        now = time.monotonic()
+        until = now + seconds
         self._until[target] = max(self._until.get(target, 0.0), until)
         if only_here:
             self._only_here[target] = max(self._only_here.get(target, 0.0), until)
+        if opens_in_s > 0:
+            self._opens_at[target] = now + opens_in_s
+
+    def opens_in(self, target: str) -> float:
+        """Seconds until ``target``'s activity window opens, while a hold for its closed
+        window is in force (0 otherwise): a job put back meanwhile stays away until then,
+        one delivery per closed spell."""
+        if self.held_for(target) <= 0:
+            return 0.0
+        return max(0.0, self._opens_at.get(target, 0.0) - time.monotonic())
 
     def only_here(self, target: str) -> bool:
         """Whether the hold on ``target`` in force now is only about this worker: no

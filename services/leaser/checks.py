@@ -47,7 +47,7 @@ from jetfleet.results import committed_job
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.settlement import land
-from jetfleet.subnet_holds import canonical_subnet
+from jetfleet.subnet_holds import OWN_ONLY, canonical_subnet
 from jetfleet.target_places import TargetPlaces
 
 # How often a quarantined scope asks again: a quarantine may be lifted early, so a
@@ -86,8 +86,11 @@ class GrantContext:
     clock: ServerClock | None = None
     """The NATS server's time, for activity windows (never this host's clock)."""
     took_subnet: list[str] = field(default_factory=list)
-    """The subnet ``subnet_exclusive`` holds the target for with this ask, if it took a
-    hold (freed when the ask leads to no lease)."""
+    """The subnet ``subnet_exclusive`` holds the target for with this ask, if it holds
+    it (the lease's record names it)."""
+    new_subnet_hold: list[bool] = field(default_factory=lambda: [False])
+    """Whether that hold is new, this ask's (freed when the ask leads to no lease); one
+    found there is another delivery's of the same worker, and stays."""
     avoid: AvoidList | None = None
     """The job's avoid list judge (None: no avoid list)."""
     breakers: BreakerBook | None = None
@@ -342,7 +345,7 @@ async def subnet_exclusive(ctx: GrantContext) -> LeaseRefusal | None:
             detail=f"$.subnet: {exc}: send a network such as 10.1.0.0/24 (worker.subnet)",
         )
     try:
-        left = await ctx.places.hold_subnet(req.target, req.job_id, req.worker, subnet)
+        held = await ctx.places.hold_subnet(req.target, req.job_id, req.worker, subnet)
     except CapsUnavailable as exc:
         await _free_place(ctx)
         return LeaseRefusal(
@@ -350,15 +353,25 @@ async def subnet_exclusive(ctx: GrantContext) -> LeaseRefusal | None:
             retry_after_s=CAPS_UNAVAILABLE_RETRY_S,
             detail=f"the subnet hold on {req.target} cannot be checked ({exc})",
         )
-    if left is None:
+    if isinstance(held, str):
         ctx.took_subnet.append(subnet)
+        ctx.new_subnet_hold[0] = held == "taken"
         return None
     await _free_place(ctx)
+    if held == OWN_ONLY:
+        recovering = ctx.places.recovering_s(req.target, subnet)
+        return LeaseRefusal(
+            reason="subnet-busy",
+            retry_after_s=SUBNET_BUSY_RETRY_S,
+            detail=f"Redis was unreachable lately: for {recovering:.0f} s "
+            f"more {req.target} is held for subnet {subnet} only by a worker whose running "
+            "jobs renew their holds (one worker per subnet and target)",
+        )
     return LeaseRefusal(
         reason="subnet-busy",
         retry_after_s=SUBNET_BUSY_RETRY_S,
         detail=f"another worker of subnet {subnet} serves {req.target} now (its hold "
-        f"lasts {left:.0f} s more unless it leases again): one worker per subnet and target",
+        f"lasts {held:.0f} s more unless it leases again): one worker per subnet and target",
     )
 
 
@@ -366,9 +379,11 @@ async def free_taken(ctx: GrantContext) -> None:
     """Free what the taking checks took for this ask (it led to no lease)."""
     await _free_place(ctx)
     req = ctx.request
-    for subnet in ctx.took_subnet:
-        await ctx.places.unhold_subnet(req.target, req.job_id, req.worker, subnet)
+    if ctx.new_subnet_hold[0]:
+        for subnet in ctx.took_subnet:
+            await ctx.places.unhold_subnet(req.target, req.job_id, req.worker, subnet)
     ctx.took_subnet.clear()
+    ctx.new_subnet_hold[0] = False
     if ctx.probe[0] and ctx.breakers is not None:
         # The probe this ask took (its revision: one taken since is another's).
         await ctx.breakers.free_probe_at(req.target, ctx.probe[0])

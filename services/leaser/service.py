@@ -5,6 +5,7 @@ decision is a compare-and-set in JetStream KV judged by the server's clock."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -217,7 +218,7 @@ class Leaser:
             return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
         record = await self.store.release(call.job_id, call.fence)
         if record is not None:
-            await self.places.free(record.target, record.job_id)
+            await self._free_lease(record)
             if self.breakers.known(record.target):
                 # A probe handed back unrun (or unanswered) decides nothing: the next
                 # grant probes at once, not after the lease's TTL.
@@ -274,6 +275,13 @@ class Leaser:
             return
         await self.places.keep(record.target, record.job_id, restore=True)
 
+    async def _free_lease(self, record: LeaseRecord) -> None:
+        """Free a released or revoked lease's place and its own subnet hold: the job may
+        have been granted to another worker since, whose hold stays."""
+        await self.places.free_lease(
+            record.target, record.job_id, record.worker, _subnet_of(record)
+        )
+
     async def _still_running(self, record: LeaseRecord) -> bool:
         """Whether a renewed job whose place (or hold) was found missing still runs."""
         # Freed by a release (the lease is gone) or a settle (the job is sealed; its
@@ -290,13 +298,13 @@ class Leaser:
         if not await self._still_running(record):
             return
         try:
-            left = await self.places.hold_subnet(
-                record.target, record.job_id, record.worker, subnet
+            held = await self.places.hold_subnet(
+                record.target, record.job_id, record.worker, subnet, restore=True
             )
         except Exception as exc:
             log.warning("could not restore %s's subnet hold: %s", record.job_id, exc)
             return
-        if left is not None:
+        if not isinstance(held, str):
             log.warning(
                 "job %s of worker %s (subnet %s) lost its hold on %s and another worker of "
                 "the subnet holds it now: both serve it until this lease ends",
@@ -338,7 +346,13 @@ class Leaser:
             held = await self._held_already(request, await live_now)
             if held is not None:
                 return held
-            verdict = await taking_objection(ctx)
+            try:
+                verdict = await taking_objection(ctx)
+            except BaseException:
+                # A check failed (or the ask was cancelled) after others took a place,
+                # a subnet hold: they go now, not one lease TTL later.
+                await _shielded(free_taken(ctx))
+                raise
             if verdict is not None:
                 return verdict
             record = LeaseRecord(
@@ -354,7 +368,7 @@ class Leaser:
                 fence = await self.store.create(record, self.ttl_s)
             except BaseException:
                 # No lease came of it: its new place and subnet hold go too.
-                await free_taken(ctx)
+                await _shielded(free_taken(ctx))
                 raise
             if fence is None:
                 # Granted by another ask meanwhile. Places are the job's, not the ask's:
@@ -403,7 +417,8 @@ class Leaser:
         may have run already): take it back and refuse, before the grant is recorded, so
         it spends no attempt. Cheap: the checks answer from the watches' memory."""
         await self.store.release(request.job_id, fence)
-        await self.places.free(request.target, request.job_id)
+        # The job's place; this ask's subnet hold went with free_taken.
+        await self.places.free_lease(request.target, request.job_id, request.worker, "")
         log.warning(
             "took back the lease of %s just made for %s: %s",
             request.job_id,
@@ -607,7 +622,7 @@ class Leaser:
             return False
         if not await self.store.revoke(live):
             return False
-        await self.places.free(record.target, record.job_id)
+        await self._free_lease(record)
         avoid = None
         if avoid_as is not None:
             who, whom = avoid_as(record)
@@ -635,6 +650,18 @@ def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:
     if record.identity:
         return "identity", record.identity
     return "worker", record.worker
+
+
+async def _shielded(coro: Coroutine[Any, Any, None]) -> None:
+    """Run ``coro`` to its end even if the caller is cancelled meanwhile (the caller's
+    cancellation still propagates after it)."""
+    task = asyncio.ensure_future(coro)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):
+            await task
+        raise
 
 
 def _ignore_outcome(task: asyncio.Task[Any]) -> None:
