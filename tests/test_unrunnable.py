@@ -434,13 +434,13 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
     """An owner whose slots are all busy does not pull, so only workers without the
     identity see its jobs for a while: long enough to pass the patience, yet the jobs can
     run, so they must wait for it rather than be driven to the backstop."""
-    # Attempts run under the target's timeout: room for the slow ones. A job that waits
-    # for a busy owner is handed back paced against its max age (a day by default:
-    # waits growing to about two minutes); ten minutes keeps this test's waits short.
+    # Attempts run under the target's timeout: room for the slow ones.
     settings = unrunnable_settings(
-        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S, max_age_s=600.0
+        nats_url, redis_url, simulator, max_in_flight=8, timeout_s=4 * BUSY_S
     )
-    fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",))
+    # The default backstop (1000 deliveries): with the smallest one a job waiting past
+    # its patience for a busy owner is paced to last its day's max age, minutes a try.
+    fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",), max_deliver=1000)
     worker = msgspec.structs.replace(settings.worker, concurrency=2)
     settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker)
     async with running(settings, workers=1) as stack:

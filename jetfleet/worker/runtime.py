@@ -519,12 +519,12 @@ class Worker:
 
     def _pin_owner_busy_delay(self, msg: Msg, target: str, retry_after: float) -> float:
         """How long a pinned job whose pin's worker runs but is busy stays away, past
-        its patience: HAND_BACK_MAX_S doubled with each delivery since, up to the paced
-        cap (hand_back_pace.py), so it waits up to its max age without using up its
-        deliveries, and is back soon when the owner was busy only briefly."""
-        since = (msg.metadata.num_delivered or 1) - PINNED_PATIENCE
-        grown = self.pace.growing_s(target, since, first_s=HAND_BACK_MAX_S)
-        return max(retry_after, grown)
+        its patience: as a target-busy job, the same short wait for every delivery while
+        it has deliveries to spare (so it is back soon when its owner frees a slot),
+        then the paced cap (hand_back_pace.py), so it waits up to its max age without
+        using up its deliveries. A wait doubling from the patience on kept jobs away
+        half a minute after their owner was free again."""
+        return max(retry_after, self.pace.target_busy_s(target, msg.metadata.num_delivered or 1))
 
     def _subnet_busy_wait(self, target: str, retry_after: float) -> float:
         """How long this worker leaves ``target`` alone after ``subnet-busy``: the
