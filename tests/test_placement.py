@@ -284,7 +284,9 @@ async def test_a_worker_refused_for_its_subnet_holds_off_longer_each_time_in_a_r
         async def one_refused_twice_in_a_row() -> bool:
             return refused_twice_in_a_row() is not None
 
-        await wait_for(one_refused_twice_in_a_row, 30, "a worker refused subnet-busy twice in a row")
+        await wait_for(
+            one_refused_twice_in_a_row, 30, "a worker refused subnet-busy twice in a row"
+        )
         refused = refused_twice_in_a_row()
         assert refused is not None
         # 2 s, then 4 s (then at most two lease TTLs of 3 s, 6 s): each refusal in a row
