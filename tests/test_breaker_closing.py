@@ -156,7 +156,12 @@ async def test_a_probe_that_sent_no_request_decides_nothing_and_the_next_one_goe
     await submit_paths(js, settings, SHOP, ["/page/0"], "unsent", handler="noop")
 
     await counted(replica, "probe-inconclusive", 1)
-    assert await committed(js, SHOP) == 1
+
+    # The outcome is published before the report reaches the sink: wait for the commit.
+    async def settled() -> bool:
+        return await committed(js, SHOP) == 1
+
+    await wait_for(settled, 20, "the noop probe job committed")
     # Still half-open, its probe freed as the job ended: the next job probes, is
     # answered, and closes it.
     assert await state(settings) == "half-open"
