@@ -150,3 +150,9 @@ def target_of(subject: str) -> str:
     if len(parts) >= 3 and TARGET_NAME_RE.match(parts[2]):
         return parts[2]
     return UNPARSABLE_TARGET
+
+
+# The pause switch (docs/pause.md): commands served by the leaser, and the records in
+# jf-control under pause.<scope>.<name> (a per-key TTL when timed).
+PAUSE = f"{PREFIX}.pause"
+PAUSE_PREFIX = "pause"

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from jetfleet.schemas.breaker import BreakerCommand, BreakerProbe, BreakerReply
+from jetfleet.schemas.control import PauseCommand, PauseRecord, PauseReply
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     AvoidScope,
@@ -43,10 +44,12 @@ from jetfleet.services.leaser.checks import (
     circuit_open,
     first_objection,
     free_taken,
+    paused,
     quarantine_on,
     quarantined,
     taking_objection,
 )
+from jetfleet.services.leaser.pause_commands import PauseCommands, pause_objection
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from nats.aio.client import Client as NatsClient
@@ -55,6 +58,7 @@ from jetfleet import subjects
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
+from jetfleet.pause_book import PauseBook, covers
 from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.server_clock import ServerClock
@@ -67,6 +71,7 @@ log = logging.getLogger(__name__)
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
+_pause_decoder = msgspec.json.Decoder(PauseCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
 PUT_TRIES = 10
@@ -104,6 +109,15 @@ BREAKER_REFUSALS = Refusals[BreakerReply](
     ),
     failed=lambda exc: BreakerReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
     too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+
+PAUSE_REFUSALS = Refusals[PauseReply](
+    malformed=lambda error: PauseReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: PauseReply(
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: PauseReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
+    too_large=lambda why: PauseReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -152,6 +166,15 @@ class Leaser:
         )
         await self.breakers.start()
         self.metrics.append(self.breaker_commands.changes)
+        self.pauses = PauseBook(self.js, control)
+        self.pause_commands = PauseCommands(
+            self.settings, self.js, self.pauses, self.clock, self.revoke_paused, self._spawn_task
+        )
+        await self.pauses.start()
+        # Pause state survives every restart: the records are in KV, and the consumers
+        # they cover are paused at the server; a leaser starting sets any consumer that
+        # disagrees (its last command died half-way, or a consumer was made since).
+        await self.pause_commands.reconcile()
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -183,6 +206,16 @@ class Leaser:
                 check=lambda _, command: breaker_objection(self.settings, command),
             )
         )
+        await self.responder.serve(
+            Route(
+                subjects.PAUSE,
+                _pause_decoder,
+                self.pause_commands.command,
+                PAUSE_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: pause_objection(self.settings, command),
+            )
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
@@ -191,6 +224,7 @@ class Leaser:
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
         await self.breakers.stop()
+        await self.pauses.stop()
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
@@ -338,6 +372,7 @@ class Leaser:
             clock=self.clock,
             avoid=self.avoid,
             breakers=self.breakers,
+            pauses=self.pauses,
         )
         try:
             verdict = await first_objection(ctx)
@@ -363,6 +398,7 @@ class Leaser:
                 reply_subject=request.reply_subject,
                 # As the subnet hold has it, so the renewals keep that hold.
                 subnet=ctx.took_subnet[0] if ctx.took_subnet else request.subnet,
+                region=request.region,
             )
             try:
                 fence = await self.store.create(record, self.ttl_s)
@@ -382,7 +418,7 @@ class Leaser:
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
-            late = await quarantined(ctx) or await circuit_open(ctx)
+            late = await paused(ctx) or await quarantined(ctx) or await circuit_open(ctx)
             if late is not None:
                 await free_taken(ctx)  # its probe too, if it took one: the next grant probes
                 return await self._landed_late(request, fence, late)
@@ -586,6 +622,19 @@ class Leaser:
         No avoid entry: the whole target is paused, for every identity alike. The attempt
         is refunded: the fleet paused the target, the job did nothing wrong."""
         return await self.revoke_where(target, lambda _: True, refund=True)
+
+    async def revoke_paused(self, record: PauseRecord) -> list[str]:
+        """Revoke every live lease ``record`` covers (a pause ``--now``) and requeue its
+        job. No avoid entry, and the attempt is refunded: the fleet paused it, the job did
+        nothing wrong."""
+        revoked = []
+        for live in await self.store.all_live():
+            held = live.record
+            if not covers(record, held.target, held.region, held.worker, held.identity):
+                continue
+            if await self._revoke(live, None, refund=True):
+                revoked.append(held.job_id)
+        return revoked
 
     async def revoke_where(
         self,
