@@ -15,6 +15,7 @@ from jetfleet.cli import (
     data_commands,
     dlq_commands,
     doctor_command,
+    pause_commands,
     quarantine_commands,
     run_commands,
     scenario_command,
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)
+    pause_commands.register(commands)
     return parser
 
 
