@@ -173,6 +173,9 @@ class PauseBook:
         self.on_change: Callable[[str, PauseEntry | None], None] | None = None
         """Called with each change the watch brings after it loaded that this replica
         did not apply itself (another replica's command)."""
+        self._writing: set[str] = set()
+        """Keys this replica is writing: their change is its own, whichever of the
+        watch and the write applies it first."""
         self._watching: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -216,7 +219,8 @@ class PauseBook:
             if change.operation not in ("DEL", "PURGE") and change.value:
                 entry = _entry_of(change.value, change.revision, change.created)
             applied = self.apply(change.key, entry, change.revision or 0)
-            if applied and loaded.done() and self.on_change is not None:
+            own = change.key in self._writing
+            if applied and not own and loaded.done() and self.on_change is not None:
                 self.on_change(change.key, entry)
 
     async def put(self, record: PauseRecord) -> PauseEntry:
@@ -224,14 +228,18 @@ class PauseBook:
         key = pause_key(record.scope, record.name)
         ttl = ttl_whole_seconds(record.for_s) if record.for_s > 0 else None
         subject = f"$KV.{subjects.BUCKET_CONTROL}.{key}"
-        await self.js.publish(subject, _encoder.encode(record), msg_ttl=ttl)
-        # The server's stored time is the record's start: read it back, so the
-        # consumers' pause_until is exactly the TTL's end.
-        msg = await last_message(self.js, _STREAM, subject)
-        if msg is None or msg.seq is None or msg.time is None or not msg.data:
-            raise RuntimeError(f"the pause record {key} was not found after it was written")
-        entry = PauseEntry(_decoder.decode(msg.data), msg.seq, msg.time)
-        self.apply(key, entry, msg.seq)
+        self._writing.add(key)
+        try:
+            await self.js.publish(subject, _encoder.encode(record), msg_ttl=ttl)
+            # The server's stored time is the record's start: read it back, so the
+            # consumers' pause_until is exactly the TTL's end.
+            msg = await last_message(self.js, _STREAM, subject)
+            if msg is None or msg.seq is None or msg.time is None or not msg.data:
+                raise RuntimeError(f"the pause record {key} was not found after it was written")
+            entry = PauseEntry(_decoder.decode(msg.data), msg.seq, msg.time)
+            self.apply(key, entry, msg.seq)
+        finally:
+            self._writing.discard(key)
         return entry
 
     async def remove(self, scope: PauseScope, name: str) -> PauseEntry | None:
@@ -241,10 +249,14 @@ class PauseBook:
         found = await self.stored(key)
         if found is None:
             return None
-        ack = await self.js.publish(
-            f"$KV.{subjects.BUCKET_CONTROL}.{key}", b"", headers={"KV-Operation": "DEL"}
-        )
-        self.apply(key, None, int(ack.seq))
+        self._writing.add(key)
+        try:
+            ack = await self.js.publish(
+                f"$KV.{subjects.BUCKET_CONTROL}.{key}", b"", headers={"KV-Operation": "DEL"}
+            )
+            self.apply(key, None, int(ack.seq))
+        finally:
+            self._writing.discard(key)
         return found
 
     async def stored(self, key: str) -> PauseEntry | None:

@@ -98,7 +98,8 @@ class PauseReply(msgspec.Struct, frozen=True, omit_defaults=True):
     revoked: list[str] = []
     """``now``: the job ids whose leases were revoked and requeued."""
     consumers: list[str] = []
-    """The work consumers paused (a pause) or resumed (a resume) at the server."""
+    """A pause: the work consumers it holds at the server. A resume: those it let go
+    (none another pause still holds)."""
     answered_at: str = ""
     """RFC 3339, the NATS server's time when the leaser answered (its clock, read by the
     leaser): no grant in scope is made by this replica after it."""

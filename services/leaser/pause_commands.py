@@ -14,6 +14,7 @@ target pause) resume a consumer only when the last of them ends.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -30,6 +31,7 @@ from jetfleet.schemas.control import (
 )
 from jetfleet.services.leaser.call_checks import undeclared
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.pause_book import (
@@ -113,17 +115,18 @@ class PauseCommands:
         record = record_of(command)
         entry = await self.book.put(record)
         # From here this replica refuses grants in scope: the book has the record.
-        consumers = await self.reconcile()
+        await self.reconcile()
+        consumers = sorted(consumer_pauses(self.settings, [entry]))
         revoked: list[str] = []
         if record.mode == "now":
             revoked = await self.revoke(record)
             self.spawn(self._sweep_again(entry))
         log.warning(
-            "paused %s %s for %s (%s, by %s: %s); %d consumer(s) paused at the server, "
+            "paused %s %s %s (%s, by %s: %s); %d consumer(s) paused at the server, "
             "%d lease(s) revoked",
             record.scope,
             record.name,
-            f"{record.for_s:g} s" if record.for_s else "until resumed",
+            f"for {record.for_s:g} s" if record.for_s else "until resumed",
             record.mode,
             record.by or "unknown",
             record.why,
@@ -141,7 +144,10 @@ class PauseCommands:
     async def _resume(self, command: PauseResume) -> PauseReply:
         name = FLEET_NAME if command.scope == "fleet" else command.name
         ended = await self.book.remove(command.scope, name)
-        consumers = await self.reconcile()
+        await self.reconcile()
+        still = consumer_pauses(self.settings, self.book.in_force(await self.clock.now()))
+        ended_held = consumer_pauses(self.settings, [ended]) if ended is not None else {}
+        consumers = sorted(set(ended_held) - set(still))
         if ended is None:
             detail = f"not paused: {command.scope} {name} has no pause in force"
             return PauseReply(
@@ -206,7 +212,8 @@ class PauseCommands:
             gate = asyncio.Semaphore(CALLS_IN_FLIGHT)
 
             async def call(name: str, until: datetime.datetime | None) -> None:
-                async with gate:
+                # A consumer not made yet is made paused by topology declare.
+                async with gate, contextlib.suppress(NotFoundError):
                     if until is None:
                         await self.js.resume_consumer(subjects.STREAM_WORK, name)
                     else:
@@ -220,7 +227,10 @@ class PauseCommands:
         paused: dict[str, datetime.datetime] = {}
         offset = 0
         while True:
-            page = await self.js.consumers_info(subjects.STREAM_WORK, offset=offset)
+            try:
+                page = await self.js.consumers_info(subjects.STREAM_WORK, offset=offset)
+            except NotFoundError:  # no work stream yet: nothing is paused
+                return paused
             for info in page:
                 if info.paused and info.config.pause_until and info.name:
                     paused[info.name] = parse_server_time(info.config.pause_until)
