@@ -92,9 +92,8 @@ class PauseEntry:
         """The entry as listed, with the seconds it has left at ``now``."""
         ends = self.ends
         left = 0.0 if ends is None or now is None else max(0.0, (ends - now).total_seconds())
-        return PauseView(
-            record=self.record, stored_at=rfc3339(self.stored), left_s=left, revision=self.revision
-        )
+        age = 0.0 if now is None else max(0.0, (now - self.stored).total_seconds())
+        return PauseView(record=self.record, age_s=age, left_s=left, revision=self.revision)
 
 
 def covers(record: PauseRecord, target: str, region: str, worker: str, identity: str) -> bool:

@@ -48,8 +48,9 @@ class PauseView(msgspec.Struct, frozen=True, omit_defaults=True):
     left of it by the server's clock."""
 
     record: PauseRecord
-    stored_at: str = ""
-    """RFC 3339, the NATS server's time when the record was written."""
+    age_s: float = 0.0
+    """Seconds since the server stored the record, by the server's clock (the record's
+    revision below names the message: its stored time is the pause's start)."""
     left_s: float = 0.0
     """Seconds left by the server's clock (0: until resumed)."""
     revision: int = 0
@@ -94,15 +95,13 @@ class PauseReply(msgspec.Struct, frozen=True, omit_defaults=True):
     ok: bool
     detail: str = ""
     pauses: list[PauseView] = []
-    """A pause: the record in force. A list: every pause in force."""
+    """A pause: the record in force (its ``revision`` is the ``jf-control`` message, so
+    its server time is known). A list: every pause in force."""
     revoked: list[str] = []
     """``now``: the job ids whose leases were revoked and requeued."""
     consumers: list[str] = []
     """A pause: the work consumers it holds at the server. A resume: those it let go
     (none another pause still holds)."""
-    answered_at: str = ""
-    """RFC 3339, the NATS server's time when the leaser answered (its clock, read by the
-    leaser): no grant in scope is made by this replica after it."""
     retry_after_s: float = 0.0
     """With ``ok`` false: not finished (busy, or JetStream slow): send it again after
     this many seconds. 0: refused, final."""

@@ -43,6 +43,14 @@ from jetfleet.schemas.breaker import (
     BreakerReply,
     BreakerView,
 )
+from jetfleet.schemas.control import (
+    PauseList,
+    PauseRecord,
+    PauseReply,
+    PauseResume,
+    PauseSet,
+    PauseView,
+)
 from jetfleet.schemas.lease import (
     AvoidEntry,
     Evidence,
@@ -454,6 +462,18 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         PermitRefused(reason="ratelimit-unavailable", detail="redis: connection refused"),
         TargetLimits(rate=5.0, burst=2, daily=50000, set_by="ops@host", reason="owner asked"),
         RobotsRecord(target="example", status=200, body="User-agent: *\n", crawl_delay_s=2.0),
+        PauseSet(scope="target", name="example", for_s=1800.0, mode="now", by="ops", why="x"),
+        PauseResume(scope="identity", name="p-osaka", by="ops", why="cleared"),
+        PauseList(),
+        PauseRecord(scope="fleet", for_s=60.0, by="ops", why="incident 42"),
+        PauseReply(
+            ok=True,
+            pauses=[
+                PauseView(record=PauseRecord(scope="worker", name="w1"), age_s=3.0, revision=12)
+            ],
+            revoked=[JOB.id],
+            consumers=["work-example-normal"],
+        ),
     )
 }
 

@@ -106,7 +106,7 @@ class PauseCommands:
         if isinstance(command, PauseList):
             now = await self.clock.now()
             views = [e.view(now) for e in sorted(self.book.in_force(now), key=_order)]
-            return PauseReply(ok=True, pauses=views, answered_at=await self._now_text())
+            return PauseReply(ok=True, pauses=views)
         if isinstance(command, PauseResume):
             return await self._resume(command)
         return await self._pause(command)
@@ -138,7 +138,6 @@ class PauseCommands:
             pauses=[entry.view(await self.clock.now())],
             revoked=revoked,
             consumers=consumers,
-            answered_at=await self._now_text(),
         )
 
     async def _resume(self, command: PauseResume) -> PauseReply:
@@ -150,9 +149,7 @@ class PauseCommands:
         consumers = sorted(set(ended_held) - set(still))
         if ended is None:
             detail = f"not paused: {command.scope} {name} has no pause in force"
-            return PauseReply(
-                ok=True, detail=detail, consumers=consumers, answered_at=await self._now_text()
-            )
+            return PauseReply(ok=True, detail=detail, consumers=consumers)
         log.warning(
             "resumed %s %s (by %s: %s); %d consumer(s) resumed at the server",
             command.scope,
@@ -161,11 +158,7 @@ class PauseCommands:
             command.why,
             len(consumers),
         )
-        return PauseReply(ok=True, consumers=consumers, answered_at=await self._now_text())
-
-    async def _now_text(self) -> str:
-        now = await self.clock.now()
-        return rfc3339(now) if now is not None else ""
+        return PauseReply(ok=True, consumers=consumers)
 
     def _changed(self, key: str, entry: PauseEntry | None) -> None:
         """Another replica's command, as this replica's watch brings it."""
@@ -213,11 +206,13 @@ class PauseCommands:
 
             async def call(name: str, until: datetime.datetime | None) -> None:
                 # A consumer not made yet is made paused by topology declare.
-                async with gate, contextlib.suppress(NotFoundError):
-                    if until is None:
-                        await self.js.resume_consumer(subjects.STREAM_WORK, name)
-                    else:
-                        await self.js.pause_consumer(subjects.STREAM_WORK, name, rfc3339(until))
+                async with gate:
+                    with contextlib.suppress(NotFoundError):
+                        if until is None:
+                            await self.js.resume_consumer(subjects.STREAM_WORK, name)
+                        else:
+                            until_text = rfc3339(until)
+                            await self.js.pause_consumer(subjects.STREAM_WORK, name, until_text)
 
             await asyncio.gather(*(call(name, until) for name, until in calls))
             return [name for name, _ in calls]
