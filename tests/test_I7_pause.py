@@ -93,7 +93,7 @@ async def grant_log(js: JetStreamContext) -> AsyncIterator[GrantLog]:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await watcher.stop()
+        await watcher.stop()  # type: ignore[no-untyped-call]
 
 
 def two_targets(nats_url: str, redis_url: str, site: TargetSimulator) -> Settings:
