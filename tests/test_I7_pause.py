@@ -224,6 +224,7 @@ async def test_I7_a_fleet_pause_now_requeues_held_jobs_and_every_job_commits_onc
                 # come back to nobody (the sink refuses the revoked fences).
                 assert await committed(js, SHOP) == 0
                 last = last_after(log.grants, acked)
+                print(f"\nI7 fleet pause --now: last grant {last * 1000:.0f} ms after the pause")
                 assert last < WITHIN_S, f"a grant {last:.3f} s after the pause's ack"
 
             await resume(settings, scope="fleet")
@@ -344,6 +345,7 @@ async def test_I7_an_identity_pause_now_moves_its_jobs_to_other_workers(
 
                 await wait_for(all_committed, 60, "every job committed")
                 last = last_after(log.of(worker="w-a"), acked)
+                print(f"\nI7 identity pause --now: last id-a grant {last * 1000:.0f} ms after")
                 assert last < WITHIN_S, f"a grant to id-a {last:.3f} s after the ack"
                 for job_id in reply.revoked:
                     after = [g for g in log.grants if g.job_id == job_id and g.at > acked]
