@@ -26,7 +26,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.cli.pause_commands import parse_duration, send_pause
+from jetfleet.cli.pause_commands import command_of, parse_duration, send_pause
 from jetfleet.errors import JetfleetError
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
@@ -364,3 +364,48 @@ def test_pause_durations_parse_with_clear_errors() -> None:
     for bad in ("", "3x", "-1m", "0", "40d", "m"):
         with pytest.raises(JetfleetError, match="--for"):
             parse_duration(bad)
+
+
+async def test_I7_worker_and_region_pauses_refuse_only_their_workers(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/1", target=SHOP)
+    await pause(settings, scope="worker", name="w-a", why="draining its host")
+    await pause(settings, scope="region", name="eu", for_s=600.0)
+    by_worker = await client.grant(ask(order, worker="w-a"))
+    assert isinstance(by_worker, LeaseRefusal) and by_worker.pause_scope == "worker", by_worker
+    in_region = msgspec.structs.replace(ask(order, worker="w-b"), region="eu")
+    by_region = await client.grant(in_region)
+    assert isinstance(by_region, LeaseRefusal) and by_region.pause_scope == "region", by_region
+    assert "draining its host" in by_worker.detail
+    assert isinstance(await client.grant(ask(order, worker="w-b")), LeaseGrant)
+    # Only fleet and target pauses hold consumers at the server.
+    assert not await consumer_paused(nc.jetstream(), SHOP)
+    shown = (await services.status()).pauses
+    assert [(v.record.scope, v.record.name) for v in shown] == [("region", "eu"), ("worker", "w-a")]
+    assert 590 < shown[0].left_s <= 600 and shown[1].left_s == 0.0
+
+
+def _cli(*argv: str) -> PauseSet | PauseResume | PauseList:
+    from jetfleet.cli.main import build_parser
+
+    return command_of(build_parser().parse_args(list(argv)))
+
+
+def test_the_pause_cli_builds_each_scope_and_mode() -> None:
+    assert _cli("pause") == PauseSet(scope="fleet", by="operator")
+    assert _cli("pause", "--target", SHOP, "--for", "30m", "--now", "--why", "w") == PauseSet(
+        scope="target", name=SHOP, for_s=1800.0, mode="now", by="operator", why="w"
+    )
+    assert _cli("pause", "--identity", "id a", "--drain") == PauseSet(
+        scope="identity", name="id a", by="operator"
+    )
+    assert _cli("resume", "--region", "eu", "--by", "ops") == PauseResume(
+        scope="region", name="eu", by="ops"
+    )
+    assert _cli("pause", "--list") == PauseList()
+    with pytest.raises(JetfleetError, match="not a target name"):
+        _cli("pause", "--target", "Shop!")
+    with pytest.raises(SystemExit):  # argparse: one scope at a time
+        _cli("pause", "--target", SHOP, "--worker", "w-a")
