@@ -22,11 +22,13 @@ import pytest
 from jetfleet.schemas import LeaseGrant, LeaseRefusal
 from jetfleet.schemas.control import PauseList, PauseReply, PauseResume, PauseSet
 from jetfleet.schemas.lease import LeaseRecord
+from jetfleet.services.leaser import Leaser
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.cli.pause_commands import command_of, parse_duration, send_pause
+from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
@@ -123,6 +125,19 @@ async def consumer_paused(js: JetStreamContext, target: str, tier: str = "normal
     return bool(info.paused)
 
 
+@contextlib.asynccontextmanager
+async def second_leaser(stack: InProcessStack) -> AsyncIterator[Leaser]:
+    """Another leaser replica in the queue group: grants go to either, so a pause taken
+    by one must reach the other through its watch within the second too."""
+    replica = Leaser(stack.settings, await connect_nats(stack.settings.nats, "leaser-2"))
+    await replica.start()
+    try:
+        yield replica
+    finally:
+        await replica.drain(5.0)
+        await replica.nc.close()
+
+
 async def stored_time(js: JetStreamContext, reply: PauseReply) -> datetime.datetime:
     """The server's time when it stored the pause's record. The leaser acknowledges
     after that (once its own book has it), so a grant counted from here to under 1 s is
@@ -148,7 +163,7 @@ async def test_I7_a_target_pause_stops_its_grants_within_1_s_while_other_targets
 ) -> None:
     async with TargetSimulator(SimulatorConfig(latency_s=0.2)) as site:
         settings = two_targets(nats_url, redis_url, site)
-        async with running_stack(settings, workers=2) as stack:
+        async with running_stack(settings, workers=2) as stack, second_leaser(stack):
             js = js_of(stack)
             async with grant_log(js) as log:
                 shop = await submit_paths(
