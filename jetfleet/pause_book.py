@@ -284,6 +284,10 @@ class PauseBook:
             entry = self.entries.get(key) if self.following() else await self.stored(key)
             if entry is not None and entry.in_force(now):
                 return entry
+            if entry is not None and now is not None:
+                # Lapsed by its TTL (which the watch does not see): forgotten, so the
+                # grants skip the book again once no pause is in force.
+                self.entries.pop(key, None)
         return None
 
     def in_force(self, now: datetime.datetime | None) -> list[PauseEntry]:
