@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import re
+import sys
 from typing import Any
 
 import msgspec
@@ -167,7 +168,7 @@ def _run(args: argparse.Namespace) -> int:
         print_json(reply)
         return 0 if reply.ok else 1
     if not reply.ok:
-        print(f"jetfleet: the leaser refused: {reply.detail}")
+        print(f"jetfleet: the leaser refused: {reply.detail}", file=sys.stderr)
         return 1
     if isinstance(command, PauseList):
         if reply.pauses:
@@ -180,7 +181,8 @@ def _run(args: argparse.Namespace) -> int:
         if reply.revoked:
             print(f"revoked and requeued {len(reply.revoked)} held lease(s)")
     else:
-        print(reply.detail or f"resumed: {len(reply.consumers)} consumer(s) resumed at the server")
+        held = f"; {len(reply.consumers)} work consumer(s) resumed at the server"
+        print(reply.detail or f"resumed: grants in scope go on{held if reply.consumers else ''}")
     return 0
 
 
