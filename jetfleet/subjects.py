@@ -42,6 +42,13 @@ BREAKER_PREFIX = "breaker"
 BREAKER_COOL_PREFIX = "breaker-cool"
 BREAKER_PROBE_PREFIX = "breaker-probe"
 BREAKER_FIRED_PREFIX = "breaker-fired"
+# In jf-control, per version tuple id (docs/versions.md): its approval (no TTL), its
+# withdrawal (why), and its last sighting by a leaser (per-key TTL); and the rollout
+# guard's fleet-wide switch.
+VERSION_APPROVED_PREFIX = "version-approved"
+VERSION_WITHDRAWN_PREFIX = "version-withdrawn"
+VERSION_SEEN_PREFIX = "version-seen"
+VERSION_GUARD_KEY = "version-guard"
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
@@ -57,6 +64,7 @@ LEASE = f"{PREFIX}.lease"
 QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
 QUEUE_LEASER = "leaser"
 BREAKER = f"{PREFIX}.breaker"  # circuit breaker commands, served by the leaser
+VERSIONS = f"{PREFIX}.versions"  # approved version commands, served by the leaser
 RATELIMIT = f"{PREFIX}.ratelimit"  # permits and holds, served by the ratelimit service
 QUEUE_RATELIMIT = "ratelimit"
 
@@ -77,6 +85,10 @@ def max_deliveries_advisories(stream: str) -> str:
 def alert(target: str) -> str:
     """Where ``target``'s circuit breaker alerts are published (kept in JF_ALERTS)."""
     return f"{PREFIX}.alert.{target}"
+
+
+# On jf.alert.<token>: a target name cannot start with "_", so this one is nobody's.
+VERSIONS_ALERT = f"{PREFIX}.alert._versions"
 
 
 def submit(target: str) -> str:

@@ -19,6 +19,7 @@ from jetfleet.cli import (
     run_commands,
     scenario_command,
     target_commands,
+    version_commands,
 )
 from jetfleet.dev.stack_env import effective_env
 from jetfleet.errors import JetfleetError
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)
+    version_commands.register(commands)
     return parser
 
 

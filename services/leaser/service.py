@@ -33,6 +33,7 @@ from jetfleet.schemas.lease import (
     QuarantineScope,
     Sealed,
 )
+from jetfleet.schemas.versions import VersionsCommand, VersionsReply
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
@@ -49,6 +50,11 @@ from jetfleet.services.leaser.checks import (
 )
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
+from jetfleet.services.leaser.version_commands import (
+    ApprovedVersions,
+    VersionCommands,
+    versions_objection,
+)
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -67,6 +73,7 @@ log = logging.getLogger(__name__)
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
+_versions_decoder = msgspec.json.Decoder(VersionsCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
 PUT_TRIES = 10
@@ -104,6 +111,14 @@ BREAKER_REFUSALS = Refusals[BreakerReply](
     ),
     failed=lambda exc: BreakerReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
     too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+VERSIONS_REFUSALS = Refusals[VersionsReply](
+    malformed=lambda error: VersionsReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: VersionsReply(
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: VersionsReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
+    too_large=lambda why: VersionsReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -152,6 +167,9 @@ class Leaser:
         )
         await self.breakers.start()
         self.metrics.append(self.breaker_commands.changes)
+        self.versions = ApprovedVersions(self.settings, self.js, control, self._spawn_task)
+        await self.versions.start()
+        self.version_commands = VersionCommands(self.settings, self.js, control)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -183,6 +201,16 @@ class Leaser:
                 check=lambda _, command: breaker_objection(self.settings, command),
             )
         )
+        await self.responder.serve(
+            Route(
+                subjects.VERSIONS,
+                _versions_decoder,
+                self.version_commands.command,
+                VERSIONS_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: versions_objection(command),
+            )
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
@@ -191,6 +219,7 @@ class Leaser:
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
         await self.breakers.stop()
+        await self.versions.stop()
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
@@ -338,6 +367,7 @@ class Leaser:
             clock=self.clock,
             avoid=self.avoid,
             breakers=self.breakers,
+            versions=self.versions,
         )
         try:
             verdict = await first_objection(ctx)
