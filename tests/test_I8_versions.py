@@ -175,9 +175,7 @@ async def test_I8_the_rollout_guard_withdraws_a_worse_tuple_and_keeps_one_within
         await _publish(nc, worse, ok=10, failed=10)  # 50%: withdrawn
 
         async def withdrawn() -> bool:
-            return [w.id for w in (await _view(guard_settings)).withdrawn] == [
-                tuple_id(worse)
-            ]
+            return [w.id for w in (await _view(guard_settings)).withdrawn] == [tuple_id(worse)]
 
         await wait_for(withdrawn, 30.0, "the worse tuple's withdrawal")
         await _read_all(nc, stack)

@@ -63,9 +63,7 @@ class Rates:
 class TupleWindow:
     """One tuple's outcomes in the window: (stored at, ok, blocked), oldest first."""
 
-    events: collections.deque[tuple[float, bool, bool]] = field(
-        default_factory=collections.deque
-    )
+    events: collections.deque[tuple[float, bool, bool]] = field(default_factory=collections.deque)
 
     def forget_before(self, at_s: float) -> None:
         while self.events and self.events[0][0] < at_s:

@@ -41,8 +41,8 @@ from jetfleet.schemas.names import RequiredName
 from jetfleet.services.quarantine.breaker_watch import BreakerWatch
 from jetfleet.services.quarantine.egress_proposals import EgressProposals
 from jetfleet.services.quarantine.fired_markers import Claim, FiredMarkers
-from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
 from jetfleet.services.quarantine.rollout_guard import RolloutGuard
+from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
 from jetfleet.services.quarantine.second_order import SecondOrder
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
