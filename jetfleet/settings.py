@@ -1105,7 +1105,8 @@ def _require(ok: bool, key: str, what: str) -> None:
 
 
 VERSION_FIELD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,31}$")
-MAX_VERSION_FIELDS = 16
+MAX_VERSION_FIELDS = 8
+MAX_VERSION_VALUE = 64
 
 
 def _validate_version_fields(fields: dict[str, str]) -> None:
@@ -1122,10 +1123,11 @@ def _validate_version_fields(fields: dict[str, str]) -> None:
             "a field name of lowercase letters, digits, '_', '-' or '.', starting with a "
             "letter, at most 32 characters",
         )
+        # ASCII and short: the tuple rides on every lease call, within its byte bound.
         _require(
-            0 < len(value) <= 128 and value.isprintable(),
+            0 < len(value) <= MAX_VERSION_VALUE and value.isascii() and value.isprintable(),
             f"{key}.{name}",
-            "a value of 1 to 128 printable characters",
+            f"a value of 1 to {MAX_VERSION_VALUE} printable ASCII characters",
         )
 
 

@@ -3,7 +3,7 @@ commands the leaser serves on ``jf.versions``, and the rollout guard's alert on
 ``jf.alert._versions``.
 
 Times are the server's: when a tuple was approved, seen or withdrawn is the stored
-timestamp of its KV entry, never a time a payload carries (I9).
+timestamp of its KV entry, never a time a payload carries; listings show ages (I9).
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ class ApprovedShown(msgspec.Struct, frozen=True, omit_defaults=True):
     versions: Versions
     by: str = ""
     why: str = ""
-    approved_at: str = ""
-    """When the approval was stored, by the NATS server's clock (RFC 3339)."""
+    age_s: float = -1.0
+    """Seconds since the approval was stored, by the NATS server's clock (-1: the
+    server's time could not be read, as for every ``age_s`` here)."""
     incumbent: bool = False
     """The approved tuple approved earliest: what the rollout guard compares with."""
 
@@ -116,7 +117,8 @@ class SeenShown(msgspec.Struct, frozen=True, omit_defaults=True):
     id: str
     versions: Versions
     worker: str = ""
-    seen_at: str = ""
+    age_s: float = -1.0
+    """Seconds since a leaser last recorded it, by the NATS server's clock."""
     approved: bool = False
 
 
@@ -126,7 +128,8 @@ class WithdrawnShown(msgspec.Struct, frozen=True, omit_defaults=True):
     id: str
     by: str = ""
     why: str = ""
-    withdrawn_at: str = ""
+    age_s: float = -1.0
+    """Seconds since it was withdrawn, by the NATS server's clock."""
     figures: GuardFigures | None = None
 
 

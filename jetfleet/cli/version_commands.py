@@ -112,30 +112,39 @@ def describe(versions: Versions) -> str:
     return "; ".join(parts)
 
 
+def _ago(age_s: float) -> str:
+    if age_s < 0:
+        return "?"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if age_s >= size:
+            return f"{age_s / size:.1f}{unit} ago"
+    return f"{age_s:.0f}s ago"
+
+
 def print_view(view: VersionView, local: Versions) -> None:
     """The approved set, the tuples seen, the withdrawals with why, and this machine's."""
     print(f"gate: {view.gate or '?'}   rollout guard switch: {view.guard}")
     print(f"this machine advertises: {local.id}  {describe(local)}")
     print("\napproved:")
     print_table(
-        ["id", "approved_at", "by", "incumbent", "tuple", "why"],
+        ["id", "approved", "by", "incumbent", "tuple", "why"],
         [
-            [a.id, a.approved_at, a.by, "yes" if a.incumbent else "", describe(a.versions), a.why]
+            [a.id, _ago(a.age_s), a.by, "yes" if a.incumbent else "", describe(a.versions), a.why]
             for a in view.approved
         ],
     )
     print("\nseen (last day):")
     print_table(
-        ["id", "seen_at", "worker", "approved", "tuple"],
+        ["id", "seen", "worker", "approved", "tuple"],
         [
-            [s.id, s.seen_at, s.worker, "yes" if s.approved else "NO", describe(s.versions)]
+            [s.id, _ago(s.age_s), s.worker, "yes" if s.approved else "NO", describe(s.versions)]
             for s in view.seen
         ],
     )
     print("\nwithdrawn:")
     print_table(
-        ["id", "withdrawn_at", "by", "why"],
-        [[w.id, w.withdrawn_at, w.by, w.why] for w in view.withdrawn],
+        ["id", "withdrawn", "by", "why"],
+        [[w.id, _ago(w.age_s), w.by, w.why] for w in view.withdrawn],
     )
 
 

@@ -38,8 +38,8 @@ from nats.js.kv import KeyValue
 from jetfleet import subjects
 from jetfleet.kv_watch import KeyWatch
 from jetfleet.lease_store import ttl_whole_seconds
-from jetfleet.ops.version_view import version_view
 from jetfleet.settings import Settings
+from jetfleet.version_records import version_view
 from jetfleet.version_tuple import tuple_id
 
 log = logging.getLogger(__name__)

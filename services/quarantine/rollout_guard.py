@@ -29,8 +29,8 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.metrics import CounterFamily
-from jetfleet.ops.version_view import approved_tuples, guard_state
 from jetfleet.settings import Settings
+from jetfleet.version_records import approved_tuples, guard_state
 from jetfleet.version_tuple import tuple_id
 
 log = logging.getLogger(__name__)
