@@ -445,8 +445,8 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
 ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
-    version_not_approved,
     outside_window,
+    version_not_approved,
     quarantined,
     circuit_open,
     pinned_identity,

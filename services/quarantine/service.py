@@ -195,11 +195,9 @@ class QuarantineService:
 
     @property
     def longest_window_s(self) -> float:
-        """The longest window (of the rules, the egress rule, the breaker and the
-        rollout guard): how far back a (re)started replica reads."""
-        versions = self.settings.versions
-        guard = versions.guard_window_s if versions.guard_enabled else 0.0
-        return max(self.settings.quarantine.longest_window_s, guard)
+        """The longest window (of the rules, the egress rule and the breaker): how far
+        back a (re)started replica reads."""
+        return self.settings.quarantine.longest_window_s
 
     async def start(self) -> None:
         """Open the control bucket and start reading outcome events."""
