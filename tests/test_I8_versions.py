@@ -35,7 +35,7 @@ from jetfleet.version_tuple import (
 from jetfleet.worker import Worker
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.queueing.helpers import committed, submit_paths
-from tests.stack import InProcessStack
+from tests.stack import InProcessStack, running_stack
 
 DEMO = "demo"
 
@@ -161,9 +161,7 @@ async def _read_all(nc: NatsClient, stack: InProcessStack) -> None:
 async def test_I8_the_rollout_guard_withdraws_a_worse_tuple_and_keeps_one_within_tolerance(
     guard_settings: Settings, nc: NatsClient
 ) -> None:
-    stack = InProcessStack(guard_settings)
-    await stack.start(workers=0)
-    try:
+    async with running_stack(guard_settings) as stack:
         # Two replicas judge alike: one withdrawal, one alert.
         await stack.add_quarantine()
         await stack.add_quarantine()
@@ -199,16 +197,12 @@ async def test_I8_the_rollout_guard_withdraws_a_worse_tuple_and_keeps_one_within
             )
         ]
         assert [(a.id, a.by) for a in alerts] == [(tuple_id(worse), "rollout-guard")]
-    finally:
-        await stack.stop()
 
 
 async def test_I8_the_rollout_guard_turned_off_withdraws_nothing(
     guard_settings: Settings, nc: NatsClient
 ) -> None:
-    stack = InProcessStack(guard_settings)
-    await stack.start(workers=0)
-    try:
+    async with running_stack(guard_settings) as stack:
         await stack.add_quarantine()
         reply = await send_versions(guard_settings, VersionsGuard(on=False, by="test"))
         assert reply.ok, reply.detail
@@ -222,8 +216,6 @@ async def test_I8_the_rollout_guard_turned_off_withdraws_nothing(
         assert view.guard == "off"
         assert [a.id for a in view.approved] == [tuple_id(incumbent), tuple_id(worse)]
         assert view.withdrawn == []
-    finally:
-        await stack.stop()
 
 
 async def test_approving_an_unseen_id_says_how_to_approve_it(services: InProcessStack) -> None:
