@@ -5,20 +5,27 @@ within tolerance (docs/versions.md). Real servers throughout."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from pathlib import Path
+
 import msgspec
 import pytest
-from jetfleet.schemas import CommittedResult, Outcome, Versions
+from jetfleet.schemas import CommittedResult, LeaseRequest, Outcome, Versions
 from jetfleet.schemas.versions import (
     VersionAlert,
+    VersionApproval,
     VersionsApprove,
     VersionsGuard,
+    VersionSighting,
     VersionsList,
     VersionView,
 )
-from jetfleet.services.leaser.version_commands import approved_key
+from jetfleet.services.leaser.version_commands import ApprovedVersions, approved_key
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.cli import main as cli_main
 from jetfleet.cli.version_commands import send_versions
 from jetfleet.errors import ConfigError
 from jetfleet.ops.version_view import version_view
@@ -276,3 +283,81 @@ def test_version_settings_are_validated_with_what_to_fix(tmp_path: object) -> No
     fields = load_settings(env={"JETFLEET_WORKER__VERSION_FIELDS": "image=v42, ring=canary"})
     assert fields.worker.version_fields == {"image": "v42", "ring": "canary"}
     assert load_settings(env={}).versions.gate == "when-set"
+
+
+async def _cli(argv: list[str]) -> int:
+    """The CLI, in a thread: it runs its own event loop."""
+    return await asyncio.to_thread(cli_main.main, argv)
+
+
+def _ask(worker: str, versions: Versions) -> LeaseRequest:
+    return LeaseRequest(
+        job_id="j-1", target=DEMO, key="u-" + "0" * 40, worker=worker, versions=versions
+    )
+
+
+@pytest.mark.parametrize(
+    ("gate", "refused_while_none_approved"), [("when-set", False), ("always", True), ("off", False)]
+)
+async def test_the_gate_modes_refuse_an_unapproved_tuple_as_documented(
+    settings: Settings, nc: NatsClient, gate: str, refused_while_none_approved: bool
+) -> None:
+    gated = msgspec.structs.replace(settings, versions=VersionSettings(gate=gate))  # type: ignore[arg-type]
+    control = await nc.jetstream().key_value(subjects.BUCKET_CONTROL)
+    spawned: list[asyncio.Task[None]] = []
+    book = ApprovedVersions(
+        gated, nc.jetstream(), control, lambda c: spawned.append(asyncio.ensure_future(c))
+    )
+    await book.start()
+    try:
+        stable, canary = _tuple("3.0"), _tuple("3.1")
+        refusal = await book.objection(_ask("w-canary", canary))
+        assert (refusal is not None) == refused_while_none_approved
+        approval = VersionApproval(versions=stable, by="test")
+        await control.put(approved_key(tuple_id(stable)), msgspec.json.encode(approval))
+
+        async def learned() -> bool:
+            return approved_key(tuple_id(stable)) in book.watch.keys
+
+        await wait_for(learned, 10.0, "the watch to learn of the approval")
+        assert await book.objection(_ask("w-stable", stable)) is None
+        refusal = await book.objection(_ask("w-canary", canary))
+        if gate == "off":
+            assert refusal is None
+            return
+        assert refusal is not None and refusal.reason == "version-not-approved"
+        assert refusal.retry_after_s > 0
+        assert f"jetfleet versions approve {tuple_id(canary)}" in refusal.detail
+        await asyncio.gather(*spawned)
+        # Each tuple is recorded as seen once per replica every few minutes, not per ask.
+        assert len(spawned) == 2
+        seen = await control.get(f"{subjects.VERSION_SEEN_PREFIX}.{tuple_id(canary)}")
+        assert msgspec.json.decode(seen.value or b"", type=VersionSighting).worker == "w-canary"
+    finally:
+        await book.stop()
+
+
+async def test_the_cli_approves_this_machines_tuple_and_lists_it(
+    services: InProcessStack, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "jetfleet.toml"
+    config.write_text(f'[nats]\nurl = "{services.settings.nats.url}"\n', encoding="utf-8")
+    base = ["--config", str(config), "versions"]
+    assert await _cli([*base, "approve", "--current", "--why", "release 0.1.0"]) == 0
+    local = local_tuple(load_settings(config, env={}))
+    assert f"approved: version tuple {local.id}" in capsys.readouterr().out
+    assert await _cli([*base, "list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["local"]["id"] == local.id
+    (approved,) = listed["approved"]
+    assert (approved["id"], approved["why"], approved["incumbent"]) == (
+        local.id,
+        "release 0.1.0",
+        True,
+    )
+    assert approved["by"]  # the OS user
+    assert await _cli([*base, "revoke", local.id, "--why", "bad build"]) == 0
+    assert await _cli([*base, "list"]) == 0
+    text = capsys.readouterr().out
+    assert f"withdrawn: version tuple {local.id}" in text
+    assert "bad build" in text.split("withdrawn:")[-1]
