@@ -52,6 +52,7 @@ VERSION_RETRY_S = 30.0
 # this often per tuple, never on every grant.
 SEEN_TTL_S = 86400.0
 SEEN_EVERY_S = 300.0
+MAX_REMEMBERED = 10_000
 GUARD_BY = "rollout-guard"
 TUPLE_ID_RE = re.compile(r"^[0-9a-f]{12}$")
 
@@ -127,6 +128,8 @@ class ApprovedVersions:
         now = time.monotonic()
         if now - self._seen_at.get(tid, -SEEN_EVERY_S) < SEEN_EVERY_S:
             return
+        if len(self._seen_at) >= MAX_REMEMBERED:
+            self._seen_at.clear()  # workers sending ever new tuples cost memory, not KV
         self._seen_at[tid] = now
         bare = msgspec.structs.replace(versions, handler="", id=tid)
         self.spawn(self._write_sighting(tid, VersionSighting(versions=bare, worker=worker)))
