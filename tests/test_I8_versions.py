@@ -32,6 +32,7 @@ from jetfleet.ops.version_view import version_view
 from jetfleet.settings import Settings, VersionSettings, load_settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
+from jetfleet.topology import declare
 from jetfleet.version_tuple import (
     code_revision,
     config_hash,
@@ -364,3 +365,47 @@ async def test_the_cli_approves_this_machines_tuple_and_lists_it(
     text = capsys.readouterr().out
     assert f"withdrawn: version tuple {local.id}" in text
     assert "bad build" in text.split("withdrawn:")[-1]
+
+
+async def test_I8_the_guard_withdraws_a_canary_whose_real_jobs_fail_and_its_work_moves_on(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, nc: NatsClient
+) -> None:
+    """End to end: real workers' outcome events, the guard, the leaser's gate. The canary
+    tuple's jobs fail (404: permanent) where the incumbent's succeed; once withdrawn,
+    the canary gets no lease."""
+    targets = {"good": sim_target(simulator), "bad": sim_target(simulator)}
+    base = make_settings(nats_url, redis_url, targets)
+    guarded = msgspec.structs.replace(
+        base, versions=VersionSettings(guard_min_sample=5, guard_fraction=0.8)
+    )
+    await declare(nc.jetstream(), guarded)
+    async with running_stack(guarded) as stack:
+        await stack.add_quarantine()
+        stable, canary = _declaring(guarded, ring="stable"), _declaring(guarded, ring="canary")
+        await _approve(stack, local_tuple(stable))
+        canary_id = await _approve(stack, local_tuple(canary))
+        nc_stable, nc_canary = await stack._connect("w-stable"), await stack._connect("w-canary")
+        for worker in (
+            Worker(stable, nc_stable, "w-stable", ("good",)),
+            Worker(canary, nc_canary, "w-canary", ("bad",)),
+        ):
+            await worker.start()
+            stack.workers.append(worker)
+        js = nc.jetstream()
+        await submit_paths(js, guarded, "good", [f"/page/{n}" for n in range(8)], "g")
+        await submit_paths(js, guarded, "bad", [f"/missing/{n}" for n in range(8)], "b")
+
+        async def withdrawn() -> bool:
+            return [w.id for w in (await _view(guarded)).withdrawn] == [canary_id]
+
+        await wait_for(withdrawn, 30.0, "the canary's withdrawal by the guard")
+        await submit_paths(js, guarded, "bad", ["/page/1"], "after")
+        assert stack.leaser is not None
+        answers = stack.leaser.answers
+
+        async def refused() -> bool:
+            labels = {"answer": "refused", "reason": "version-not-approved", "target": "bad"}
+            return answers.get(**labels, worker="w-canary") > 0
+
+        await wait_for(refused, 30.0, "the withdrawn canary's refusal")
+        assert await committed(js, "good") == 8
