@@ -126,6 +126,10 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     leases."""
     fence: int = 0
     """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
+    key: str = ""
+    """The idempotency key the lease was granted for (``LeaseRequest.key``), so the sink
+    commits under this fence only a report of this key (empty in records from before
+    this field: the sink then checks the target alone)."""
 
 
 class SealedCommit(msgspec.Struct, frozen=True, tag="committed"):

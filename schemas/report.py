@@ -73,6 +73,7 @@ SinkStatus = Literal[
     "suppressed:duplicate-key",
     "rejected:fenced-out",
     "rejected:lease-expired",
+    "rejected:not-granted",
     "dead-lettered",
     "error",
     "busy",

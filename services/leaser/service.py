@@ -358,6 +358,7 @@ class Leaser:
             record = LeaseRecord(
                 job_id=request.job_id,
                 target=request.target,
+                key=request.key,
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,
