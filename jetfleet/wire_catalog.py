@@ -28,6 +28,7 @@ from jetfleet.schemas import (
     SinkReply,
     WorkOrder,
 )
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.breaker import (
     BreakerAlert,
     BreakerCommand,
@@ -383,6 +384,15 @@ CHANNELS: tuple[Channel, ...] = (
         kind="kv",
         payload=BreakerProbe,
         description="The one probe lease of a half-open breaker, with the lease's TTL.",
+    ),
+    Channel(
+        name="audit",
+        address=subjects.audit("{action}"),
+        kind="stream",
+        payload=AuditEntry,
+        description="One control action (who, what, why, outcome), recorded by the service "
+        "or CLI that executed it; its time is the message's server timestamp.",
+        stream=subjects.STREAM_AUDIT,
     ),
 )
 

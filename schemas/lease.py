@@ -275,6 +275,10 @@ class QuarantineSet(msgspec.Struct, frozen=True, tag="set", omit_defaults=True):
     """Quarantine a scope on a target: no more grants, held leases revoked and requeued."""
 
     record: QuarantineRecord
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
@@ -283,6 +287,10 @@ class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
     scope: QuarantineScope
     name: RequiredName
     target: TargetName
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineList(msgspec.Struct, frozen=True, tag="list"):
@@ -294,6 +302,10 @@ class QuarantineApprove(msgspec.Struct, frozen=True, tag="approve"):
     held leases on the target revoked and requeued) and the proposal goes."""
 
     id: ProposalId
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineReject(msgspec.Struct, frozen=True, tag="reject", omit_defaults=True):
@@ -301,6 +313,10 @@ class QuarantineReject(msgspec.Struct, frozen=True, tag="reject", omit_defaults=
 
     id: ProposalId
     reason: ShortText = ""
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 QuarantineCommand = (

@@ -47,6 +47,7 @@ from jetfleet.services.leaser.checks import (
     quarantined,
     taking_objection,
 )
+from jetfleet.services.leaser.command_audit import audited
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from nats.aio.client import Client as NatsClient
@@ -167,7 +168,7 @@ class Leaser:
             Route(
                 subjects.QUARANTINE,
                 _command_decoder,
-                self.command,
+                lambda command: audited(self.js, command, lambda: self.command(command)),
                 QUARANTINE_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: refuse_command(self.settings, command),
@@ -177,7 +178,9 @@ class Leaser:
             Route(
                 subjects.BREAKER,
                 _breaker_decoder,
-                self.breaker_commands.command,
+                lambda command: audited(
+                    self.js, command, lambda: self.breaker_commands.command(command)
+                ),
                 BREAKER_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: breaker_objection(self.settings, command),
