@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.register(commands)
     scenario_command.register(commands)
     audit_command.register(commands)
+    runbook_command.register(commands)
     return parser
 
 
