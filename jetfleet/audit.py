@@ -69,7 +69,7 @@ async def record_action(
             AuditEntry,
         )
         await js.publish(subjects.audit(action), _encoder.encode(entry), timeout=WRITE_TIMEOUT_S)
-    except Exception as exc:
+    except Exception as exc:  # never fail the action recorded
         log.error(
             "AUDIT NOT WRITTEN (%s: %s): action=%s who=%s what=%s why=%s outcome=%s detail=%s",
             type(exc).__name__,

@@ -35,7 +35,7 @@ async def runbook_for(settings: Settings) -> Runbook:
         nc = await asyncio.wait_for(
             connect_nats(settings.nats, "jetfleet-runbook"), CONNECT_TIMEOUT_S
         )
-    except Exception as exc:
+    except Exception as exc:  # the settings alone still make a runbook
         log.warning("NATS not reachable (%s): the runbook is from the settings alone", exc)
         return await build_runbook(settings, None)
     try:

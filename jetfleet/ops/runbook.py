@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
@@ -22,7 +23,9 @@ from jetfleet.topology import results_max_age
 
 Facts = dict[str, Any]
 VERSION_VIEW = "jetfleet.ops.version_view"
-"""The module that reads the version tuple and approved set (issue 11, versions)."""
+"""The module that reads the approved set (issue 11, versions)."""
+VERSION_TUPLE = "jetfleet.version_tuple"
+"""The module that builds the tuple this machine advertises (issue 11, versions)."""
 
 
 @dataclass(frozen=True)
@@ -202,9 +205,12 @@ def quarantine_section(settings: Settings) -> Section:
 
 
 async def versions_section(settings: Settings, js: JetStreamContext | None) -> Section:
-    """(d) The version tuple this machine advertises and the approved set, from
-    ``jetfleet.ops.version_view`` (its ``runbook_section(settings, js)`` returns the
-    lines and facts); "not available in this build" without that module."""
+    """(d) The version tuple this machine advertises and the approved set.
+
+    Read through ``jetfleet.ops.version_view`` (built beside this module, issue 11): its
+    ``runbook_section(settings, js)`` when it has one (lines and facts), else its
+    ``approved_tuples(js)`` with ``jetfleet.version_tuple``'s ``local_tuple`` and
+    ``tuple_id``. Without that module: "versions: not available in this build"."""
     title = "Versions"
     try:
         view = importlib.import_module(VERSION_VIEW)
@@ -212,8 +218,43 @@ async def versions_section(settings: Settings, js: JetStreamContext | None) -> S
         return Section(
             "versions", title, ["versions: not available in this build"], {"available": False}
         )
-    lines, facts = await view.runbook_section(settings, js)
-    return Section("versions", title, list(lines), {"available": True, **facts})
+    try:
+        if hasattr(view, "runbook_section"):
+            lines, facts = await view.runbook_section(settings, js)
+            return Section("versions", title, list(lines), {"available": True, **facts})
+        return await _versions_from_view(view, settings, js)
+    except Exception as exc:  # one section must not sink the runbook
+        detail = f"versions: could not be read ({type(exc).__name__}: {exc})"
+        return Section("versions", title, [detail], {"available": False, "error": str(exc)})
+
+
+async def _versions_from_view(
+    view: Any, settings: Settings, js: JetStreamContext | None
+) -> Section:
+    """The versions section from the version view's reads and the local tuple."""
+    tuples = importlib.import_module(VERSION_TUPLE)
+    local = tuples.local_tuple(settings)
+    local_id = tuples.tuple_id(local)
+    fields = msgspec.to_builtins(local)
+    approved = [] if js is None else [tid for tid, _age in await view.approved_tuples(js)]
+    lines = [
+        f"- This machine advertises tuple `{local_id}`: "
+        + ", ".join(f"{k} `{v}`" for k, v in fields.items() if v)
+        + ".",
+        "- Approved set: "
+        + (", ".join(f"`{tid}`" for tid in approved) if approved else "none read")
+        + (" (servers not reachable)" if js is None else "")
+        + f"; this tuple is {'approved' if local_id in approved else 'NOT approved'}.",
+        "- `jetfleet versions list | approve | revoke` (operators); the leaser refuses an "
+        "unapproved tuple `version-not-approved`.",
+    ]
+    facts = {
+        "available": True,
+        "local": {"id": local_id, **fields},
+        "approved": approved,
+        "local_approved": local_id in approved,
+    }
+    return Section("versions", "Versions", lines, facts)
 
 
 def escape_hatch_section(settings: Settings) -> Section:
@@ -241,6 +282,6 @@ async def _stream_max_age(js: JetStreamContext | None, stream: str) -> float | N
         return None
     try:
         info = await js.stream_info(stream)
-    except Exception:
+    except Exception:  # a fact the runbook can do without
         return None
     return info.config.max_age
