@@ -174,6 +174,8 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """How long a job is kept from a worker or identity its target challenged or blocked
     it on, or that was quarantined while it ran the job (server clock; the job's avoid
     list, docs/leases.md#the-avoid-list); 0: no avoid list."""
+    audit_max_age_s: float = 365 * 24 * 3600.0
+    """How long ``JF_AUDIT`` keeps control actions (docs/audit.md); at least a day."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -640,6 +642,11 @@ def validate(settings: Settings) -> None:
     _validate_subnet("worker.subnet", settings.worker.subnet)
     owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
+    _require(
+        settings.fleet.audit_max_age_s >= 86400,
+        "fleet.audit_max_age_s",
+        "at least 86400 (a day): an audit log must outlive the incident it records",
+    )
     _validate_job_ends(settings)
     _validate_quarantine(settings.quarantine)
     _validate_version_fields(settings.worker.version_fields)

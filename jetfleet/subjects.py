@@ -22,6 +22,7 @@ STREAM_ALERTS = "JF_ALERTS"  # circuit breaker openings and closings, for operat
 # The server's max-deliveries advisories for JF_WORK, kept until the sink has ended the job
 # (a core NATS advisory is lost when nobody listens).
 STREAM_ADVISORIES = "JF_ADVISORIES"
+STREAM_AUDIT = "JF_AUDIT"  # every control action: who, what, why (docs/audit.md)
 
 # KV buckets.
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
@@ -75,6 +76,14 @@ DEFAULT_TIER = "normal"
 TARGET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 # What a rejected submission is filed under when its subject names no usable token.
 UNPARSABLE_TARGET = "_invalid"
+
+
+AUDIT = f"{PREFIX}.audit"  # + .<action>, e.g. jf.audit.quarantine.set
+
+
+def audit(action: str) -> str:
+    """Where an audit entry of ``action`` (dotted tokens) is published."""
+    return f"{AUDIT}.{action}"
 
 
 def max_deliveries_advisories(stream: str) -> str:

@@ -28,6 +28,7 @@ from jetfleet.schemas import (
     SinkReply,
     WorkOrder,
 )
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.breaker import (
     BreakerAlert,
     BreakerCommand,
@@ -440,6 +441,15 @@ CHANNELS: tuple[Channel, ...] = (
         payload=VersionSighting,
         description="A tuple a leaser was asked with, per-key TTL a day, written at most "
         "once per tuple per replica every 5 minutes.",
+    ),
+    Channel(
+        name="audit",
+        address=subjects.audit("{action}"),
+        kind="stream",
+        payload=AuditEntry,
+        description="One control action (who, what, why, outcome), recorded by the service "
+        "or CLI that executed it; its time is the message's server timestamp.",
+        stream=subjects.STREAM_AUDIT,
     ),
 )
 

@@ -95,6 +95,7 @@ SinkStatus = Literal[
     "suppressed:duplicate-key",
     "rejected:fenced-out",
     "rejected:lease-expired",
+    "rejected:not-granted",
     "dead-lettered",
     "error",
     "busy",

@@ -33,6 +33,7 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.breaker import (
     BreakerAlert,
     BreakerClose,
@@ -509,6 +510,13 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         PermitRefused(reason="ratelimit-unavailable", detail="redis: connection refused"),
         TargetLimits(rate=5.0, burst=2, daily=50000, set_by="ops@host", reason="owner asked"),
         RobotsRecord(target="example", status=200, body="User-agent: *\n", crawl_delay_s=2.0),
+        AuditEntry(
+            action="quarantine.set",
+            who="ana",
+            what="identity id-1 on example until released",
+            why="blocks",
+            detail="revoked 1 lease(s)",
+        ),
     )
 }
 

@@ -11,12 +11,14 @@ from pathlib import Path
 
 from jetfleet import __version__
 from jetfleet.cli import (
+    audit_command,
     breaker_commands,
     data_commands,
     dlq_commands,
     doctor_command,
     quarantine_commands,
     run_commands,
+    runbook_command,
     scenario_command,
     target_commands,
     version_commands,
@@ -67,6 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.register(commands)
     scenario_command.register(commands)
     version_commands.register(commands)
+    audit_command.register(commands)
+    runbook_command.register(commands)
     return parser
 
 

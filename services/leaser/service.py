@@ -48,6 +48,7 @@ from jetfleet.services.leaser.checks import (
     quarantined,
     taking_objection,
 )
+from jetfleet.services.leaser.command_audit import audited
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from jetfleet.services.leaser.version_commands import (
@@ -185,7 +186,7 @@ class Leaser:
             Route(
                 subjects.QUARANTINE,
                 _command_decoder,
-                self.command,
+                lambda command: audited(self.js, command, lambda: self.command(command)),
                 QUARANTINE_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: refuse_command(self.settings, command),
@@ -195,7 +196,9 @@ class Leaser:
             Route(
                 subjects.BREAKER,
                 _breaker_decoder,
-                self.breaker_commands.command,
+                lambda command: audited(
+                    self.js, command, lambda: self.breaker_commands.command(command)
+                ),
                 BREAKER_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: breaker_objection(self.settings, command),
@@ -388,6 +391,7 @@ class Leaser:
             record = LeaseRecord(
                 job_id=request.job_id,
                 target=request.target,
+                key=request.key,
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,
