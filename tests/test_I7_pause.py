@@ -11,6 +11,7 @@ services and workers in this process (tests/stack.py), the target simulator.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 import pytest
 from jetfleet.schemas import LeaseGrant, LeaseRefusal
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.control import PauseList, PauseReply, PauseResume, PauseSet
 from jetfleet.schemas.lease import LeaseRecord
 from jetfleet.services.leaser import Leaser
@@ -27,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
+from jetfleet.cli.actor import actor
 from jetfleet.cli.pause_commands import command_of, parse_duration, send_pause
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -35,6 +38,7 @@ from jetfleet.lease_store import LeaseStore
 from jetfleet.server_clock import parse_server_time
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.stream_reader import read_stream
 from jetfleet.topology import declare
 from tests.conftest import make_settings, sim_target, wait_for
 from tests.leasing import ask, order_for
@@ -409,14 +413,14 @@ def _cli(*argv: str) -> PauseSet | PauseResume | PauseList:
 
 
 def test_the_pause_cli_builds_each_scope_and_mode() -> None:
-    assert _cli("pause") == PauseSet(scope="fleet", by="operator")
-    assert _cli("pause", "--target", SHOP, "--for", "30m", "--now", "--why", "w") == PauseSet(
-        scope="target", name=SHOP, for_s=1800.0, mode="now", by="operator", why="w"
+    assert _cli("pause") == PauseSet(scope="fleet", by=actor(argparse.Namespace()))
+    assert _cli(
+        "pause", "--target", SHOP, "--for", "30m", "--now", "--why", "w", "--as", "ana"
+    ) == (PauseSet(scope="target", name=SHOP, for_s=1800.0, mode="now", by="ana", why="w"))
+    assert _cli("pause", "--identity", "id a", "--drain", "--as", "ana") == PauseSet(
+        scope="identity", name="id a", by="ana"
     )
-    assert _cli("pause", "--identity", "id a", "--drain") == PauseSet(
-        scope="identity", name="id a", by="operator"
-    )
-    assert _cli("resume", "--region", "eu", "--by", "ops") == PauseResume(
+    assert _cli("resume", "--region", "eu", "--as", "ops") == PauseResume(
         scope="region", name="eu", by="ops"
     )
     assert _cli("pause", "--list") == PauseList()
@@ -424,3 +428,22 @@ def test_the_pause_cli_builds_each_scope_and_mode() -> None:
         _cli("pause", "--target", "Shop!")
     with pytest.raises(SystemExit):  # argparse: one scope at a time
         _cli("pause", "--target", SHOP, "--worker", "w-a")
+
+
+async def test_I7_every_pause_and_resume_is_in_the_audit_log(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    await pause(settings, scope="target", name=SHOP, for_s=60.0, mode="now", by="ana", why="x")
+    await resume(settings, scope="target", name=SHOP, by="ana", why="done")
+    refused = await send_pause(settings, PauseSet(scope="target", name="nope", by="bo"))
+    assert not refused.ok
+    await send_pause(settings, PauseList())
+    entries = [
+        msgspec.json.decode(m.data, type=AuditEntry)
+        async for m in read_stream(nc.jetstream(), subjects.STREAM_AUDIT, subjects.audit(">"))
+    ]
+    assert [(e.action, e.who, e.what, e.why, e.outcome) for e in entries] == [
+        ("pause", "ana", f"target {SHOP} for 60 s, now", "x", "done"),
+        ("resume", "ana", f"target {SHOP}", "done", "done"),
+        ("pause", "bo", "target nope until resumed, drain", "", "refused"),
+    ], entries

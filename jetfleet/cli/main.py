@@ -11,6 +11,7 @@ from pathlib import Path
 
 from jetfleet import __version__
 from jetfleet.cli import (
+    audit_command,
     breaker_commands,
     data_commands,
     dlq_commands,
@@ -18,8 +19,10 @@ from jetfleet.cli import (
     pause_commands,
     quarantine_commands,
     run_commands,
+    runbook_command,
     scenario_command,
     target_commands,
+    version_commands,
 )
 from jetfleet.dev.stack_env import effective_env
 from jetfleet.errors import JetfleetError
@@ -67,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_command.register(commands)
     scenario_command.register(commands)
     pause_commands.register(commands)
+    version_commands.register(commands)
+    audit_command.register(commands)
+    runbook_command.register(commands)
     return parser
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -70,8 +71,7 @@ def _scope_args(parser: argparse.ArgumentParser) -> None:
     scope.add_argument("--region", help="only the workers of this region")
     scope.add_argument("--worker", help="only this worker (by its id)")
     scope.add_argument("--identity", help="only this identity, on whichever worker holds it")
-    parser.add_argument("--why", default="", help="why (kept in the record, for the audit)")
-    parser.add_argument("--by", default="operator", help="who (kept in the record)")
+    add_actor_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
@@ -129,15 +129,15 @@ def command_of(args: argparse.Namespace) -> PauseCommand:
                 )
             scope, name = flag_scope, value
     if args.resume:
-        return PauseResume(scope=scope, name=name, by=args.by[:256], why=args.why[:256])
+        return PauseResume(scope=scope, name=name, by=actor(args), why=why(args))
     for_s = parse_duration(args.for_) if args.for_ is not None else 0.0
     return PauseSet(
         scope=scope,
         name=name,
         for_s=for_s,
         mode="now" if args.now else "drain",
-        by=args.by[:256],
-        why=args.why[:256],
+        by=actor(args),
+        why=why(args),
     )
 
 

@@ -11,7 +11,7 @@ only once nothing else objects. A current worker takes the rate permit itself, j
 before the request, so the limiter's clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
 ``paused`` is the first local check: after the most final answers, before quarantine.
-Later capabilities (approved versions) add their check to the right tuple; order
+Each capability adds its check to the right tuple; order
 matters: the most final answers come first. A taking check that refuses frees what the
 checks before it took (``free_taken``).
 """
@@ -35,6 +35,7 @@ from jetfleet.schemas.lease import (
 from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
+from jetfleet.services.leaser.version_commands import ApprovedVersions
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
@@ -105,6 +106,8 @@ class GrantContext:
     fence there."""
     pauses: PauseBook | None = None
     """The pauses in force (None: no pause switch)."""
+    versions: ApprovedVersions | None = None
+    """The approved version set (None: no version gate)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -264,6 +267,14 @@ async def circuit_probe(ctx: GrantContext) -> LeaseRefusal | None:
         detail=f"the circuit breaker of {req.target} is half-open and its one probe is in "
         "flight; its outcome closes or re-opens it",
     )
+
+
+async def version_not_approved(ctx: GrantContext) -> LeaseRefusal | None:
+    """The worker's version tuple is not in the approved set (``versions.gate``): about
+    this worker only, so its jobs go to workers whose tuple is approved (I8)."""
+    if ctx.versions is None:
+        return None
+    return await ctx.versions.objection(ctx.request)
 
 
 async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
@@ -468,6 +479,7 @@ ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
     paused,
     outside_window,
+    version_not_approved,
     quarantined,
     circuit_open,
     pinned_identity,

@@ -102,7 +102,11 @@ class PauseCommands:
         book.on_change = self._changed
 
     async def command(self, command: PauseCommand) -> PauseReply:
-        """Apply one pause command."""
+        """Apply one pause command (one refused is answered here, not by the route's
+        check, so the audit records the refusal too)."""
+        objection = pause_objection(self.settings, command)
+        if objection is not None:
+            return objection
         if isinstance(command, PauseList):
             now = await self.clock.now()
             views = [e.view(now) for e in sorted(self.book.in_force(now), key=_order)]
