@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import json
 from typing import Any
 
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.actor import actor, add_actor_arguments
+from jetfleet.cli.actor import why as reason
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -63,27 +64,20 @@ def register(commands: Any) -> None:
     guard = actions.add_parser("guard", help="turn the rollout guard on or off fleet-wide")
     guard.add_argument("state", choices=("on", "off"))
     for sub in (approve, revoke, guard):
-        sub.add_argument("--why", default="", help="why (kept with the record)")
+        add_actor_arguments(sub)
         sub.add_argument("--json", action="store_true", help="print the answer as JSON")
     for sub in (listing, approve, revoke, guard):
         sub.set_defaults(run=_run)
-
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()[:128]
-    except (KeyError, OSError):
-        return "operator"
 
 
 def _command(args: argparse.Namespace, settings: Settings) -> VersionsCommand:
     action = args.versions_action
     if action == "list":
         return VersionsList()
-    why = args.why[:MAX_WHY]
+    why = reason(args)
     if not why.isprintable():
         raise JetfleetError("--why: give printable text on one line")
-    by = _operator()
+    by = actor(args)
     if action == "approve":
         current = local_tuple(settings) if args.current else None
         return VersionsApprove(id=args.id, versions=current, by=by, why=why)

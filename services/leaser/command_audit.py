@@ -31,19 +31,29 @@ from jetfleet.schemas.lease import (
     QuarantineReply,
     QuarantineSet,
 )
+from jetfleet.schemas.versions import (
+    VersionsApprove,
+    VersionsCommand,
+    VersionsGuard,
+    VersionsList,
+    VersionsReply,
+    VersionsRevoke,
+)
 from nats.js import JetStreamContext
 
 from jetfleet.audit import NOT_RECORDED, record_action
 
-Command = QuarantineCommand | BreakerCommand | PauseCommand
-CommandReply = QuarantineReply | BreakerReply | PauseReply
-R = TypeVar("R", QuarantineReply, BreakerReply, PauseReply)
+Command = QuarantineCommand | BreakerCommand | PauseCommand | VersionsCommand
+CommandReply = QuarantineReply | BreakerReply | PauseReply | VersionsReply
+R = TypeVar("R", QuarantineReply, BreakerReply, PauseReply, VersionsReply)
 
 
 def described(command: Command) -> tuple[str, str, str, str] | None:
     """(action, who, what, why) of a command the audit records; None for a listing."""
-    if isinstance(command, QuarantineList | BreakerList | PauseList):
+    if isinstance(command, QuarantineList | BreakerList | PauseList | VersionsList):
         return None
+    if isinstance(command, VersionsApprove | VersionsRevoke | VersionsGuard):
+        return _versions_described(command)
     if isinstance(command, PauseSet | PauseResume):
         return _pause_described(command)
     if isinstance(command, QuarantineSet):
@@ -78,10 +88,27 @@ def _pause_described(command: PauseSet | PauseResume) -> tuple[str, str, str, st
     return "pause", command.by, f"{scope} {lasts}, {command.mode}", command.why
 
 
+def _versions_described(
+    command: VersionsApprove | VersionsRevoke | VersionsGuard,
+) -> tuple[str, str, str, str]:
+    if isinstance(command, VersionsGuard):
+        return (
+            "versions.guard",
+            command.by,
+            "rollout guard " + ("on" if command.on else "off"),
+            command.why,
+        )
+    if isinstance(command, VersionsRevoke):
+        return "versions.revoke", command.by, f"version tuple {command.id}", command.why
+    what = f"version tuple {command.id}" if command.id else "version tuple (given whole)"
+    return "versions.approve", command.by, what, command.why
+
+
 def _outcome(reply: CommandReply) -> tuple[AuditOutcome, str]:
     """The outcome and detail an entry records for a command's reply."""
     if reply.ok:
-        revoked = f"revoked {len(reply.revoked)} lease(s)" if reply.revoked else ""
+        leases = [] if isinstance(reply, VersionsReply) else reply.revoked
+        revoked = f"revoked {len(leases)} lease(s)" if leases else ""
         return "done", "; ".join(part for part in (reply.detail, revoked) if part)
     return ("failed" if reply.retry_after_s else "refused"), reply.detail
 
@@ -94,6 +121,10 @@ def _automatic_no_op(command: Command, reply: CommandReply) -> bool:
         or (isinstance(command, QuarantineSet) and command.record.set_by.startswith("rule:"))
         or (isinstance(command, BreakerClose) and command.opens > 0)
     )
+    if isinstance(reply, VersionsReply):
+        # Every quarantine replica's guard may send the same withdrawal; one changes it.
+        guard = isinstance(command, VersionsRevoke) and command.figures is not None
+        return guard and reply.detail.startswith(("not approved", "kept"))
     return automatic and bool(reply.detail) and not reply.revoked
 
 

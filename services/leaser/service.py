@@ -242,7 +242,9 @@ class Leaser:
             Route(
                 subjects.VERSIONS,
                 _versions_decoder,
-                self.version_commands.command,
+                lambda command: audited(
+                    self.js, command, lambda: self.version_commands.command(command)
+                ),
                 VERSIONS_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: versions_objection(command),
