@@ -31,7 +31,6 @@ from jetfleet.settings import Settings
 from jetfleet.version_tuple import local_tuple
 
 _decoder = msgspec.json.Decoder(VersionsReply)
-MAX_WHY = 1024
 
 
 def register(commands: Any) -> None:
