@@ -33,6 +33,20 @@ async def leader_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
     )
 
 
+def replica_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
+    """The KV ``bucket`` (declared with direct gets, jetfleet/topology.py) bound without
+    asking the server about it: no ``$JS.API.STREAM.INFO`` call, so a reader needs only
+    ``$JS.API.DIRECT.GET.KV_<bucket>.>``, and a hot path pays no extra round trip. Any
+    replica answers its gets. A bucket that does not exist fails each get instead."""
+    return KeyValue(
+        name=bucket,
+        stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
+        pre=KV_PRE_TEMPLATE.format(bucket=bucket),
+        js=js,
+        direct=True,
+    )
+
+
 async def last_message(js: JetStreamContext, stream: str, subject: str) -> RawStreamMsg | None:
     """The last message on ``subject`` in ``stream``, as its leader has it; None if none."""
     try:

@@ -150,3 +150,8 @@ def target_of(subject: str) -> str:
     if len(parts) >= 3 and TARGET_NAME_RE.match(parts[2]):
         return parts[2]
     return UNPARSABLE_TARGET
+
+
+# Presence writes (identity claims, region presence, hand-back notes, robots.txt records)
+# made by the leaser for workers, which have no KV rights (schemas/presence.py).
+PRESENCE = f"{PREFIX}.presence"

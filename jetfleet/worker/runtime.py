@@ -39,6 +39,7 @@ from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.permit_client import PermitClient
+from jetfleet.presence_writer import LeaserPresenceWriter
 from jetfleet.publish import publish_durably
 from jetfleet.region_presence import RegionPresence
 from jetfleet.retry import RetryPolicy
@@ -247,8 +248,11 @@ class Worker:
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
-        self.identities = IdentityPresence(self.js, self.clock)
-        self.regions = RegionPresence(self.js)
+        # No KV rights of its own (docs/security.md): its presence is written by the
+        # leaser, on jf.presence.
+        self.presence_writer = LeaserPresenceWriter(nc)
+        self.identities = IdentityPresence(self.js, self.clock, self.presence_writer)
+        self.regions = RegionPresence(self.js, self.presence_writer)
         self._announcing: asyncio.Task[None] | None = None
         self.claim: IdentityClaim | None = None
         self._claiming: asyncio.Task[None] | None = None
@@ -294,7 +298,13 @@ class Worker:
             cookie_jar=self.cookies.jar,
         )
         self._robots = RobotsBook(
-            self.settings, self.js, self.permits, self._session, self.worker_id, self.identity
+            self.settings,
+            self.js,
+            self.permits,
+            self._session,
+            self.worker_id,
+            self.identity,
+            self.presence_writer,
         )
         for line in start_warnings(self.settings, self.targets):
             log.warning("worker %s: %s", self.worker_id, line)
@@ -489,7 +499,7 @@ class Worker:
         if (msg.metadata.num_delivered or 0) >= self.settings.fleet.max_deliver:
             job_id = _job_id_of(msg)
             if job_id:
-                await note_last_hand_back(self.js, job_id, reason)
+                await note_last_hand_back(self.presence_writer, job_id, reason)
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:

@@ -33,6 +33,7 @@ from jetfleet.schemas.lease import (
     QuarantineScope,
     Sealed,
 )
+from jetfleet.schemas.presence import PresenceWrite
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
@@ -47,6 +48,7 @@ from jetfleet.services.leaser.checks import (
     quarantined,
     taking_objection,
 )
+from jetfleet.services.leaser.presence_writes import PRESENCE_REFUSALS, PresenceWrites
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from nats.aio.client import Client as NatsClient
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
+_presence_decoder = msgspec.json.Decoder(PresenceWrite)
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
 PUT_TRIES = 10
@@ -181,6 +184,19 @@ class Leaser:
                 BREAKER_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: breaker_objection(self.settings, command),
+            )
+        )
+        # Workers have no KV rights: their presence is written here (presence_writes.py).
+        # No bound but the server's max_payload: a robots.txt record may be as large as
+        # the one a worker could write itself.
+        self.presence = PresenceWrites(self.settings, self.js)
+        await self.responder.serve(
+            Route(
+                subjects.PRESENCE,
+                _presence_decoder,
+                self.presence.answer,
+                PRESENCE_REFUSALS,
+                check=self.presence.check,
             )
         )
         # Started means answering: make sure the server has the subscriptions.
