@@ -40,8 +40,8 @@ from jetfleet.errors import (
     RetryLater,
     SubmitError,
 )
-from jetfleet.js_errors import is_unavailable
 from jetfleet.identity_presence import IdentityClaim, IdentityPresence
+from jetfleet.js_errors import is_unavailable
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
