@@ -5,8 +5,8 @@ writes with the semantics the claim logic relies on: create if absent, compare-a
 on the revision, put, compare-and-set delete, each with a per-key TTL judged by the
 server. ``DirectPresenceWriter`` makes them itself (the leaser, and tests, have KV
 rights); ``LeaserPresenceWriter`` asks the leaser on ``jf.presence`` to make them (a
-worker has no KV rights: docs/security.md). Both raise ``WrongRevision`` when a
-compare-and-set loses, and anything else (``PresenceRefused``, a timeout, no responders,
+worker has no KV rights: docs/identities.md#who-writes-what). Both raise
+``WrongRevision`` when a compare-and-set loses, and anything else (``PresenceRefused``, a timeout, no responders,
 a closed connection) when the write did not surely happen: a write whose answer was lost
 may still have landed, as with a KV write whose ack was lost.
 """

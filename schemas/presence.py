@@ -1,8 +1,8 @@
 """Presence writes: what a worker asks the leaser on ``jf.presence`` to write for it.
 
-A worker has no KV rights of its own (docs/security.md): its identity claim, its region's
-presence, the reason of a last hand-back and the robots.txt record it fetched are written
-by the leaser on its behalf. The four operations are those of a KV bucket (create if
+A worker has no KV rights of its own: its identity claim, its region's presence, the
+reason of a last hand-back and the robots.txt record it fetched are written by the
+leaser on its behalf. The four operations are those of a KV bucket (create if
 absent, compare-and-set update, put, compare-and-set delete), each with the per-key TTL
 the worker asked for; the leaser refuses any bucket or key outside the families listed in
 docs/identities.md#who-writes-what (never a lease, fence or control key).

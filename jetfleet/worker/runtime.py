@@ -258,8 +258,8 @@ class Worker:
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
-        # No KV rights of its own (docs/security.md): its presence is written by the
-        # leaser, on jf.presence.
+        # No KV rights of its own: its presence is written by the leaser, on jf.presence
+        # (docs/identities.md#who-writes-what).
         self.presence_writer = LeaserPresenceWriter(nc)
         self.identities = IdentityPresence(self.js, self.clock, self.presence_writer)
         self.regions = RegionPresence(self.js, self.presence_writer)

@@ -1,6 +1,6 @@
 """Serve ``jf.presence``: the KV writes a worker may have made for it, and no others.
 
-A worker has no KV rights (docs/security.md), yet it must claim its identity, say its
+A worker has no KV rights, yet it must claim its identity, say its
 region runs, note why it handed a job back the last time, and share the robots.txt it
 fetched. The leaser makes exactly those writes for it, with the semantics the worker's
 code relies on (create if absent, compare-and-set on the revision, per-key TTL, delete),
@@ -14,7 +14,7 @@ family's bounds (a claim or a presence without one would never lapse), or a valu
 names another key than the one written (a claim of ``owned.<digest>`` must carry the
 identity that hashes to it; a robots record must be of the declared target it is keyed
 by). What the leaser cannot check is who asks: a worker that forges another's claim
-token could still take its identity (docs/security.md).
+token could still take its identity (docs/identities.md#who-writes-what).
 """
 
 from __future__ import annotations
