@@ -6,9 +6,9 @@ on the revision, put, compare-and-set delete, each with a per-key TTL judged by 
 server. ``DirectPresenceWriter`` makes them itself (the leaser, and tests, have KV
 rights); ``LeaserPresenceWriter`` asks the leaser on ``jf.presence`` to make them (a
 worker has no KV rights: docs/identities.md#who-writes-what). Both raise
-``WrongRevision`` when a compare-and-set loses, and anything else (``PresenceRefused``, a timeout, no responders,
-a closed connection) when the write did not surely happen: a write whose answer was lost
-may still have landed, as with a KV write whose ack was lost.
+``WrongRevision`` when a compare-and-set loses, and anything else (``PresenceRefused``,
+a timeout, no responders, a closed connection) when the write did not surely happen: a
+write whose answer was lost may still have landed, as with a KV write whose ack was lost.
 """
 
 from __future__ import annotations
