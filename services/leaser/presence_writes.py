@@ -120,7 +120,9 @@ FAMILIES = (
         re.compile(rf"owned\.{_DIGEST}"),
         (PresenceCreate, PresenceUpdate, PresenceDelete),
         (1, MAX_PRESENCE_TTL_S),
-        1024,
+        # An identity and a worker id (256 characters each, up to 4 bytes a character)
+        # and a token.
+        4096,
         _claim_value,
     ),
     KeyFamily(
