@@ -174,6 +174,8 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """How long a job is kept from a worker or identity its target challenged or blocked
     it on, or that was quarantined while it ran the job (server clock; the job's avoid
     list, docs/leases.md#the-avoid-list); 0: no avoid list."""
+    audit_max_age_s: float = 365 * 24 * 3600.0
+    """How long ``JF_AUDIT`` keeps control actions (docs/audit.md); at least a day."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -221,6 +223,10 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """How long a finished job's report is sent again while the sink is busy, silent or
     absent (its lease, slot and pending place kept all along) before the worker gives up:
     it releases the lease with a refund and naks the job with backoff, to run again."""
+    version_fields: dict[str, str] = {}
+    """Operator-declared fields of this worker's version tuple (such as a deployment or
+    image tag): part of the tuple and its id (docs/versions.md). Keys are lowercase
+    names; from the environment, ``JETFLEET_WORKER__VERSION_FIELDS="image=v42,ring=canary"``."""
 
 
 QUARANTINE_REASONS = ("challenged", "blocked", "rate-limited")
@@ -354,6 +360,29 @@ class QuarantineSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
         return max([*(r.window_s for r in self.rules), egress, self.breaker.window_s])
 
 
+VersionGate = Literal["when-set", "always", "off"]
+"""When the leaser refuses a tuple not in the approved set (docs/versions.md#gate-modes)."""
+
+
+class VersionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The approved version set and the rollout guard (docs/versions.md)."""
+
+    gate: VersionGate = "when-set"
+    """``when-set``: refuse unapproved tuples once at least one tuple is approved (a fresh
+    fleet runs until an operator approves its first); ``always``: refuse every tuple not
+    approved, even with none approved; ``off``: never refuse for the version."""
+    guard_enabled: bool = True
+    """Whether the rollout guard may withdraw a newly approved tuple (``jetfleet versions
+    guard off`` turns it off fleet-wide at run time as well)."""
+    guard_window_s: float = 1800.0
+    """The window the guard counts each tuple's outcomes over."""
+    guard_min_sample: int = 50
+    """Outcomes each side (the new tuple and the incumbent) needs in the window first."""
+    guard_fraction: float = 0.8
+    """Withdraw a new tuple whose success rate falls below this fraction of the
+    incumbent's."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Everything a jetfleet process is configured with."""
 
@@ -368,6 +397,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     """Identities workers may own; when any is declared, a worker's identity must be one
     of them. None declared: an identity is free text, with no state folder, region or
     egress of its own."""
+    versions: VersionSettings = VersionSettings()
 
     def target(self, name: str) -> TargetSettings:
         """The declared target ``name``; raises ConfigError if it is not declared."""
@@ -447,10 +477,26 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
             section, key = match.group(1).lower(), match.group(2).lower()
             if section == "worker" and key in ("targets", "standby_targets"):
                 raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
+            elif section == "worker" and key == "version_fields":
+                raw.setdefault(section, {})[key] = _version_fields_from_env(name, value)
             else:
                 raw.setdefault(section, {})[key] = value
             origins[f"{section}.{key}"] = name
     return origins
+
+
+def _version_fields_from_env(name: str, value: str) -> dict[str, str]:
+    """``k=v,k2=v2`` from the environment as a table."""
+    fields: dict[str, str] = {}
+    for pair in (p for p in value.split(",") if p.strip()):
+        key, eq, field = pair.partition("=")
+        if not eq:
+            raise ConfigError(
+                f"config (environment variable {name}): {pair!r} is not key=value: "
+                "give fields as name=value,name2=value2"
+            )
+        fields[key.strip()] = field.strip()
+    return fields
 
 
 def _convert(raw: dict[str, Any], source: str, origins: dict[str, str]) -> Settings:
@@ -596,8 +642,15 @@ def validate(settings: Settings) -> None:
     _validate_subnet("worker.subnet", settings.worker.subnet)
     owned_identity(settings, settings.worker.identity)
     _validate_dedupe_ttl(settings)
+    _require(
+        settings.fleet.audit_max_age_s >= 86400,
+        "fleet.audit_max_age_s",
+        "at least 86400 (a day): an audit log must outlive the incident it records",
+    )
     _validate_job_ends(settings)
     _validate_quarantine(settings.quarantine)
+    _validate_version_fields(settings.worker.version_fields)
+    _validate_versions(settings.versions)
 
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
@@ -1056,3 +1109,48 @@ def _validate_breaker(breaker: BreakerSettings) -> None:
 def _require(ok: bool, key: str, what: str) -> None:
     if not ok:
         raise ConfigError(f"config: {key} is invalid: set it to {what}")
+
+
+VERSION_FIELD_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,31}$")
+MAX_VERSION_FIELDS = 8
+MAX_VERSION_VALUE = 64
+
+
+def _validate_version_fields(fields: dict[str, str]) -> None:
+    key = "worker.version_fields"
+    _require(
+        len(fields) <= MAX_VERSION_FIELDS,
+        key,
+        f"at most {MAX_VERSION_FIELDS} fields (a version tuple is read by people)",
+    )
+    for name, value in fields.items():
+        _require(
+            bool(VERSION_FIELD_RE.match(name)),
+            f"{key}.{name}",
+            "a field name of lowercase letters, digits, '_', '-' or '.', starting with a "
+            "letter, at most 32 characters",
+        )
+        # ASCII and short: the tuple rides on every lease call, within its byte bound.
+        _require(
+            0 < len(value) <= MAX_VERSION_VALUE and value.isascii() and value.isprintable(),
+            f"{key}.{name}",
+            f"a value of 1 to {MAX_VERSION_VALUE} printable ASCII characters",
+        )
+
+
+def _validate_versions(versions: VersionSettings) -> None:
+    _require(
+        0 < versions.guard_window_s <= MAX_RULE_WINDOW_S and math.isfinite(versions.guard_window_s),
+        "versions.guard_window_s",
+        f"a number of seconds above 0 and at most {MAX_RULE_WINDOW_S:g} (a week)",
+    )
+    _require(
+        1 <= versions.guard_min_sample <= 1_000_000,
+        "versions.guard_min_sample",
+        "a whole number from 1 to 1000000 (outcomes each side needs before the guard judges)",
+    )
+    _require(
+        0 < versions.guard_fraction <= 1,
+        "versions.guard_fraction",
+        "a number above 0 and at most 1 (0.8: withdraw below 80% of the incumbent's success rate)",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import datetime
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -15,14 +16,21 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 BATCH = 500
 
 
-async def read_stream(js: JetStreamContext, stream: str, filter_subject: str) -> AsyncIterator[Msg]:
-    """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order.
+async def read_stream(
+    js: JetStreamContext, stream: str, filter_subject: str, since: datetime | None = None
+) -> AsyncIterator[Msg]:
+    """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order
+    (only those the server stored at or after ``since``, when given).
 
     The count to read comes from the consumer's pending count, not from the stream's
     per-subject map, which the server caps at 100,000 subjects.
     """
+    config = _reader(filter_subject, inactive_s=30.0)
+    if since is not None:
+        config.deliver_policy = js_api.DeliverPolicy.BY_START_TIME
+        config.opt_start_time = since
     try:
-        info = await js.add_consumer(stream, _reader(filter_subject, inactive_s=30.0))
+        info = await js.add_consumer(stream, config)
     except NotFoundError:
         return
     remaining = info.num_pending or 0

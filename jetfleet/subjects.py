@@ -22,6 +22,7 @@ STREAM_ALERTS = "JF_ALERTS"  # circuit breaker openings and closings, for operat
 # The server's max-deliveries advisories for JF_WORK, kept until the sink has ended the job
 # (a core NATS advisory is lost when nobody listens).
 STREAM_ADVISORIES = "JF_ADVISORIES"
+STREAM_AUDIT = "JF_AUDIT"  # every control action: who, what, why (docs/audit.md)
 
 # KV buckets.
 BUCKET_LEASES = "jf-leases"  # job id -> live lease (fence = revision); used by the leaser
@@ -42,6 +43,13 @@ BREAKER_PREFIX = "breaker"
 BREAKER_COOL_PREFIX = "breaker-cool"
 BREAKER_PROBE_PREFIX = "breaker-probe"
 BREAKER_FIRED_PREFIX = "breaker-fired"
+# In jf-control, per version tuple id (docs/versions.md): its approval (no TTL), its
+# withdrawal (why), and its last sighting by a leaser (per-key TTL); and the rollout
+# guard's fleet-wide switch.
+VERSION_APPROVED_PREFIX = "version-approved"
+VERSION_WITHDRAWN_PREFIX = "version-withdrawn"
+VERSION_SEEN_PREFIX = "version-seen"
+VERSION_GUARD_KEY = "version-guard"
 
 # Object store buckets.
 OBJECTS_RESULTS = "jf-result-objects"  # bodies (later screenshots) too large for a message
@@ -57,6 +65,7 @@ LEASE = f"{PREFIX}.lease"
 QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
 QUEUE_LEASER = "leaser"
 BREAKER = f"{PREFIX}.breaker"  # circuit breaker commands, served by the leaser
+VERSIONS = f"{PREFIX}.versions"  # approved version commands, served by the leaser
 RATELIMIT = f"{PREFIX}.ratelimit"  # permits and holds, served by the ratelimit service
 QUEUE_RATELIMIT = "ratelimit"
 
@@ -69,6 +78,14 @@ TARGET_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
 UNPARSABLE_TARGET = "_invalid"
 
 
+AUDIT = f"{PREFIX}.audit"  # + .<action>, e.g. jf.audit.quarantine.set
+
+
+def audit(action: str) -> str:
+    """Where an audit entry of ``action`` (dotted tokens) is published."""
+    return f"{AUDIT}.{action}"
+
+
 def max_deliveries_advisories(stream: str) -> str:
     """The server's advisories for ``stream``'s messages whose max_deliver ran out."""
     return f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.>"
@@ -77,6 +94,10 @@ def max_deliveries_advisories(stream: str) -> str:
 def alert(target: str) -> str:
     """Where ``target``'s circuit breaker alerts are published (kept in JF_ALERTS)."""
     return f"{PREFIX}.alert.{target}"
+
+
+# On jf.alert.<token>: a target name cannot start with "_", so this one is nobody's.
+VERSIONS_ALERT = f"{PREFIX}.alert._versions"
 
 
 def submit(target: str) -> str:

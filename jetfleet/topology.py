@@ -85,6 +85,9 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
             work_queue,
             0,
         ),
+        # Limits, kept fleet.audit_max_age_s (a year by default): an audit log is read
+        # back months later, and is never consumed away.
+        stream(subjects.STREAM_AUDIT, f"{subjects.AUDIT}.>", limits, fleet.audit_max_age_s),
     ]
 
 

@@ -28,6 +28,7 @@ from jetfleet.schemas import (
     SinkReply,
     WorkOrder,
 )
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.breaker import (
     BreakerAlert,
     BreakerCommand,
@@ -50,6 +51,14 @@ from jetfleet.schemas.lease import (
 from jetfleet.schemas.permit import PermitCall, RatelimitReply
 from jetfleet.schemas.presence import PresenceReply, PresenceWrite
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
+from jetfleet.schemas.versions import (
+    VersionAlert,
+    VersionApproval,
+    VersionsCommand,
+    VersionSighting,
+    VersionsReply,
+    VersionWithdrawal,
+)
 
 ChannelKind = Literal["stream", "request", "reply", "kv"]
 Payload = type[msgspec.Struct] | UnionType
@@ -409,6 +418,64 @@ CHANNELS: tuple[Channel, ...] = (
             "written (the key's new revision), or refused: wrong-revision (a "
             "compare-and-set lost), not-permitted, busy (retry_after_s), failed."
         ),
+    ),
+    Channel(
+        name="versions",
+        address=subjects.VERSIONS,
+        kind="request",
+        payload=VersionsCommand,
+        description="Operators (and the rollout guard, for a revoke) list, approve or "
+        "revoke version tuples, or turn the rollout guard on or off (docs/versions.md).",
+        queue_group=QUEUE_LEASER,
+        reply="versions-reply",
+    ),
+    Channel(
+        name="versions-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=VersionsReply,
+        description="The leaser's answer to a versions command.",
+    ),
+    Channel(
+        name="versions-alert",
+        address=subjects.VERSIONS_ALERT,
+        kind="stream",
+        payload=VersionAlert,
+        description="A version tuple was withdrawn from the approved set (by the rollout "
+        "guard or an operator).",
+        stream=subjects.STREAM_ALERTS,
+    ),
+    Channel(
+        name="version-approved",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.VERSION_APPROVED_PREFIX}.{{id}}",
+        kind="kv",
+        payload=VersionApproval,
+        description="An approved version tuple (no TTL); when it was approved is the "
+        "entry's stored timestamp.",
+    ),
+    Channel(
+        name="version-withdrawn",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.VERSION_WITHDRAWN_PREFIX}.{{id}}",
+        kind="kv",
+        payload=VersionWithdrawal,
+        description="Why a version tuple left the approved set, and by whom.",
+    ),
+    Channel(
+        name="version-seen",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.VERSION_SEEN_PREFIX}.{{id}}",
+        kind="kv",
+        payload=VersionSighting,
+        description="A tuple a leaser was asked with, per-key TTL a day, written at most "
+        "once per tuple per replica every 5 minutes.",
+    ),
+    Channel(
+        name="audit",
+        address=subjects.audit("{action}"),
+        kind="stream",
+        payload=AuditEntry,
+        description="One control action (who, what, why, outcome), recorded by the service "
+        "or CLI that executed it; its time is the message's server timestamp.",
+        stream=subjects.STREAM_AUDIT,
     ),
 )
 

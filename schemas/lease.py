@@ -126,6 +126,10 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     leases."""
     fence: int = 0
     """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
+    key: str = ""
+    """The idempotency key the lease was granted for (``LeaseRequest.key``), so the sink
+    commits under this fence only a report of this key (empty in records from before
+    this field: the sink then checks the target alone)."""
 
 
 class SealedCommit(msgspec.Struct, frozen=True, tag="committed"):
@@ -271,6 +275,10 @@ class QuarantineSet(msgspec.Struct, frozen=True, tag="set", omit_defaults=True):
     """Quarantine a scope on a target: no more grants, held leases revoked and requeued."""
 
     record: QuarantineRecord
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
@@ -279,6 +287,10 @@ class QuarantineRelease(msgspec.Struct, frozen=True, tag="release"):
     scope: QuarantineScope
     name: RequiredName
     target: TargetName
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineList(msgspec.Struct, frozen=True, tag="list"):
@@ -290,6 +302,10 @@ class QuarantineApprove(msgspec.Struct, frozen=True, tag="approve"):
     held leases on the target revoked and requeued) and the proposal goes."""
 
     id: ProposalId
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 class QuarantineReject(msgspec.Struct, frozen=True, tag="reject", omit_defaults=True):
@@ -297,6 +313,10 @@ class QuarantineReject(msgspec.Struct, frozen=True, tag="reject", omit_defaults=
 
     id: ProposalId
     reason: ShortText = ""
+    by: ShortText = ""
+    """Who asked (``jetfleet ... --as NAME``, else the OS user), for the audit log."""
+    why: ShortText = ""
+    """Why (``--why``), for the audit log."""
 
 
 QuarantineCommand = (

@@ -14,11 +14,33 @@ from jetfleet.schemas.output import HandlerOutput
 
 
 class Versions(msgspec.Struct, frozen=True, omit_defaults=True):
-    """The version tuple a result was produced with (I8)."""
+    """The version tuple a result was produced with (I8; docs/versions.md).
+
+    Built once per worker from what is installed and configured, never typed by hand
+    (jetfleet/version_tuple.py); only ``handler`` changes per job. ``id`` names the
+    tuple without ``handler``: what the approved set lists.
+    """
 
     jetfleet: str
     handler: str = ""
     browser: str = ""
+    """The browser's version once a browser handler exists (empty until then)."""
+    code: str = ""
+    """The code revision: the package version, plus ``+g<commit>`` when a commit is known
+    (and ``.dirty`` for a tree with uncommitted changes)."""
+    config: str = ""
+    """A short sha256 of the effective behavioural settings (targets, fleet, worker
+    behaviour, quarantine): alike for every worker of one deployment."""
+    python: str = ""
+    nats_py: str = ""
+    declared: dict[str, str] = {}
+    """Operator-declared fields (``worker.version_fields``)."""
+    unpinned: bool = False
+    """True: started from an unpinned environment (editable install, a source tree with
+    uncommitted changes, a local or dev version); ``unpinned_why`` says which."""
+    unpinned_why: str = ""
+    id: str = ""
+    """The tuple id the worker computed (the leaser computes it again from the fields)."""
 
 
 class AttemptRecord(msgspec.Struct, frozen=True, omit_defaults=True):
@@ -73,6 +95,7 @@ SinkStatus = Literal[
     "suppressed:duplicate-key",
     "rejected:fenced-out",
     "rejected:lease-expired",
+    "rejected:not-granted",
     "dead-lettered",
     "error",
     "busy",

@@ -383,12 +383,14 @@ async def test_operators_see_and_close_a_breaker_from_the_cli(
     assert "shop  open, no grants for up to 600 s" in await cli("status")
     status = await services.status()
     assert [(b.record.target, b.state) for b in status.breakers] == [(SHOP, "open")]
-    closed = await cli("breaker", "close", "--target", SHOP, "--reason", "owner says ok")
+    closed = await cli(
+        "breaker", "close", "--target", SHOP, "--reason", "owner says ok", "--as", "ana"
+    )
     assert "closed" in closed
     assert await breakers(settings) == []
     assert "circuit breakers" not in await cli("status")
     alert = (await alerts(nc))[-1]
-    assert (alert.change, alert.by, alert.reason) == ("closed", "operator", "owner says ok")
+    assert (alert.change, alert.by, alert.reason) == ("closed", "ana", "owner says ok")
 
 
 async def test_a_breaker_opened_after_the_watch_died_is_still_enforced(

@@ -396,8 +396,8 @@ async def test_no_result_is_written_by_refused_commits(
 ) -> None:
     """A commit without any lease is refused and leaves no trace in JF_RESULTS."""
     order = order_for(settings, "/page/14")
-    assert (await report(nc, order, 0, "w-a")).status == "rejected:lease-expired"
-    assert (await report(nc, order, 12345, "w-a")).status == "rejected:lease-expired"
+    assert (await report(nc, order, 0, "w-a")).status == "rejected:not-granted"
+    assert (await report(nc, order, 12345, "w-a")).status == "rejected:not-granted"
     keys = [r.key async for r in iter_results(nc.jetstream(), "demo")]
     assert order.key not in keys
 

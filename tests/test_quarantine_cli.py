@@ -21,6 +21,8 @@ def _args(action: str, target_name: str) -> argparse.Namespace:
         identity=None,
         reason="r",
         for_s=0.0,
+        actor="ana",
+        why="",
     )
 
 
@@ -30,7 +32,7 @@ def test_the_cli_releases_a_quarantine_on_a_target_the_settings_no_longer_declar
         "nats://127.0.0.1:1", "redis://127.0.0.1:1", {"demo": target("http://127.0.0.1:1/")}
     )
     release = _command(_args("release", "gone"), settings)
-    assert release == QuarantineRelease(scope="worker", name="w1", target="gone")
+    assert release == QuarantineRelease(scope="worker", name="w1", target="gone", by="ana")
     with pytest.raises(JetfleetError, match="not a target name"):
         _command(_args("release", "Not A Target"), settings)
     with pytest.raises(JetfleetError):
@@ -57,5 +59,5 @@ def test_the_cli_sets_and_releases_an_egress_quarantine_by_subnet() -> None:
     assert (command.record.scope, command.record.name) == ("egress", "10.1.0.0/24")
     args.quarantine_action = "release"
     assert _command(args, settings) == QuarantineRelease(
-        scope="egress", name="10.1.0.0/24", target="demo"
+        scope="egress", name="10.1.0.0/24", target="demo", by="ana"
     )

@@ -33,6 +33,7 @@ from jetfleet.schemas import (
     Versions,
     WorkOrder,
 )
+from jetfleet.schemas.audit import AuditEntry
 from jetfleet.schemas.breaker import (
     BreakerAlert,
     BreakerClose,
@@ -76,6 +77,22 @@ from jetfleet.schemas.presence import (
     PresenceWritten,
 )
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
+from jetfleet.schemas.versions import (
+    ApprovedShown,
+    GuardFigures,
+    SeenShown,
+    VersionAlert,
+    VersionApproval,
+    VersionsApprove,
+    VersionsGuard,
+    VersionSighting,
+    VersionsList,
+    VersionsReply,
+    VersionsRevoke,
+    VersionView,
+    VersionWithdrawal,
+    WithdrawnShown,
+)
 
 import jetfleet
 from jetfleet.ops import schema_export
@@ -350,6 +367,44 @@ BREAKER = BreakerRecord(
     identities=["a", "b", "worker:w1"],
     evidence=[Evidence(job_id=JOB.id, seq=41, reason="blocked")],
 )
+VERSION_TUPLE = Versions(
+    jetfleet="0.1.0",
+    code="0.1.0+g28b97837e8ec",
+    config="4ade1394aed4",
+    python="3.11.7",
+    nats_py="2.16.0",
+    declared={"ring": "canary"},
+    id="680715540608",
+)
+GUARD_FIGURES = GuardFigures(
+    window_s=1800.0,
+    fraction=0.8,
+    sample=50,
+    success_rate=0.5,
+    block_rate=0.4,
+    incumbent="0123456789ab",
+    incumbent_sample=60,
+    incumbent_success_rate=0.95,
+    incumbent_block_rate=0.01,
+)
+VERSION_SAMPLES = (
+    VersionsList(),
+    VersionsApprove(versions=VERSION_TUPLE, by="ops", why="rolled out"),
+    VersionsRevoke(id="680715540608", by="rollout-guard", figures=GUARD_FIGURES),
+    VersionsGuard(on=False, by="ops", why="incident"),
+    VersionsReply(
+        ok=True,
+        view=VersionView(
+            approved=[ApprovedShown(id="680715540608", versions=VERSION_TUPLE, incumbent=True)],
+            seen=[SeenShown(id="680715540608", versions=VERSION_TUPLE, worker="w1")],
+            withdrawn=[WithdrawnShown(id="0123456789ab", by="ops", figures=GUARD_FIGURES)],
+        ),
+    ),
+    VersionAlert(id="680715540608", by="rollout-guard", figures=GUARD_FIGURES),
+    VersionApproval(versions=VERSION_TUPLE, by="ops"),
+    VersionWithdrawal(versions=VERSION_TUPLE, by="ops", why="bad build"),
+    VersionSighting(versions=VERSION_TUPLE, worker="w1"),
+)
 SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
     sample.__class__: sample
     for sample in (
@@ -454,6 +509,7 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         BreakerAlert(
             target="example", change="opened", by="breaker", cool_s=900.0, opens=1, identities=["a"]
         ),
+        *VERSION_SAMPLES,
         PermitRequest(target="example", worker="w1", identity="p-osaka", egress="eu-1"),
         HoldRequest(target="example", status=429, said_how_long=True, retry_after_s=3.0),
         PermitAllowed(),
@@ -470,6 +526,13 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         PresenceDelete(bucket="jf-workers", key="owned." + "0" * 32, last=4),
         PresenceWritten(revision=5),
         PresenceRefused(reason="wrong-revision", detail="jf-workers owned.0 moved"),
+        AuditEntry(
+            action="quarantine.set",
+            who="ana",
+            what="identity id-1 on example until released",
+            why="blocks",
+            detail="revoked 1 lease(s)",
+        ),
     )
 }
 

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -44,6 +45,7 @@ def register(commands: Any) -> None:
     close.add_argument("--target", required=True, help="the target whose breaker to close")
     close.add_argument("--reason", default="", help="why (kept in the closing alert)")
     close.add_argument("--json", action="store_true", help="print the answer as JSON")
+    add_actor_arguments(close)
     close.set_defaults(run=_run)
 
 
@@ -56,7 +58,7 @@ def _command(args: argparse.Namespace) -> BreakerCommand:
             f"--target {args.target!r} is not a target name (lowercase letters, digits, "
             "'-' or '_', at most 64)"
         )
-    return BreakerClose(target=args.target, by="operator", reason=args.reason[:256])
+    return BreakerClose(target=args.target, by=actor(args), reason=(why(args) or args.reason)[:256])
 
 
 def breaker_rows(views: list[BreakerView]) -> list[list[object]]:

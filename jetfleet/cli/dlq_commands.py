@@ -13,6 +13,8 @@ from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
+from jetfleet.audit import record_action
+from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -84,6 +86,7 @@ def register(commands: Any) -> None:
         "--reason", default=None, help="with --target: only letters with this reason"
     )
     again.add_argument("--json", action="store_true", help="print the new job ids as JSON")
+    add_actor_arguments(again)
     again.set_defaults(run=_run_replay)
 
     removal = actions.add_parser(
@@ -96,6 +99,7 @@ def register(commands: Any) -> None:
     )
     removal.add_argument("--target", default=None, help="only this target's letters")
     removal.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_actor_arguments(removal)
     removal.set_defaults(run=_run_purge)
 
 
@@ -244,7 +248,13 @@ def _run_replay(args: argparse.Namespace) -> int:
             entries = await list_dead_letters(js, args.target, args.reason)
         if not entries:
             return []
-        return await replay(js, settings, entries)
+        new_ids = await replay(js, settings, entries)
+        what = f"dead letter {args.id}" if args.id is not None else f"dead letters of {args.target}"
+        if args.reason is not None:
+            what += f" with reason {args.reason}"
+        detail = f"replayed {len(new_ids)} letter(s) as {', '.join(new_ids)}"[:1024]
+        await record_action(js, "dlq.replay", actor(args), what, why(args), detail)
+        return new_ids
 
     new_ids: list[str] = asyncio.run(_with_js(settings, work))
     if args.json:
@@ -291,7 +301,11 @@ def _run_purge(args: argparse.Namespace) -> int:
         return 1
 
     async def work(js: JetStreamContext) -> int:
-        return await purge(js, args.target)
+        removed = await purge(js, args.target)
+        what = f"dead letters of {args.target}" if args.target else "every dead letter"
+        detail = f"removed {removed} letter(s)"
+        await record_action(js, "dlq.purge", actor(args), what, why(args), detail)
+        return removed
 
     removed: int = asyncio.run(_with_js(settings, work))
     print(f"purged {removed} dead letter(s){scope}; the count is recorded in jf-control")

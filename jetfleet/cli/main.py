@@ -11,14 +11,17 @@ from pathlib import Path
 
 from jetfleet import __version__
 from jetfleet.cli import (
+    audit_command,
     breaker_commands,
     data_commands,
     dlq_commands,
     doctor_command,
     quarantine_commands,
     run_commands,
+    runbook_command,
     scenario_command,
     target_commands,
+    version_commands,
 )
 from jetfleet.dev.stack_env import effective_env
 from jetfleet.errors import JetfleetError
@@ -65,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)
+    version_commands.register(commands)
+    audit_command.register(commands)
+    runbook_command.register(commands)
     return parser
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.breaker_commands import BREAKER_COLUMNS, breaker_rows
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
@@ -68,6 +69,7 @@ def register(commands: Any) -> None:
                 help="seconds it lasts, by the server's clock (default: until released)",
             )
         action.add_argument("--json", action="store_true", help="print the answer as JSON")
+        add_actor_arguments(action)
         action.set_defaults(run=_run)
     listing = actions.add_parser(
         "list",
@@ -85,6 +87,7 @@ def register(commands: Any) -> None:
         if name == "reject":
             action.add_argument("--reason", default="", help="why (kept with the proposal)")
         action.add_argument("--json", action="store_true", help="print the answer as JSON")
+        add_actor_arguments(action)
         action.set_defaults(run=_run)
 
 
@@ -104,8 +107,8 @@ def _command(args: argparse.Namespace, settings: Settings) -> QuarantineCommand:
                 "list` shows the pending proposals and their ids"
             )
         if args.quarantine_action == "approve":
-            return QuarantineApprove(id=args.id)
-        return QuarantineReject(id=args.id, reason=args.reason)
+            return QuarantineApprove(id=args.id, by=actor(args), why=why(args))
+        return QuarantineReject(id=args.id, reason=args.reason, by=actor(args), why=why(args))
     scope, name = _scope(args)
     if args.quarantine_action == "release":
         # A target since dropped from the settings may still hold records to lift: the
@@ -115,7 +118,9 @@ def _command(args: argparse.Namespace, settings: Settings) -> QuarantineCommand:
                 f"--target {args.target!r} is not a target name (lowercase letters, digits, "
                 "'-' or '_', at most 64)"
             )
-        return QuarantineRelease(scope=scope, name=name, target=args.target)
+        return QuarantineRelease(
+            scope=scope, name=name, target=args.target, by=actor(args), why=why(args)
+        )
     settings.target(args.target)
     if args.for_s < 0:
         raise JetfleetError("--for must be >= 0 seconds")
@@ -127,7 +132,9 @@ def _command(args: argparse.Namespace, settings: Settings) -> QuarantineCommand:
             reason=args.reason,
             for_s=args.for_s,
             set_by="operator",
-        )
+        ),
+        by=actor(args),
+        why=why(args) or args.reason,
     )
 
 

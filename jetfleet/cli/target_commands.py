@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
+from jetfleet.audit import record_action
+from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -24,6 +26,7 @@ from jetfleet.ops.run_time_limits import (
     set_limits,
 )
 from jetfleet.ops.target_view import TargetListing, TargetView, target_listing
+from jetfleet.schemas.targets import TargetLimits
 from jetfleet.settings import Settings
 
 _T = TypeVar("_T")
@@ -65,10 +68,12 @@ def register(commands: Any) -> None:
         "--clear", action="store_true", help="remove every run-time value (as `unset`)"
     )
     change.add_argument("--json", action="store_true", help="print the record as JSON")
+    add_actor_arguments(change)
     change.set_defaults(run=_run_set)
     unset = actions.add_parser("unset", help="remove run-time values: the config file applies")
     unset.add_argument("name", metavar="NAME", help="a declared target")
     unset.add_argument("--json", action="store_true", help="print JSON")
+    add_actor_arguments(unset)
     unset.set_defaults(run=_run_unset, clear=True)
 
 
@@ -88,8 +93,8 @@ def change_from(args: argparse.Namespace) -> LimitChange:
         daily=None
         if args.daily is None
         else parse_whole(args.daily, "--daily", 0, "a whole number >= 0 (0: no daily budget)"),
-        reason=args.reason,
-        set_by=args.set_by if args.set_by is not None else operator_name(),
+        reason=why(args) or args.reason,
+        set_by=args.actor or (args.set_by if args.set_by is not None else operator_name()),
     )
 
 
@@ -126,7 +131,19 @@ def _run_set(args: argparse.Namespace) -> int:
         return _run_unset(args)
     settings = _settings(args)
     change = change_from(args)
-    record = asyncio.run(_with_js(settings, lambda js: set_limits(js, settings, args.name, change)))
+
+    async def change_and_record(js: JetStreamContext) -> TargetLimits:
+        record = await set_limits(js, settings, args.name, change)
+        asked = ", ".join(
+            f"{name} {value}"
+            for name, value in (("rate", args.rate), ("burst", args.burst), ("daily", args.daily))
+            if value is not None
+        )
+        what = f"target {args.name}: {asked or 'no change'}"
+        await record_action(js, "target.set", change.set_by, what, change.reason)
+        return record
+
+    record = asyncio.run(_with_js(settings, change_and_record))
     if args.json:
         print_json(record)
         return 0
@@ -143,7 +160,16 @@ def _run_set(args: argparse.Namespace) -> int:
 
 def _run_unset(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    removed = asyncio.run(_with_js(settings, lambda js: clear_limits(js, settings, args.name)))
+
+    async def clear_and_record(js: JetStreamContext) -> bool:
+        removed = await clear_limits(js, settings, args.name)
+        detail = "run-time limits removed" if removed else "had no run-time limits"
+        await record_action(
+            js, "target.unset", actor(args), f"target {args.name}", why(args), detail
+        )
+        return removed
+
+    removed = asyncio.run(_with_js(settings, clear_and_record))
     if args.json:
         print_json({"target": args.name, "removed": removed})
     elif removed:

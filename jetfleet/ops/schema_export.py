@@ -43,6 +43,7 @@ _PARAMETERS: Mapping[str, JsonObject] = {
         "enum": list(subjects.TIERS),
         "default": subjects.DEFAULT_TIER,
     },
+    "action": {"description": "The control action, as dotted tokens (quarantine.set, dlq.replay)."},
     "key": {"description": "An idempotency key (u-<sha256 prefix> or x-<sha256 prefix>)."},
     "job_id": {"description": "A job id (letters, digits, _ = . -; at most 128)."},
     "scope": {

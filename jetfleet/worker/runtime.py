@@ -29,7 +29,6 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
 
-import jetfleet
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
 from jetfleet.duplicates import record_duplicate
@@ -78,6 +77,7 @@ from jetfleet.schemas.permit import (
 )
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
+from jetfleet.version_tuple import local_tuple, with_handler
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
@@ -198,6 +198,8 @@ class Worker:
         self.js = nc.jetstream()
         self.worker_id = worker_id
         self.identity = identity
+        # Built once: what is installed and configured does not change while it runs.
+        self.version_tuple = local_tuple(settings)
         self.lane_map = LaneMap(settings)
         # A partition's consumer carries all its members: a worker pulling it serves them.
         self.lanes: tuple[WorkLane, ...] = self.lane_map.lanes_for(
@@ -1548,7 +1550,7 @@ class Worker:
             _, version = get_handler(order.job.handler)
         except KeyError:
             version = ""
-        return Versions(jetfleet=jetfleet.__version__, handler=f"{order.job.handler}@{version}")
+        return with_handler(self.version_tuple, f"{order.job.handler}@{version}")
 
     async def _publish_outcome(
         self,

@@ -34,6 +34,7 @@ from jetfleet.schemas.lease import (
 from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.quarantine_book import QuarantineBook
+from jetfleet.services.leaser.version_commands import ApprovedVersions
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
@@ -97,6 +98,8 @@ class GrantContext:
     probe: list[int] = field(default_factory=lambda: [0])
     """The revision of the probe ``circuit_probe`` took (0: none): the grant names its
     fence there."""
+    versions: ApprovedVersions | None = None
+    """The approved version set (None: no version gate)."""
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
@@ -232,6 +235,14 @@ async def circuit_probe(ctx: GrantContext) -> LeaseRefusal | None:
         detail=f"the circuit breaker of {req.target} is half-open and its one probe is in "
         "flight; its outcome closes or re-opens it",
     )
+
+
+async def version_not_approved(ctx: GrantContext) -> LeaseRefusal | None:
+    """The worker's version tuple is not in the approved set (``versions.gate``): about
+    this worker only, so its jobs go to workers whose tuple is approved (I8)."""
+    if ctx.versions is None:
+        return None
+    return await ctx.versions.objection(ctx.request)
 
 
 async def pinned_identity(ctx: GrantContext) -> LeaseRefusal | None:
@@ -435,6 +446,7 @@ ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
     outside_window,
+    version_not_approved,
     quarantined,
     circuit_open,
     pinned_identity,

@@ -34,6 +34,7 @@ from jetfleet.schemas.lease import (
     Sealed,
 )
 from jetfleet.schemas.presence import PresenceWrite
+from jetfleet.schemas.versions import VersionsCommand, VersionsReply
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
 from jetfleet.services.leaser.call_checks import refuse_command, refuse_lease_call
@@ -48,9 +49,15 @@ from jetfleet.services.leaser.checks import (
     quarantined,
     taking_objection,
 )
+from jetfleet.services.leaser.command_audit import audited
 from jetfleet.services.leaser.presence_writes import PRESENCE_REFUSALS, PresenceWrites
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
+from jetfleet.services.leaser.version_commands import (
+    ApprovedVersions,
+    VersionCommands,
+    versions_objection,
+)
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -70,6 +77,7 @@ _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 _presence_decoder = msgspec.json.Decoder(PresenceWrite)
+_versions_decoder = msgspec.json.Decoder(VersionsCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
 PUT_TRIES = 10
@@ -107,6 +115,14 @@ BREAKER_REFUSALS = Refusals[BreakerReply](
     ),
     failed=lambda exc: BreakerReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
     too_large=lambda why: BreakerReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+VERSIONS_REFUSALS = Refusals[VersionsReply](
+    malformed=lambda error: VersionsReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: VersionsReply(
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: VersionsReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
+    too_large=lambda why: VersionsReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
 
@@ -155,6 +171,9 @@ class Leaser:
         )
         await self.breakers.start()
         self.metrics.append(self.breaker_commands.changes)
+        self.versions = ApprovedVersions(self.settings, self.js, control, self._spawn_task)
+        await self.versions.start()
+        self.version_commands = VersionCommands(self.settings, self.js, control)
         limit = self.settings.fleet.max_request_bytes
         await self.responder.serve(
             Route(
@@ -170,7 +189,7 @@ class Leaser:
             Route(
                 subjects.QUARANTINE,
                 _command_decoder,
-                self.command,
+                lambda command: audited(self.js, command, lambda: self.command(command)),
                 QUARANTINE_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: refuse_command(self.settings, command),
@@ -180,7 +199,9 @@ class Leaser:
             Route(
                 subjects.BREAKER,
                 _breaker_decoder,
-                self.breaker_commands.command,
+                lambda command: audited(
+                    self.js, command, lambda: self.breaker_commands.command(command)
+                ),
                 BREAKER_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: breaker_objection(self.settings, command),
@@ -199,6 +220,16 @@ class Leaser:
                 check=self.presence.check,
             )
         )
+        await self.responder.serve(
+            Route(
+                subjects.VERSIONS,
+                _versions_decoder,
+                self.version_commands.command,
+                VERSIONS_REFUSALS,
+                max_bytes=limit,
+                check=lambda _, command: versions_objection(command),
+            )
+        )
         # Started means answering: make sure the server has the subscriptions.
         await self.nc.flush()
 
@@ -207,6 +238,7 @@ class Leaser:
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
         await self.breakers.stop()
+        await self.versions.stop()
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
@@ -354,6 +386,7 @@ class Leaser:
             clock=self.clock,
             avoid=self.avoid,
             breakers=self.breakers,
+            versions=self.versions,
         )
         try:
             verdict = await first_objection(ctx)
@@ -374,6 +407,7 @@ class Leaser:
             record = LeaseRecord(
                 job_id=request.job_id,
                 target=request.target,
+                key=request.key,
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,

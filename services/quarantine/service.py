@@ -41,6 +41,7 @@ from jetfleet.schemas.names import RequiredName
 from jetfleet.services.quarantine.breaker_watch import BreakerWatch
 from jetfleet.services.quarantine.egress_proposals import EgressProposals
 from jetfleet.services.quarantine.fired_markers import Claim, FiredMarkers
+from jetfleet.services.quarantine.rollout_guard import RolloutGuard
 from jetfleet.services.quarantine.rule_windows import Firing, RuleWindows, Seen
 from jetfleet.services.quarantine.second_order import SecondOrder
 from nats.aio.client import Client as NatsClient
@@ -171,12 +172,14 @@ class QuarantineService:
         self.egress = EgressProposals(settings)
         self.second_order = SecondOrder(settings)
         self.breaker = BreakerWatch(settings, nc)
+        self.rollout = RolloutGuard(settings, nc)
         self.metrics = [
             self.events,
             self.fired,
             *self.egress.metrics,
             *self.second_order.metrics,
             self.breaker.fired,
+            self.rollout.withdrawals,
         ]
         self.markers: FiredMarkers | None = None
         self.next_seq: int | None = None
@@ -223,6 +226,7 @@ class QuarantineService:
                 await self._retry_due()
                 await self.egress.retry_due()
                 await self.breaker.retry_due()
+                await self.rollout.judge_due()
                 if sub is None:
                     sub = await self._subscribe()
                 try:
@@ -311,6 +315,7 @@ class QuarantineService:
                 await self.apply(firing)
             await self.egress.observe(seen)
         await self.breaker.observe(seen)
+        await self.rollout.observe(seen)
         self._read_since_forget += 1
         if self._read_since_forget >= FORGET_EVERY:
             self._read_since_forget = 0

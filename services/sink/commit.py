@@ -5,11 +5,15 @@ Checks, in order (docs/commit.md explains each crash point):
 1. fence: the report's fence must be >= the highest fence ever granted for the job;
    otherwise ``rejected:fenced-out``;
 2. lease: the job's lease must be live (server-clock TTL) under exactly this fence;
-   missing -> ``rejected:lease-expired``, another fence -> ``rejected:fenced-out``;
-3. seal: the commit is written into the job's ``jf-fences`` entry as its one terminal
+   missing -> ``rejected:lease-expired``, another fence -> ``rejected:fenced-out``; a
+   job never granted at all (no lease, no fence in its history) -> ``rejected:not-granted``;
+3. grant: the live lease's record (what the leaser wrote at the grant) must name the
+   report's target and idempotency key, else ``rejected:not-granted``: the sink trusts
+   only what the leaser granted, never what a report says of itself;
+4. seal: the commit is written into the job's ``jf-fences`` entry as its one terminal
    decision, compare-and-set on the revision read in check 1, so no grant (and no dead
    letter) can come after it; a job sealed already answers that decision;
-4. key: the result is published to ``jf.results.<target>.<key>`` with
+5. key: the result is published to ``jf.results.<target>.<key>`` with
    ``Nats-Expected-Last-Subject-Sequence: 0``, an atomic put-if-absent. The result record
    IS the idempotency key, so "key written but result lost" (or the reverse) cannot
    happen. A second commit of the same key answers ``suppressed:duplicate-key``.
@@ -20,8 +24,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from jetfleet.schemas import CommittedResult, SinkReply, Success
-from jetfleet.schemas.lease import Sealed, SealedCommit
+from jetfleet.schemas import CommittedResult, SinkReply, Success, WorkOrder
+from jetfleet.schemas.lease import LeaseRecord, Sealed, SealedCommit
 from nats.js import JetStreamContext
 
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
@@ -62,13 +66,14 @@ async def read_fence(store: LeaseStore, job_id: str) -> FenceRead:
     return FenceRead(history, live)
 
 
-def judge(read: FenceRead, fence: int) -> Sealed | SinkReply | None:
+def judge(read: FenceRead, fence: int, order: WorkOrder) -> Sealed | SinkReply | None:
     """The job's seal, if ``fence``'s holder (or a report of it sent again) sealed it
-    already; the rejection if ``fence`` does not hold the live lease; else None."""
+    already; the rejection if ``fence`` does not hold the live lease, or the lease was
+    granted for another target or key than ``order``'s; else None."""
     history = read.history.history
     highest = history.fence if history else 0
     if history is not None and history.settled is not None and fence == history.settled.fence:
-        return history.settled
+        return _sealed_as_reported(history.settled, order)
     if fence < highest:
         return SinkReply(
             status="rejected:fenced-out", detail=f"fence {fence} < highest granted {highest}"
@@ -79,6 +84,11 @@ def judge(read: FenceRead, fence: int) -> Sealed | SinkReply | None:
             detail=f"the job was settled under fence {history.settled.fence}, not {fence}",
         )
     if read.live is None:
+        if highest == 0:
+            return SinkReply(
+                status="rejected:not-granted",
+                detail=f"job {order.job.id!r} was never granted a lease: nothing to settle",
+            )
         return SinkReply(
             status="rejected:lease-expired",
             detail=f"no live lease for fence {fence} (server clock)",
@@ -88,18 +98,53 @@ def judge(read: FenceRead, fence: int) -> Sealed | SinkReply | None:
             status="rejected:fenced-out",
             detail=f"live lease has fence {read.live.fence}, not {fence}",
         )
-    return None
+    return granted_as_reported(read.live.record, fence, order)
+
+
+def _sealed_as_reported(sealed: Sealed, order: WorkOrder) -> Sealed | SinkReply:
+    """The seal, for a report sent again by its sealer; a refusal for a report under the
+    sealer's fence that names another target or key (the seal is not re-landed for it)."""
+    sealed_order = (
+        (sealed.result.target, sealed.result.key)
+        if isinstance(sealed, SealedCommit)
+        else (sealed.letter.order.target, sealed.letter.order.key)
+    )
+    if sealed_order == (order.target, order.key):
+        return sealed
+    return SinkReply(
+        status="rejected:not-granted",
+        detail=f"the job was settled under fence {sealed.fence} for target "
+        f"{sealed_order[0]!r} with key {sealed_order[1]!r}, not {order.target!r} with "
+        f"key {order.key!r}",
+    )
+
+
+def granted_as_reported(record: LeaseRecord, fence: int, order: WorkOrder) -> SinkReply | None:
+    """The refusal of a report whose job, target or key is not the one the lease under
+    ``fence`` was granted for; None when they match. A record from before the key was
+    kept (empty ``key``) is checked on its job and target alone."""
+    granted = (record.job_id, record.target, record.key or order.key)
+    reported = (order.job.id, order.target, order.key)
+    if granted == reported:
+        return None
+    return SinkReply(
+        status="rejected:not-granted",
+        detail=f"fence {fence} was granted for job {record.job_id!r} of target "
+        f"{record.target!r} with key {record.key!r}, not for job {order.job.id!r} of "
+        f"{order.target!r} with key {order.key!r}",
+    )
 
 
 async def seal(
-    store: LeaseStore, job_id: str, decision: Sealed, read: FenceRead
+    store: LeaseStore, order: WorkOrder, decision: Sealed, read: FenceRead
 ) -> Sealed | SinkReply:
     """Seal ``decision`` as the job's one terminal decision, if its fence holds the live
     lease; the decision that holds (``decision``, or one sealed before under the same
     fence) or the rejection. A conflict (the history moved since ``read``) reads the
     history again and judges again."""
+    job_id = order.job.id
     for _ in range(_SEAL_TRIES):
-        verdict = judge(read, decision.fence)
+        verdict = judge(read, decision.fence, order)
         if verdict is not None:
             return verdict
         if await store.seal(job_id, decision, read.history):
@@ -116,7 +161,7 @@ async def commit(
     decision: Sealed = SealedCommit(fence=success.fence, result=_record(success))
     if policy.leases:
         read = await read_fence(store, success.order.job.id)
-        verdict = await seal(store, success.order.job.id, decision, read)
+        verdict = await seal(store, success.order, decision, read)
         if isinstance(verdict, SinkReply):
             return verdict
         decision = verdict

@@ -1,0 +1,101 @@
+"""What the audit log says of the quarantine and breaker commands the leaser executes
+(docs/audit.md): one entry per command, after it ran, with its outcome."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import msgspec
+from jetfleet.schemas.audit import AuditOutcome
+from jetfleet.schemas.breaker import (
+    BreakerClose,
+    BreakerCommand,
+    BreakerList,
+    BreakerOpen,
+    BreakerReply,
+)
+from jetfleet.schemas.lease import (
+    QuarantineApprove,
+    QuarantineCommand,
+    QuarantineList,
+    QuarantineReject,
+    QuarantineRelease,
+    QuarantineReply,
+    QuarantineSet,
+)
+from nats.js import JetStreamContext
+
+from jetfleet.audit import NOT_RECORDED, record_action
+
+Command = QuarantineCommand | BreakerCommand
+CommandReply = QuarantineReply | BreakerReply
+R = TypeVar("R", QuarantineReply, BreakerReply)
+
+
+def described(command: Command) -> tuple[str, str, str, str] | None:
+    """(action, who, what, why) of a command the audit records; None for a listing."""
+    if isinstance(command, QuarantineList | BreakerList):
+        return None
+    if isinstance(command, QuarantineSet):
+        r = command.record
+        return (
+            "quarantine.set",
+            command.by or r.set_by,
+            f"{r.scope} {r.name} on {r.target} "
+            + (f"for {r.for_s:g} s" if r.for_s else "until released"),
+            command.why or r.reason,
+        )
+    if isinstance(command, QuarantineRelease):
+        what = f"{command.scope} {command.name} on {command.target}"
+        return "quarantine.release", command.by, what, command.why
+    if isinstance(command, QuarantineApprove):
+        return "quarantine.approve", command.by, f"egress proposal {command.id}", command.why
+    if isinstance(command, QuarantineReject):
+        what = f"egress proposal {command.id}"
+        return "quarantine.reject", command.by, what, command.why or command.reason
+    if isinstance(command, BreakerOpen):
+        opened = command.record
+        return "breaker.open", opened.opened_by, f"target {opened.target}", opened.reason
+    assert isinstance(command, BreakerClose)
+    return "breaker.close", command.by, f"target {command.target}", command.reason
+
+
+def _outcome(reply: CommandReply) -> tuple[AuditOutcome, str]:
+    """The outcome and detail an entry records for a command's reply."""
+    if reply.ok:
+        revoked = f"revoked {len(reply.revoked)} lease(s)" if reply.revoked else ""
+        return "done", "; ".join(part for part in (reply.detail, revoked) if part)
+    return ("failed" if reply.retry_after_s else "refused"), reply.detail
+
+
+def _automatic_no_op(command: Command, reply: CommandReply) -> bool:
+    """A rule's or probe's command that changed nothing (kept, stale, already fired):
+    replicas replay these, and the log records changes, not replays."""
+    automatic = (
+        isinstance(command, BreakerOpen)
+        or (isinstance(command, QuarantineSet) and command.record.set_by.startswith("rule:"))
+        or (isinstance(command, BreakerClose) and command.opens > 0)
+    )
+    return automatic and bool(reply.detail) and not reply.revoked
+
+
+async def audited(js: JetStreamContext, command: Command, run: Callable[[], Awaitable[R]]) -> R:
+    """Run ``command`` and record it with its outcome; the reply, noting in its detail an
+    entry that could not be written. A command that raised is recorded ``failed`` and
+    raises on."""
+    about = described(command)
+    if about is None:
+        return await run()
+    action, who, what, why = about
+    try:
+        reply = await run()
+    except Exception as exc:
+        await record_action(js, action, who, what, why, str(exc), outcome="failed")
+        raise
+    if _automatic_no_op(command, reply):
+        return reply
+    outcome, detail = _outcome(reply)
+    if await record_action(js, action, who, what, why, detail, outcome=outcome):
+        return reply
+    return msgspec.structs.replace(reply, detail=reply.detail + NOT_RECORDED)
