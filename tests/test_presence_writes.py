@@ -303,3 +303,25 @@ async def test_a_worker_claim_fails_like_a_kv_outage_when_no_leaser_answers(
     finally:
         await nc.close()
         await admin.close()
+
+
+async def test_a_worker_started_before_any_leaser_waits_for_one_to_claim_its_identity(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="jetfleet.worker.runtime")
+    leaser = fleet.stack.leaser
+    assert leaser is not None
+    await leaser.drain(5.0)
+    worker = Worker(fleet.settings, await _as_worker(fleet, "w-early"), "w-early", identity="alice")
+    starting = asyncio.create_task(worker.start())
+
+    async def said_it_waits() -> bool:
+        return any("no leaser answers jf.presence" in r.getMessage() for r in caplog.records)
+
+    await wait_for(said_it_waits, 10, "the worker to say it waits for a leaser")
+    assert not starting.done(), "the worker gave up at once"
+    await fleet.stack.start_leaser()
+    await asyncio.wait_for(starting, 30)
+    fleet.stack.workers.append(worker)
+    holder = await IdentityPresence(fleet.stack.connections[0].jetstream()).holder("alice")
+    assert holder is not None and holder.worker_id == "w-early"
