@@ -176,3 +176,8 @@ def target_of(subject: str) -> str:
 # Presence writes (identity claims, region presence, hand-back notes, robots.txt records)
 # made by the leaser for workers, which have no KV rights (schemas/presence.py).
 PRESENCE = f"{PREFIX}.presence"
+
+# The pause switch (docs/pause.md): commands served by the leaser, and the records in
+# jf-control under pause.<scope>.<name> (a per-key TTL when timed).
+PAUSE = f"{PREFIX}.pause"
+PAUSE_PREFIX = "pause"

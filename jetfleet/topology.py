@@ -8,6 +8,8 @@ create-OR-update): the difference is logged and returned, and only ``update=True
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import logging
 from dataclasses import dataclass
 
@@ -16,6 +18,7 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, NotFoundError
 
 from jetfleet import subjects
+from jetfleet.pause_book import consumer_pauses, read_pauses, rfc3339
 from jetfleet.settings import Settings
 from jetfleet.work_lanes import LaneMap, WorkLane
 
@@ -195,7 +198,10 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
         await _ensure_bucket(js, bucket, ttl, settings)
     await _ensure_object_store(js, settings)
     await _remove_pre_tier_consumers(js, settings)
-    configs = consumer_configs(settings)
+    # A work consumer made (or updated) while a fleet or target pause covers it is
+    # paused from birth until the pause's end (docs/pause.md).
+    held = consumer_pauses(settings, await read_pauses(js))
+    configs = [(stream, _paused(config, held)) for stream, config in consumer_configs(settings)]
     work = [c for s, c in configs if s == subjects.STREAM_WORK]
     lane_drifts, held_back = await _follow_lane_changes(js, work, apply=update)
     drifts += lane_drifts
@@ -206,6 +212,15 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
     for drift in drifts:
         log.warning("topology drift %s%s", drift, " (updated)" if update else "")
     return drifts
+
+
+def _paused(
+    config: js_api.ConsumerConfig, held: dict[str, datetime.datetime]
+) -> js_api.ConsumerConfig:
+    until = held.get(config.durable_name or "")
+    if until is None:
+        return config
+    return dataclasses.replace(config, pause_until=rfc3339(until))
 
 
 async def _remove_pre_tier_consumers(js: JetStreamContext, settings: Settings) -> None:

@@ -36,6 +36,7 @@ from jetfleet.schemas.breaker import (
     BreakerRecord,
     BreakerReply,
 )
+from jetfleet.schemas.control import PauseCommand, PauseRecord, PauseReply
 from jetfleet.schemas.lease import (
     AvoidEntry,
     JobLeaseHistory,
@@ -418,6 +419,34 @@ CHANNELS: tuple[Channel, ...] = (
             "written (the key's new revision), or refused: wrong-revision (a "
             "compare-and-set lost), not-permitted, busy (retry_after_s), failed."
         ),
+    ),
+    Channel(
+        name="pause",
+        address=subjects.PAUSE,
+        kind="request",
+        payload=PauseCommand,
+        description=(
+            "Operators pause or resume the fleet, a target, a region, a worker or an "
+            "identity (or list the pauses): no lease is granted in scope, and a fleet or "
+            "target pause also pauses the work consumers at the server (docs/pause.md)."
+        ),
+        queue_group=QUEUE_LEASER,
+        reply="pause-reply",
+    ),
+    Channel(
+        name="pause-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=PauseReply,
+        description="The leaser's answer to a pause command, once it refuses in scope.",
+    ),
+    Channel(
+        name="pause-records",
+        address=f"$KV.{subjects.BUCKET_CONTROL}.{subjects.PAUSE_PREFIX}.{{scope}}.{{name}}",
+        kind="kv",
+        payload=PauseRecord,
+        description="A pause in force; a timed one has the per-key TTL for_s, so it "
+        "lapses by the server's clock.",
     ),
     Channel(
         name="versions",

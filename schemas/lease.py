@@ -100,6 +100,10 @@ class LeaseRefusal(msgspec.Struct, frozen=True, tag="refused", omit_defaults=Tru
     """``outside-window``: seconds until the target's activity window opens (its
     ``retry_after_s`` is capped, so the worker asks again meanwhile); the job itself may
     stay away this long, spending one delivery, not one per ask."""
+    pause_scope: str = ""
+    """``paused``: the scope of the pause that refused (``fleet``, ``target``, ``region``,
+    ``worker``, ``identity``). A worker, region or identity pause is about this worker
+    only: its jobs go on to other workers."""
 
 
 class LeaseAlreadyDone(msgspec.Struct, frozen=True, tag="already-done", omit_defaults=True):
@@ -126,6 +130,8 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     leases."""
     fence: int = 0
     """0 on the grant itself (its fence is that entry's revision); renewals carry it."""
+    region: str = ""
+    """The holder's region (``LeaseRequest.region``), so a pause of it finds its leases."""
     key: str = ""
     """The idempotency key the lease was granted for (``LeaseRequest.key``), so the sink
     commits under this fence only a report of this key (empty in records from before

@@ -44,6 +44,14 @@ from jetfleet.schemas.breaker import (
     BreakerReply,
     BreakerView,
 )
+from jetfleet.schemas.control import (
+    PauseList,
+    PauseRecord,
+    PauseReply,
+    PauseResume,
+    PauseSet,
+    PauseView,
+)
 from jetfleet.schemas.lease import (
     AvoidEntry,
     Evidence,
@@ -526,6 +534,18 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         PresenceDelete(bucket="jf-workers", key="owned." + "0" * 32, last=4),
         PresenceWritten(revision=5),
         PresenceRefused(reason="wrong-revision", detail="jf-workers owned.0 moved"),
+        PauseSet(scope="target", name="example", for_s=1800.0, mode="now", by="ops", why="x"),
+        PauseResume(scope="identity", name="p-osaka", by="ops", why="cleared"),
+        PauseList(),
+        PauseRecord(scope="fleet", for_s=60.0, by="ops", why="incident 42"),
+        PauseReply(
+            ok=True,
+            pauses=[
+                PauseView(record=PauseRecord(scope="worker", name="w1"), age_s=3.0, revision=12)
+            ],
+            revoked=[JOB.id],
+            consumers=["work-example-normal"],
+        ),
         AuditEntry(
             action="quarantine.set",
             who="ana",

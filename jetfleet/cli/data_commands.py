@@ -19,6 +19,7 @@ from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.ops.breaker_status import breaker_lines
+from jetfleet.ops.pause_status import pause_lines
 from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, FleetStatus, confirmed_status
 from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
@@ -226,6 +227,8 @@ async def _status(settings: Settings, as_json: bool) -> int:
         print()
         print_quarantines(status.quarantines, status.proposals, most=MAX_QUARANTINES_SHOWN)
     for n, line in enumerate(breaker_lines(status.breakers)):
+        print(f"\n{line}" if n == 0 else line)
+    for n, line in enumerate(pause_lines(status.pauses)):
         print(f"\n{line}" if n == 0 else line)
     if not status.conserved:
         # Read again already; a difference that lasts while jobs flow fast can still be

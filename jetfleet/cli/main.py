@@ -16,6 +16,7 @@ from jetfleet.cli import (
     data_commands,
     dlq_commands,
     doctor_command,
+    pause_commands,
     quarantine_commands,
     run_commands,
     runbook_command,
@@ -68,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)
+    pause_commands.register(commands)
     version_commands.register(commands)
     audit_command.register(commands)
     runbook_command.register(commands)

@@ -18,8 +18,10 @@ from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.ops.breaker_status import open_breakers
 from jetfleet.ops.dead_letters import purged_counts
 from jetfleet.ops.limiter_state import LimiterHealth, TargetHold, limiter_state
+from jetfleet.ops.pause_status import pauses_in_force
 from jetfleet.ops.quarantine_view import ProposalShown, RecordShown, read_quarantines
 from jetfleet.schemas.breaker import BreakerView
+from jetfleet.schemas.control import PauseView
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import count_messages
 from jetfleet.target_places import TargetPlaces
@@ -88,6 +90,8 @@ class FleetStatus(msgspec.Struct):
     """Retirements in force that followed a neighbour's on the same subnet and target."""
     breakers: list[BreakerView] = msgspec.field(default_factory=list)
     """Targets whose circuit breaker is open, probing or half-open (paused fleet-wide)."""
+    pauses: list[PauseView] = msgspec.field(default_factory=list)
+    """The pauses in force (docs/pause.md), widest scope first."""
 
 
 async def confirmed_status(
@@ -144,11 +148,12 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         _shared_leased(settings, [t for t in declared if lanes.is_shared(t)]),
         limiter_state(settings),
     )
-    third = asyncio.gather(read_quarantines(js), open_breakers(js))
+    # The JetStream context's own connection: the server's clock judges timed pauses.
+    third = asyncio.gather(read_quarantines(js), open_breakers(js), pauses_in_force(js._nc))
     (
         (submitted, in_work, duplicates, rejected, admitting, purged),
         (results, dead_letters, leased_by_consumers, shared_leased, limiter),
-        (quarantines, breakers),
+        (quarantines, breakers, pauses),
     ) = await asyncio.gather(first, second, third)
     committed = Counter(results) + duplicates
     dead = Counter(dead_letters) + Counter(purged)
@@ -187,6 +192,7 @@ async def fleet_status(js: JetStreamContext, settings: Settings) -> FleetStatus:
         proposals=quarantines.proposals,
         second_order=quarantines.second_order,
         breakers=breakers,
+        pauses=pauses,
     )
 
 

@@ -132,6 +132,10 @@ TARGET_WIDE_REFUSALS = frozenset(
 # Of those, the ones about this worker or its identity only (the others may run the job):
 # its jobs go back at a flat pace, not one growing with their deliveries.
 WORKER_SCOPED_REFUSALS = frozenset({"quarantined", "version-not-approved", "subnet-busy"})
+# A ``paused`` refusal of these scopes is about this worker only (its region, its id, its
+# identity): its jobs go back flat for the other workers. A fleet or target pause holds
+# the whole target for everyone (docs/pause.md).
+WORKER_SCOPED_PAUSES = frozenset({"region", "worker", "identity"})
 # Blocks that are about this worker's identity (or the worker), not the whole target: the
 # job goes on to someone else (the avoid list, docs/leases.md#the-avoid-list). A 429 is
 # the target's load, the same for everyone: no.
@@ -901,7 +905,9 @@ class Worker:
                 if reply.reason == "subnet-busy":
                     retry_after = self._subnet_busy_wait(target, retry_after)
                 self.lending.held(target, reply.reason, retry_after)
-                if reply.reason in WORKER_SCOPED_REFUSALS:
+                if reply.reason in WORKER_SCOPED_REFUSALS or (
+                    reply.reason == "paused" and reply.pause_scope in WORKER_SCOPED_PAUSES
+                ):
                     self.gate.hold(target, retry_after, only_here=True)
                     delay = self._elsewhere_delay(msg, target)
                 else:

@@ -10,7 +10,8 @@ for workers from before permits moved to the worker), so they run one after anot
 only once nothing else objects. A current worker takes the rate permit itself, just
 before the request, so the limiter's clock and the target's are milliseconds apart.
 The first objection in ``GRANT_CHECKS`` order wins.
-Later capabilities (pause, approved versions) add their check to the right tuple; order
+``paused`` is the first local check: after the most final answers, before quarantine.
+Each capability adds its check to the right tuple; order
 matters: the most final answers come first. A taking check that refuses frees what the
 checks before it took (``free_taken``).
 """
@@ -43,6 +44,7 @@ from jetfleet.breaker_book import BreakerBook
 from jetfleet.inflight_caps import CapsUnavailable
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
+from jetfleet.pause_book import PauseBook
 from jetfleet.permit_client import PermitClient
 from jetfleet.results import committed_job
 from jetfleet.server_clock import ServerClock
@@ -68,6 +70,10 @@ CLOCK_UNKNOWN_RETRY_S = 5.0
 SUBNET_BUSY_RETRY_S = 2.0
 # An open breaker may be closed early by an operator: ask again at least this often.
 BREAKER_RETRY_S = 30.0
+# A pause may be resumed at any moment, and a resume must restore flow quickly: a
+# refused worker asks again this soon (a fleet or target pause also holds the consumers
+# at the server, so few asks come while it lasts).
+PAUSE_RETRY_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,8 @@ class GrantContext:
     probe: list[int] = field(default_factory=lambda: [0])
     """The revision of the probe ``circuit_probe`` took (0: none): the grant names its
     fence there."""
+    pauses: PauseBook | None = None
+    """The pauses in force (None: no pause switch)."""
     versions: ApprovedVersions | None = None
     """The approved version set (None: no version gate)."""
 
@@ -145,6 +153,30 @@ async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
     if await last_message(ctx.js, subjects.STREAM_DLQ, subject) is None:
         return None
     return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
+
+
+async def paused(ctx: GrantContext) -> LeaseRefusal | None:
+    """A pause in force covers the ask: the fleet, its target, or the worker's region,
+    id or identity (docs/pause.md). From the book's memory; judged by the server's
+    clock, since a timed pause lapses by its per-key TTL, which a watch does not see."""
+    book, req = ctx.pauses, ctx.request
+    if book is None or (not book.entries and book.following()):
+        return None
+    now = await ctx.clock.now() if ctx.clock is not None else None
+    entry = await book.covering(req.target, req.region, req.worker, req.identity, now)
+    if entry is None:
+        return None
+    record = entry.record
+    what = "the fleet" if record.scope == "fleet" else f"{record.scope} {record.name}"
+    lasts = f"for {record.for_s:g} s" if record.for_s > 0 else "until resumed"
+    return LeaseRefusal(
+        reason="paused",
+        retry_after_s=PAUSE_RETRY_S,
+        pause_scope=record.scope,
+        detail=f"{what} is paused {lasts} by {record.by or 'an operator'}"
+        + (f": {record.why}" if record.why else "")
+        + " (`jetfleet resume` ends it)",
+    )
 
 
 async def quarantine_on(
@@ -445,6 +477,7 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
 ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
+    paused,
     outside_window,
     version_not_approved,
     quarantined,

@@ -1,4 +1,4 @@
-"""What the audit log says of the quarantine and breaker commands the leaser executes
+"""What the audit log says of the quarantine, breaker and pause commands the leaser executes
 (docs/audit.md): one entry per command, after it ran, with its outcome."""
 
 from __future__ import annotations
@@ -15,6 +15,13 @@ from jetfleet.schemas.breaker import (
     BreakerOpen,
     BreakerReply,
 )
+from jetfleet.schemas.control import (
+    PauseCommand,
+    PauseList,
+    PauseReply,
+    PauseResume,
+    PauseSet,
+)
 from jetfleet.schemas.lease import (
     QuarantineApprove,
     QuarantineCommand,
@@ -28,15 +35,17 @@ from nats.js import JetStreamContext
 
 from jetfleet.audit import NOT_RECORDED, record_action
 
-Command = QuarantineCommand | BreakerCommand
-CommandReply = QuarantineReply | BreakerReply
-R = TypeVar("R", QuarantineReply, BreakerReply)
+Command = QuarantineCommand | BreakerCommand | PauseCommand
+CommandReply = QuarantineReply | BreakerReply | PauseReply
+R = TypeVar("R", QuarantineReply, BreakerReply, PauseReply)
 
 
 def described(command: Command) -> tuple[str, str, str, str] | None:
     """(action, who, what, why) of a command the audit records; None for a listing."""
-    if isinstance(command, QuarantineList | BreakerList):
+    if isinstance(command, QuarantineList | BreakerList | PauseList):
         return None
+    if isinstance(command, PauseSet | PauseResume):
+        return _pause_described(command)
     if isinstance(command, QuarantineSet):
         r = command.record
         return (
@@ -59,6 +68,14 @@ def described(command: Command) -> tuple[str, str, str, str] | None:
         return "breaker.open", opened.opened_by, f"target {opened.target}", opened.reason
     assert isinstance(command, BreakerClose)
     return "breaker.close", command.by, f"target {command.target}", command.reason
+
+
+def _pause_described(command: PauseSet | PauseResume) -> tuple[str, str, str, str]:
+    scope = "the fleet" if command.scope == "fleet" else f"{command.scope} {command.name}"
+    if isinstance(command, PauseResume):
+        return "resume", command.by, scope, command.why
+    lasts = f"for {command.for_s:g} s" if command.for_s else "until resumed"
+    return "pause", command.by, f"{scope} {lasts}, {command.mode}", command.why
 
 
 def _outcome(reply: CommandReply) -> tuple[AuditOutcome, str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 from jetfleet.schemas.breaker import BreakerCommand, BreakerProbe, BreakerReply
+from jetfleet.schemas.control import PauseCommand, PauseRecord, PauseReply
 from jetfleet.schemas.lease import (
     LEASE_LOST,
     AvoidScope,
@@ -45,11 +46,13 @@ from jetfleet.services.leaser.checks import (
     circuit_open,
     first_objection,
     free_taken,
+    paused,
     quarantine_on,
     quarantined,
     taking_objection,
 )
 from jetfleet.services.leaser.command_audit import audited
+from jetfleet.services.leaser.pause_commands import PauseCommands
 from jetfleet.services.leaser.presence_writes import PRESENCE_REFUSALS, PresenceWrites
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
@@ -64,6 +67,7 @@ from jetfleet import subjects
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
+from jetfleet.pause_book import PauseBook, covers
 from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.server_clock import ServerClock
@@ -77,6 +81,7 @@ _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 _presence_decoder = msgspec.json.Decoder(PresenceWrite)
+_pause_decoder = msgspec.json.Decoder(PauseCommand)
 _versions_decoder = msgspec.json.Decoder(VersionsCommand)
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
@@ -125,6 +130,15 @@ VERSIONS_REFUSALS = Refusals[VersionsReply](
     too_large=lambda why: VersionsReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
 )
 
+PAUSE_REFUSALS = Refusals[PauseReply](
+    malformed=lambda error: PauseReply(ok=False, detail=f"malformed command: {error}"),
+    busy=lambda wait, why: PauseReply(
+        ok=False, retry_after_s=wait, detail=f"{why}: send the command again in {wait:g} s"
+    ),
+    failed=lambda exc: PauseReply(ok=False, retry_after_s=FAILED_RETRY_AFTER_S, detail=str(exc)),
+    too_large=lambda why: PauseReply(ok=False, detail=f"{why} (fleet.max_request_bytes)"),
+)
+
 
 class Leaser:
     """Grants leases after the ordered grant checks; revokes them on quarantine."""
@@ -171,6 +185,15 @@ class Leaser:
         )
         await self.breakers.start()
         self.metrics.append(self.breaker_commands.changes)
+        self.pauses = PauseBook(self.js, control)
+        self.pause_commands = PauseCommands(
+            self.settings, self.js, self.pauses, self.clock, self.revoke_paused, self._spawn_task
+        )
+        await self.pauses.start()
+        # Pause state survives every restart: the records are in KV, and the consumers
+        # they cover are paused at the server; a leaser starting sets any consumer that
+        # disagrees (its last command died half-way, or a consumer was made since).
+        await self.pause_commands.reconcile()
         self.versions = ApprovedVersions(self.settings, self.js, control, self._spawn_task)
         await self.versions.start()
         self.version_commands = VersionCommands(self.settings, self.js, control)
@@ -222,6 +245,17 @@ class Leaser:
         )
         await self.responder.serve(
             Route(
+                subjects.PAUSE,
+                _pause_decoder,
+                lambda command: audited(
+                    self.js, command, lambda: self.pause_commands.command(command)
+                ),
+                PAUSE_REFUSALS,
+                max_bytes=limit,
+            )
+        )
+        await self.responder.serve(
+            Route(
                 subjects.VERSIONS,
                 _versions_decoder,
                 self.version_commands.command,
@@ -238,6 +272,7 @@ class Leaser:
         await self.responder.drain(timeout_s)
         await self.quarantine.stop()
         await self.breakers.stop()
+        await self.pauses.stop()
         await self.versions.stop()
         await self.places.close()
 
@@ -386,6 +421,7 @@ class Leaser:
             clock=self.clock,
             avoid=self.avoid,
             breakers=self.breakers,
+            pauses=self.pauses,
             versions=self.versions,
         )
         try:
@@ -413,6 +449,7 @@ class Leaser:
                 reply_subject=request.reply_subject,
                 # As the subnet hold has it, so the renewals keep that hold.
                 subnet=ctx.took_subnet[0] if ctx.took_subnet else request.subnet,
+                region=request.region,
             )
             try:
                 fence = await self.store.create(record, self.ttl_s)
@@ -432,7 +469,7 @@ class Leaser:
                 return held or LeaseRefusal(
                     reason="held", retry_after_s=self.ttl_s, detail="lease held by another ask"
                 )
-            late = await quarantined(ctx) or await circuit_open(ctx)
+            late = await paused(ctx) or await quarantined(ctx) or await circuit_open(ctx)
             if late is not None:
                 await free_taken(ctx)  # its probe too, if it took one: the next grant probes
                 return await self._landed_late(request, fence, late)
@@ -636,6 +673,19 @@ class Leaser:
         No avoid entry: the whole target is paused, for every identity alike. The attempt
         is refunded: the fleet paused the target, the job did nothing wrong."""
         return await self.revoke_where(target, lambda _: True, refund=True)
+
+    async def revoke_paused(self, record: PauseRecord) -> list[str]:
+        """Revoke every live lease ``record`` covers (a pause ``--now``) and requeue its
+        job. No avoid entry, and the attempt is refunded: the fleet paused it, the job did
+        nothing wrong."""
+        revoked = []
+        for live in await self.store.all_live():
+            held = live.record
+            if not covers(record, held.target, held.region, held.worker, held.identity):
+                continue
+            if await self._revoke(live, None, refund=True):
+                revoked.append(held.job_id)
+        return revoked
 
     async def revoke_where(
         self,
