@@ -75,3 +75,13 @@ class Blocked(ControlSignal):
 
 class LeaseLost(ControlSignal):
     """Someone else now owns the job: stop, discard state built for it, never ack."""
+
+
+class WrongRevision(JetfleetError):
+    """A compare-and-set write lost: the key moved since the revision it named was read
+    (or, for a create, the key holds something)."""
+
+
+class PresenceRefused(JetfleetError):
+    """A presence write (jetfleet/presence_writer.py) was refused or not answered; the
+    message says why. Like a KV outage: the caller tries again or does without."""

@@ -30,15 +30,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from nats.js import JetStreamContext
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
-from jetfleet.errors import IdentityOwned
-from jetfleet.js_errors import is_wrong_last_sequence
-from jetfleet.leader_reads import last_message, leader_bucket
+from jetfleet.errors import IdentityOwned, WrongRevision
+from jetfleet.leader_reads import last_message, replica_bucket
 from jetfleet.lease_store import ttl_whole_seconds
+from jetfleet.presence_writer import DirectPresenceWriter, PresenceWriter
 from jetfleet.server_clock import ServerClock
 from jetfleet.stream_reader import read_stream
 
@@ -50,7 +50,6 @@ CACHE_S = 5.0
 CACHE_MAX = 1024
 # Claims tried when the key vanishes between a refused create and the read of its owner.
 _CLAIM_TRIES = 5
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 SURE_SHARE = 2 / 3
 """The share of its TTL a claim is counted on after the write that made it was sent. The
 rest is the margin for a server whose clock runs ahead of the one that stored the write
@@ -129,14 +128,22 @@ class ClaimHolder:
 
 
 class IdentityPresence:
-    """Claim, renew and release this worker's identity; ask whether anyone owns another."""
+    """Claim, renew and release this worker's identity; ask whether anyone owns another.
 
-    def __init__(self, js: JetStreamContext, clock: ServerClock | None = None) -> None:
+    Reads go to the bucket directly; writes go through ``writer`` (a worker's asks the
+    leaser on ``jf.presence``; by default this connection writes itself)."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        clock: ServerClock | None = None,
+        writer: PresenceWriter | None = None,
+    ) -> None:
         self.js = js
         self.clock = clock
+        self.writer: PresenceWriter = writer or DirectPresenceWriter(js)
         self._answers: dict[str, tuple[bool, float]] = {}
-        self._kv: KeyValue | None = None
-        self._leader: KeyValue | None = None
+        self._kv: KeyValue = replica_bucket(js, subjects.BUCKET_WORKERS)
 
     async def claim(self, identity: str, worker_id: str, ttl_s: float) -> IdentityClaim:
         """Claim ``identity`` for ``worker_id`` if no live worker holds it.
@@ -145,22 +152,21 @@ class IdentityPresence:
             IdentityOwned: another worker's claim is live; the message names it and how
                 long its claim lasts unrenewed.
         """
-        kv = await self._leader_kv()
         claim = IdentityClaim(
             identity, worker_id, ttl_whole_seconds(ttl_s), 0, secrets.token_hex(8)
         )
         for _ in range(_CLAIM_TRIES):
             sent_at = time.monotonic()
             try:
-                claim.revision = await kv.create(
-                    owned_key(identity), claim.payload, msg_ttl=claim.ttl_s
+                claim.revision = await self.writer.create(
+                    subjects.BUCKET_WORKERS, owned_key(identity), claim.payload, claim.ttl_s
                 )
                 claim.confirmed(sent_at)
                 log.info("worker %s claimed identity %s", worker_id, identity)
                 return claim
-            except (KeyWrongLastSequenceError, KeyNotFoundError):
-                # (Not found: the holder's claim lapsed between nats-py's create and its
-                # read of the key.)
+            except WrongRevision:
+                # (Also when the holder's claim lapsed between the refused create and the
+                # writer's read of the key.)
                 holder = await self.holder(identity)
             except Exception:
                 # The answer may be lost though the claim landed (a timeout, a 503 in an
@@ -260,21 +266,19 @@ class IdentityPresence:
         deadline = claim.valid_until if sent_at < claim.valid_until else claim.give_up_at
         timeout_s = max(MIN_RENEW_TIMEOUT_S, min(claim.ttl_s / 6, (deadline - sent_at) / 2))
         try:
-            ack = await self.js.publish(
-                _subject(claim.identity),
+            revision = await self.writer.update(
+                subjects.BUCKET_WORKERS,
+                owned_key(claim.identity),
                 claim.payload,
-                timeout=timeout_s,
-                # A fresh dict each time: nats-py adds the TTL header to it.
-                headers={_EXPECTED_LAST: str(claim.revision)},
-                msg_ttl=claim.ttl_s,
+                last=claim.revision,
+                ttl_s=claim.ttl_s,
+                timeout_s=timeout_s,
             )
-        except APIError as exc:
-            if not is_wrong_last_sequence(exc):
-                raise
+        except WrongRevision:
             refused = True
         else:
             refused = False
-            claim.revision = ack.seq
+            claim.revision = revision
             claim.confirmed(sent_at)
         # Outside the except clause: an error reading the holder (a timeout, a 503) is
         # retried like any other.
@@ -286,15 +290,14 @@ class IdentityPresence:
         too: a claim counted lost because renewing it died may still be ours, and the
         compare-and-set and the token spare a rival's."""
         try:
-            kv = await self._leader_kv()
             for _ in range(2):
                 try:
-                    await kv.delete(owned_key(claim.identity), last=claim.revision)
+                    await self.writer.delete(
+                        subjects.BUCKET_WORKERS, owned_key(claim.identity), last=claim.revision
+                    )
                     log.info("worker %s released identity %s", claim.worker_id, claim.identity)
                     return
-                except (KeyWrongLastSequenceError, APIError) as exc:
-                    if isinstance(exc, APIError) and not is_wrong_last_sequence(exc):
-                        raise
+                except WrongRevision:
                     # A renewal whose answer was lost moved the revision: ours still?
                     holder = await self.holder(claim.identity)
                     if holder is None or holder.token != claim.token:
@@ -372,11 +375,6 @@ class IdentityPresence:
             )
         return False
 
-    async def _leader_kv(self) -> KeyValue:
-        if self._leader is None:
-            self._leader = await leader_bucket(self.js, subjects.BUCKET_WORKERS)
-        return self._leader
-
     async def owned(self, identity: str) -> bool:
         """Whether some running worker holds ``identity`` (its claim lives). When it
         cannot be read, the answer is yes: a pinned job then waits rather than ends."""
@@ -384,8 +382,6 @@ class IdentityPresence:
         if cached is not None and time.monotonic() - cached[1] < CACHE_S:
             return cached[0]
         try:
-            if self._kv is None:
-                self._kv = await self.js.key_value(subjects.BUCKET_WORKERS)
             entry = await self._kv.get(owned_key(identity))
             answer = bool(entry.value)
         except KeyNotFoundError:  # KeyDeletedError is a subclass: released, or lapsed

@@ -4,7 +4,8 @@ A worker handing back a job's last delivery (its ``num_delivered`` has reached
 ``fleet.max_deliver``, so the server will not deliver it again) notes the reason under
 ``handback.<job id>`` in ``jf-workers``, with a per-key TTL. The sink reads it when the
 max-deliveries advisory comes, so the letter can say what kept the job from running
-(its target at its cap, held, quarantined) rather than only that nobody ran it.
+(its target at its cap, held, quarantined) rather than only that nobody ran it. The
+worker writes it through a ``PresenceWriter`` (the leaser, on ``jf.presence``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from jetfleet import subjects
+from jetfleet.presence_writer import PresenceWriter
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +29,13 @@ def _key(job_id: str) -> str:
     return f"handback.{job_id}"
 
 
-async def note_last_hand_back(js: JetStreamContext, job_id: str, reason: str) -> None:
+async def note_last_hand_back(writer: PresenceWriter, job_id: str, reason: str) -> None:
     """Record ``reason`` as the job's last hand-back. Best effort: without the note the
     letter is still written, with a less precise reason."""
-    subject = f"$KV.{subjects.BUCKET_WORKERS}.{_key(job_id)}"
     try:
-        await js.publish(subject, reason.encode(), msg_ttl=NOTE_TTL_S)
+        await writer.put(
+            subjects.BUCKET_WORKERS, _key(job_id), reason.encode()[:1024], ttl_s=NOTE_TTL_S
+        )
     except Exception as exc:
         log.warning("could not note why job %s was last handed back: %s", job_id, exc)
 

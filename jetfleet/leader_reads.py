@@ -24,12 +24,24 @@ async def leader_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
         nats.js.errors.BucketNotFoundError: when the bucket does not exist.
     """
     await js.key_value(bucket)  # raises unless it exists and is a bucket
+    return _bound(js, bucket, direct=False)
+
+
+def replica_bucket(js: JetStreamContext, bucket: str) -> KeyValue:
+    """The KV ``bucket`` (declared with direct gets, jetfleet/topology.py) bound without
+    asking the server about it: no ``$JS.API.STREAM.INFO`` call, so a reader needs only
+    ``$JS.API.DIRECT.GET.KV_<bucket>.>``, and a hot path pays no extra round trip. Any
+    replica answers its gets. A bucket that does not exist fails each get instead."""
+    return _bound(js, bucket, direct=True)
+
+
+def _bound(js: JetStreamContext, bucket: str, direct: bool) -> KeyValue:
     return KeyValue(
         name=bucket,
         stream=KV_STREAM_TEMPLATE.format(bucket=bucket),
         pre=KV_PRE_TEMPLATE.format(bucket=bucket),
         js=js,
-        direct=False,
+        direct=direct,
     )
 
 

@@ -8,6 +8,9 @@ a plain put (any number of workers share the key) with a per-key TTL of
 holding a job pinned to a region it is not in, past its patience, asks ``present``: no
 key means no worker of the region ran for a whole TTL, and the job goes to the backstop
 (``no-eligible-worker``) rather than loop for ever. Answers are cached ``CACHE_S``.
+
+The key is written through a ``PresenceWriter`` (a worker's asks the leaser on
+``jf.presence``: it has no KV rights) and read from the bucket directly.
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.leader_reads import replica_bucket
 from jetfleet.lease_store import ttl_whole_seconds
+from jetfleet.presence_writer import DirectPresenceWriter, PresenceWriter
 
 log = logging.getLogger(__name__)
 
@@ -39,20 +44,23 @@ def region_key(region: str) -> str:
 class RegionPresence:
     """Announce this worker's region; ask whether any worker of another one runs."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, writer: PresenceWriter | None = None) -> None:
         self.js = js
-        self._kv: KeyValue | None = None
+        self.writer: PresenceWriter = writer or DirectPresenceWriter(js)
+        self._kv: KeyValue = replica_bucket(js, subjects.BUCKET_WORKERS)
         self._answers: dict[str, tuple[bool, float]] = {}
 
     async def announce(self, region: str, ttl_s: float) -> None:
         """Say ``region`` has a running worker every third of ``ttl_s`` until cancelled.
         A failed write is logged once per streak and tried at the next beat."""
         ttl = ttl_whole_seconds(ttl_s)
-        subject = f"$KV.{subjects.BUCKET_WORKERS}.{region_key(region)}"
+        key = region_key(region)
         failing = False
         while True:
             try:
-                await self.js.publish(subject, region.encode(), msg_ttl=ttl, timeout=ttl / 3)
+                await self.writer.put(
+                    subjects.BUCKET_WORKERS, key, region.encode(), ttl_s=ttl, timeout_s=ttl / 3
+                )
                 failing = False
             except Exception as exc:  # CancelledError is not one: a drain still stops it
                 if not failing:
@@ -67,8 +75,6 @@ class RegionPresence:
         if cached is not None and time.monotonic() - cached[1] < CACHE_S:
             return cached[0]
         try:
-            if self._kv is None:
-                self._kv = await self.js.key_value(subjects.BUCKET_WORKERS)
             entry = await self._kv.get(region_key(region))
             answer = bool(entry.value)
         except KeyNotFoundError:  # never announced, or every announcer stopped a TTL ago

@@ -173,6 +173,10 @@ def target_of(subject: str) -> str:
     return UNPARSABLE_TARGET
 
 
+# Presence writes (identity claims, region presence, hand-back notes, robots.txt records)
+# made by the leaser for workers, which have no KV rights (schemas/presence.py).
+PRESENCE = f"{PREFIX}.presence"
+
 # The pause switch (docs/pause.md): commands served by the leaser, and the records in
 # jf-control under pause.<scope>.<name> (a per-key TTL when timed).
 PAUSE = f"{PREFIX}.pause"

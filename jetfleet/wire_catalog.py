@@ -50,6 +50,7 @@ from jetfleet.schemas.lease import (
     QuarantineRetired,
 )
 from jetfleet.schemas.permit import PermitCall, RatelimitReply
+from jetfleet.schemas.presence import PresenceReply, PresenceWrite
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 from jetfleet.schemas.versions import (
     VersionAlert,
@@ -393,6 +394,31 @@ CHANNELS: tuple[Channel, ...] = (
         kind="kv",
         payload=BreakerProbe,
         description="The one probe lease of a half-open breaker, with the lease's TTL.",
+    ),
+    Channel(
+        name="presence",
+        address=subjects.PRESENCE,
+        kind="request",
+        payload=PresenceWrite,
+        description=(
+            "A worker (which has no KV rights) asks the leaser to write its presence: its "
+            "identity claim (create, compare-and-set update and delete of owned.<digest> "
+            "in jf-workers), its region (put of region.<digest>), a last hand-back note "
+            "(put of handback.<job id>) or a robots.txt record (put of <target> in "
+            "jf-robots), each with its per-key TTL. Anything else is refused not-permitted."
+        ),
+        queue_group=QUEUE_LEASER,
+        reply="presence-reply",
+    ),
+    Channel(
+        name="presence-reply",
+        address=DYNAMIC_ADDRESS,
+        kind="reply",
+        payload=PresenceReply,
+        description=(
+            "written (the key's new revision), or refused: wrong-revision (a "
+            "compare-and-set lost), not-permitted, busy (retry_after_s), failed."
+        ),
     ),
     Channel(
         name="pause",

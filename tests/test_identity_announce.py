@@ -17,6 +17,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.errors import IdentityOwned
 from jetfleet.identity_presence import IdentityPresence, owned_key
+from jetfleet.presence_writer import DirectPresenceWriter
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
@@ -398,8 +399,9 @@ async def test_a_claim_whose_first_answer_was_lost_is_adopted_not_left_to_refuse
     js = nc.jetstream()
     try:
         await declare(js, settings)
-        presence = IdentityPresence(js)
-        kv = await presence._leader_kv()
+        writer = DirectPresenceWriter(js)
+        presence = IdentityPresence(js, writer=writer)
+        kv = await writer.bucket(subjects.BUCKET_WORKERS)
         create = kv.create
 
         async def answer_lost(key: str, value: bytes, msg_ttl: float | None = None) -> int:
@@ -423,8 +425,9 @@ async def test_a_claim_that_vanishes_while_its_create_is_checked_is_claimed_agai
     js = nc.jetstream()
     try:
         await declare(js, settings)
-        presence = IdentityPresence(js)
-        kv = await presence._leader_kv()
+        writer = DirectPresenceWriter(js)
+        presence = IdentityPresence(js, writer=writer)
+        kv = await writer.bucket(subjects.BUCKET_WORKERS)
         create = kv.create
         vanished: list[str] = []
 

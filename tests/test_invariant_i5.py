@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from jetfleet.schemas.events import CommittedResult
+from jetfleet.services.leaser import Leaser
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -115,6 +116,13 @@ def _cli_env(settings: Settings, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+async def _start_leaser(settings: Settings) -> Leaser:
+    """A leaser: a worker has no KV rights, its identity claim is written by the leaser."""
+    leaser = Leaser(settings, await connect_nats(settings.nats, "leaser"))
+    await leaser.start()
+    return leaser
+
+
 async def _cli_worker(
     settings: Settings, tmp_path: Path, worker_id: str
 ) -> asyncio.subprocess.Process:
@@ -144,8 +152,10 @@ async def test_I5_jetfleet_worker_exits_non_zero_naming_the_owner_of_its_identit
 ) -> None:
     settings = identity_settings(nats_url, redis_url, simulator, tmp_path)
     nc = await connect_nats(settings.nats, "holder")
+    leaser: Leaser | None = None
     try:
         await declare(nc.jetstream(), settings)
+        leaser = await _start_leaser(settings)  # the CLI worker's claim is written by it
         presence = IdentityPresence(nc.jetstream())
         claim = await presence.claim("alice", "w-holder", ttl_s=30)
         proc = await _cli_worker(settings, tmp_path, "w-second")
@@ -156,6 +166,9 @@ async def test_I5_jetfleet_worker_exits_non_zero_naming_the_owner_of_its_identit
         assert re.search(r"its claim lasts \d+ s more", text), text[-2000:]
         await presence.release(claim)
     finally:
+        if leaser is not None:
+            await leaser.drain(1.0)
+            await leaser.nc.close()
         await nc.close()
 
 
@@ -166,8 +179,10 @@ async def test_I5_a_killed_owners_claim_lapses_within_its_ttl(
     settings = identity_settings(nats_url, redis_url, simulator, tmp_path, claim_ttl_s=ttl_s)
     nc = await connect_nats(settings.nats, "successor")
     proc = None
+    leaser: Leaser | None = None
     try:
         await declare(nc.jetstream(), settings)
+        leaser = await _start_leaser(settings)  # the CLI worker's claim is written by it
         presence = IdentityPresence(nc.jetstream())
         proc = await _cli_worker(settings, tmp_path, "w-doomed")
 
@@ -204,6 +219,9 @@ async def test_I5_a_killed_owners_claim_lapses_within_its_ttl(
         assert lapsed_after <= ttl_s + 1.0
         await presence.release(claim)
     finally:
+        if leaser is not None:
+            await leaser.drain(1.0)
+            await leaser.nc.close()
         if proc is not None and proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
@@ -216,8 +234,10 @@ async def test_I5_jetfleet_worker_whose_identity_another_worker_took_drains_and_
     settings = identity_settings(nats_url, redis_url, simulator, tmp_path, claim_ttl_s=2)
     nc = await connect_nats(settings.nats, "rival")
     proc = None
+    leaser: Leaser | None = None
     try:
         await declare(nc.jetstream(), settings)
+        leaser = await _start_leaser(settings)  # the CLI worker's claim is written by it
         presence = IdentityPresence(nc.jetstream())
         proc = await _cli_worker(settings, tmp_path, "w-cut-off")
 
@@ -238,6 +258,9 @@ async def test_I5_jetfleet_worker_whose_identity_another_worker_took_drains_and_
         holder = await presence.holder("alice")
         assert holder is not None and holder.worker_id == "w-rival"
     finally:
+        if leaser is not None:
+            await leaser.drain(1.0)
+            await leaser.nc.close()
         if proc is not None and proc.returncode is None:
             os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()

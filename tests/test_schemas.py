@@ -76,6 +76,14 @@ from jetfleet.schemas.permit import (
     PermitRequest,
     PermitWait,
 )
+from jetfleet.schemas.presence import (
+    PresenceCreate,
+    PresenceDelete,
+    PresencePut,
+    PresenceRefused,
+    PresenceUpdate,
+    PresenceWritten,
+)
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 from jetfleet.schemas.versions import (
     ApprovedShown,
@@ -518,6 +526,14 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
         PermitRefused(reason="ratelimit-unavailable", detail="redis: connection refused"),
         TargetLimits(rate=5.0, burst=2, daily=50000, set_by="ops@host", reason="owner asked"),
         RobotsRecord(target="example", status=200, body="User-agent: *\n", crawl_delay_s=2.0),
+        PresenceCreate(bucket="jf-workers", key="owned." + "0" * 32, value=b"a\nw1\nt", ttl_s=30),
+        PresenceUpdate(
+            bucket="jf-workers", key="owned." + "0" * 32, value=b"a\nw1\nt", last=3, ttl_s=30
+        ),
+        PresencePut(bucket="jf-workers", key="handback.j-1", value=b"target-held", ttl_s=3600),
+        PresenceDelete(bucket="jf-workers", key="owned." + "0" * 32, last=4),
+        PresenceWritten(revision=5),
+        PresenceRefused(reason="wrong-revision", detail="jf-workers owned.0 moved"),
         PauseSet(scope="target", name="example", for_s=1800.0, mode="now", by="ops", why="x"),
         PauseResume(scope="identity", name="p-osaka", by="ops", why="cleared"),
         PauseList(),

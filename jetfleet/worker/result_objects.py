@@ -9,16 +9,33 @@ long as the results stream keeps results (jetfleet/topology.py).
 Each put gets a name of its own, so two holders of one job (a lost lease) never write
 over each other: the committed result names the object its own attempt stored. The
 objects of attempts that were not committed stay until the bucket's age limit.
+
+The worker writes the object itself, in nats-py's object store format (so any object
+store reader reads it), but with two publishes only: the chunks on
+``$O.jf-result-objects.C.<nuid>`` and the description on ``$O.jf-result-objects.M.<name>``.
+Unlike nats-py's ``put`` it neither reads the name first nor purges anything (a unique
+name overwrites nothing; chunks of a put that failed half-way age out with the bucket),
+so a worker needs no purge or other ``$JS.API`` right beyond those two subject families.
+Another holder of such rights could still overwrite an object's description: the
+committed result (written only by the sink) carries the body's SHA-256, and readers
+check it (``jetfleet.results.stored_bytes``), so a changed body is detected, never served.
 """
 
 from __future__ import annotations
 
+import base64
+import datetime
 import hashlib
+import json
 import uuid
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.object_store import ObjectStore
+from nats.js.object_store import (
+    OBJ_CHUNKS_PRE_TEMPLATE,
+    OBJ_DIGEST_TEMPLATE,
+    OBJ_META_PRE_TEMPLATE,
+)
 
 from jetfleet import subjects
 from jetfleet.errors import ConfigError
@@ -69,9 +86,15 @@ class ResultObjects:
     """Puts one job's large bytes into the bucket and says where they are."""
 
     def __init__(
-        self, store: ObjectStore, max_inline_bytes: int, max_payload: int, max_job_bytes: int
+        self,
+        js: JetStreamContext,
+        max_inline_bytes: int,
+        max_payload: int,
+        max_job_bytes: int,
+        bucket: str = subjects.OBJECTS_RESULTS,
     ) -> None:
-        self._store = store
+        self._js = js
+        self.bucket = bucket
         self.max_inline_bytes = max_inline_bytes
         self._chunk_bytes = min(CHUNK_BYTES, max_payload - CHUNK_ROOM_BYTES)
         self.max_output_bytes = max_payload - max_job_bytes - ENVELOPE_BYTES
@@ -87,9 +110,9 @@ class ResultObjects:
             nats.js.errors.BucketNotFoundError: the topology was not declared.
         """
         check_payload_room(settings, max_payload)
-        store = await js.object_store(subjects.OBJECTS_RESULTS)
+        await js.object_store(subjects.OBJECTS_RESULTS)  # raises unless declared
         fleet = settings.fleet
-        return cls(store, fleet.max_inline_bytes, max_payload, fleet.max_job_bytes)
+        return cls(js, fleet.max_inline_bytes, max_payload, fleet.max_job_bytes)
 
     def fits_inline(self, encoded_size: int) -> bool:
         """Whether ``encoded_size`` bytes (as the result's JSON carries them) stay inline."""
@@ -102,11 +125,29 @@ class ResultObjects:
     async def put(self, order: WorkOrder, label: str, data: bytes) -> StoredObject:
         """Store ``data`` for ``order``'s result under a name no other put uses."""
         name = f"{order.target}/{order.key}/{uuid.uuid4().hex}/{label}"
-        options = js_api.ObjectMetaOptions(max_chunk_size=self._chunk_bytes)
-        await self._store.put(name, data, meta=js_api.ObjectMeta(name=name, options=options))
-        return StoredObject(
-            bucket=subjects.OBJECTS_RESULTS,
+        digest = hashlib.sha256(data).digest()
+        await self._write(name, data, digest)
+        return StoredObject(bucket=self.bucket, name=name, size=len(data), sha256=digest.hex())
+
+    async def _write(self, name: str, data: bytes, digest: bytes) -> None:
+        """Publish ``data`` as object ``name``: its chunks, then its description (an
+        object exists for readers once its description is stored)."""
+        nuid = uuid.uuid4().hex
+        chunks = OBJ_CHUNKS_PRE_TEMPLATE.format(bucket=self.bucket, obj=nuid)
+        step = self._chunk_bytes
+        for start in range(0, len(data), step):
+            await self._js.publish(chunks, data[start : start + step])
+        info = js_api.ObjectInfo(
             name=name,
+            bucket=self.bucket,
+            nuid=nuid,
             size=len(data),
-            sha256=hashlib.sha256(data).hexdigest(),
+            chunks=-(-len(data) // step),
+            mtime=datetime.datetime.now(datetime.UTC).isoformat(),
+            digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest).decode()),
+            options=js_api.ObjectMetaOptions(max_chunk_size=step),
         )
+        meta = OBJ_META_PRE_TEMPLATE.format(
+            bucket=self.bucket, obj=base64.urlsafe_b64encode(name.encode()).decode()
+        )
+        await self._js.publish(meta, json.dumps(info.as_dict()).encode())

@@ -11,7 +11,9 @@ Request-rate as a rate cap.
 An unreachable robots.txt (5xx, or no answer) is written with a per-key TTL of
 ``fleet.robots_error_hold_s``: for that long every worker holds the target (jobs go
 back unrun as ``robots-unavailable``); then the key is gone and robots.txt is fetched
-again. A worker keeps what it fetched itself as long as the bucket does; what it read from the
+again. The worker writes the record through a ``PresenceWriter`` (it has no KV rights:
+the leaser writes it, on ``jf.presence``) and reads the bucket directly. A worker keeps
+what it fetched itself as long as the bucket does; what it read from the
 bucket it asks about again after at most ``LOCAL_S`` (``ERROR_RECHECK_S`` for a hold),
 since it cannot see how old the record is, so its copy is never much staler than the
 bucket's.
@@ -34,8 +36,11 @@ from nats.js import JetStreamContext
 from nats.js.errors import KeyNotFoundError
 
 from jetfleet import subjects
+from jetfleet.errors import JetfleetError
+from jetfleet.leader_reads import replica_bucket
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.permit_client import PermitClient
+from jetfleet.presence_writer import DirectPresenceWriter, PresenceWriter
 from jetfleet.schemas.permit import PermitAllowed, PermitRequest, PermitWait
 from jetfleet.schemas.targets import RobotsRecord
 from jetfleet.settings import Settings
@@ -103,9 +108,12 @@ class RobotsBook:
         session: aiohttp.ClientSession,
         worker_id: str,
         identity: str = "",
+        writer: PresenceWriter | None = None,
     ) -> None:
         self.settings = settings
         self.js = js
+        self.writer: PresenceWriter = writer or DirectPresenceWriter(js)
+        self._bucket = replica_bucket(js, subjects.BUCKET_ROBOTS)
         self.permits = permits
         self.session = session
         self.worker_id = worker_id
@@ -233,8 +241,7 @@ class RobotsBook:
         """The fleet's record of ``target``; None when there is none (or it cannot be
         read: then this worker fetches for itself)."""
         try:
-            kv = await self.js.key_value(subjects.BUCKET_ROBOTS)
-            entry = await kv.get(target)
+            entry = await self._bucket.get(target)
         except KeyNotFoundError:
             return None
         except (NatsError, TimeoutError) as exc:
@@ -252,11 +259,12 @@ class RobotsBook:
         """Share ``record`` with the fleet. A hold lives ``robots_error_hold_s`` (the key's
         own TTL); rules live the bucket's max age. Best effort: unshared, the rules still
         hold in this worker."""
-        ttl = None
+        ttl = 0
         if unreachable(record.status):
             ttl = ttl_whole_seconds(self.settings.fleet.robots_error_hold_s)
-        subject = f"$KV.{subjects.BUCKET_ROBOTS}.{record.target}"
         try:
-            await self.js.publish(subject, _encoder.encode(record), msg_ttl=ttl)
-        except (NatsError, TimeoutError) as exc:
+            await self.writer.put(
+                subjects.BUCKET_ROBOTS, record.target, _encoder.encode(record), ttl_s=ttl
+            )
+        except (NatsError, TimeoutError, JetfleetError) as exc:
             log.warning("could not share the robots.txt record of %s: %r", record.target, exc)

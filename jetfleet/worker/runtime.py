@@ -32,12 +32,20 @@ from nats.js.errors import FetchTimeoutError
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
 from jetfleet.duplicates import record_duplicate
-from jetfleet.errors import Blocked, PermanentFailure, RetryLater, SubmitError
+from jetfleet.errors import (
+    Blocked,
+    IdentityOwned,
+    PermanentFailure,
+    RetryLater,
+    SubmitError,
+)
 from jetfleet.identity_presence import IdentityClaim, IdentityPresence
+from jetfleet.js_errors import is_unavailable
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, MetricFamily
 from jetfleet.permit_client import PermitClient
+from jetfleet.presence_writer import LeaserPresenceWriter
 from jetfleet.publish import publish_durably
 from jetfleet.region_presence import RegionPresence
 from jetfleet.retry import RetryPolicy
@@ -102,6 +110,9 @@ FETCH_BATCH = 10
 SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
 OUTCOME_TIMEOUT_S = 2.0
+CLAIM_WAIT_S = 30.0
+"""How long a starting worker waits for a leaser to write its identity claim (one started
+beside the leaser must not die because it asked first); then it refuses to start."""
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
     {
@@ -253,8 +264,11 @@ class Worker:
         self._failed_here = FailedHere()
         self._deadline = AttemptDeadline()
         self.clock = ServerClock(nc)
-        self.identities = IdentityPresence(self.js, self.clock)
-        self.regions = RegionPresence(self.js)
+        # No KV rights of its own: its presence is written by the leaser, on jf.presence
+        # (docs/identities.md#who-writes-what).
+        self.presence_writer = LeaserPresenceWriter(nc)
+        self.identities = IdentityPresence(self.js, self.clock, self.presence_writer)
+        self.regions = RegionPresence(self.js, self.presence_writer)
         self._announcing: asyncio.Task[None] | None = None
         self.claim: IdentityClaim | None = None
         self._claiming: asyncio.Task[None] | None = None
@@ -276,9 +290,7 @@ class Worker:
         self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
         if self.identity:
             # Before anything of the identity is used: a second owner never starts.
-            self.claim = await self.identities.claim(
-                self.identity, self.worker_id, self.settings.worker.claim_ttl_s
-            )
+            self.claim = await self._first_claim(self.identity)
             self._claiming = asyncio.create_task(self._keep_claim(self.claim))
         self.cookies.load()
         if self.settings.worker.region:
@@ -300,7 +312,13 @@ class Worker:
             cookie_jar=self.cookies.jar,
         )
         self._robots = RobotsBook(
-            self.settings, self.js, self.permits, self._session, self.worker_id, self.identity
+            self.settings,
+            self.js,
+            self.permits,
+            self._session,
+            self.worker_id,
+            self.identity,
+            self.presence_writer,
         )
         for line in start_warnings(self.settings, self.targets):
             log.warning("worker %s: %s", self.worker_id, line)
@@ -316,6 +334,38 @@ class Worker:
                 for lane in self.lanes
             ),
         )
+
+    async def _first_claim(self, identity: str) -> IdentityClaim:
+        """Claim ``identity``, waiting up to ``CLAIM_WAIT_S`` for a leaser to answer.
+
+        Raises:
+            IdentityOwned: another live worker owns it.
+            Exception: what kept the claim from being written, once the wait is over.
+        """
+        ttl_s = self.settings.worker.claim_ttl_s
+        give_up_at = time.monotonic() + CLAIM_WAIT_S
+        backoff = Backoff(0.2, 2.0)
+        warned = False
+        while True:
+            try:
+                return await self.identities.claim(identity, self.worker_id, ttl_s)
+            except IdentityOwned:
+                raise
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() >= give_up_at:
+                    raise
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "worker %s cannot claim identity %s yet (%s): no leaser answers "
+                        "%s; waiting up to %g s for one (start `jetfleet serve leaser`)",
+                        self.worker_id,
+                        identity,
+                        type(exc).__name__,
+                        subjects.PRESENCE,
+                        CLAIM_WAIT_S,
+                    )
+            await asyncio.sleep(backoff.next_s())
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop pulling, let in-flight jobs finish (release them after ``timeout_s``)."""
@@ -495,7 +545,7 @@ class Worker:
         if (msg.metadata.num_delivered or 0) >= self.settings.fleet.max_deliver:
             job_id = _job_id_of(msg)
             if job_id:
-                await note_last_hand_back(self.js, job_id, reason)
+                await note_last_hand_back(self.presence_writer, job_id, reason)
         await msg.nak(delay=delay)
 
     def _hand_back_delay(self, msg: Msg, target: str, wait: float) -> float:

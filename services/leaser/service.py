@@ -34,6 +34,7 @@ from jetfleet.schemas.lease import (
     QuarantineScope,
     Sealed,
 )
+from jetfleet.schemas.presence import PresenceWrite
 from jetfleet.schemas.versions import VersionsCommand, VersionsReply
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
@@ -52,6 +53,7 @@ from jetfleet.services.leaser.checks import (
 )
 from jetfleet.services.leaser.command_audit import audited
 from jetfleet.services.leaser.pause_commands import PauseCommands
+from jetfleet.services.leaser.presence_writes import PRESENCE_REFUSALS, PresenceWrites
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
 from jetfleet.services.leaser.quarantine_book import BookEntry, QuarantineBook
 from jetfleet.services.leaser.version_commands import (
@@ -78,6 +80,7 @@ log = logging.getLogger(__name__)
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
+_presence_decoder = msgspec.json.Decoder(PresenceWrite)
 _pause_decoder = msgspec.json.Decoder(PauseCommand)
 _versions_decoder = msgspec.json.Decoder(VersionsCommand)
 QUARANTINE_PROPAGATION_S = 1.0
@@ -225,6 +228,19 @@ class Leaser:
                 BREAKER_REFUSALS,
                 max_bytes=limit,
                 check=lambda _, command: breaker_objection(self.settings, command),
+            )
+        )
+        # Workers have no KV rights: their presence is written here (presence_writes.py).
+        # No bound but the server's max_payload: a robots.txt record may be as large as
+        # the one a worker could write itself.
+        self.presence = PresenceWrites(self.settings, self.js)
+        await self.responder.serve(
+            Route(
+                subjects.PRESENCE,
+                _presence_decoder,
+                self.presence.answer,
+                PRESENCE_REFUSALS,
+                check=self.presence.check,
             )
         )
         await self.responder.serve(
