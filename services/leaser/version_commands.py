@@ -77,15 +77,32 @@ class ApprovedVersions:
         self.control = control
         self.spawn = spawn
         self.watch = KeyWatch(control, f"{subjects.VERSION_APPROVED_PREFIX}.>", "version")
+        # Under ``when-set`` the gate is set once any tuple was approved, not only while
+        # one is: revoking the last approved tuple must not let every tuple (the revoked
+        # one first) be granted again. A withdrawal on record says a tuple was approved
+        # (it outlives restarts); an approval this replica's watch saw says so at once
+        # (the withdrawal is written just after the approval's delete).
+        self.withdrawn = KeyWatch(
+            control, f"{subjects.VERSION_WITHDRAWN_PREFIX}.>", "version withdrawal"
+        )
+        self._approval_seen = False
         self._seen_at: dict[str, float] = {}
 
     async def start(self) -> None:
         """Load the approved set and follow changes."""
+
+        def seen(_: str) -> None:
+            self._approval_seen = True
+
+        self.watch.on_new = seen
+        await self.withdrawn.start()
         await self.watch.start()
+        self._approval_seen = self._approval_seen or bool(self.watch.keys)
 
     async def stop(self) -> None:
         """Stop following changes."""
         await self.watch.stop()
+        await self.withdrawn.stop()
 
     async def objection(self, request: LeaseRequest) -> LeaseRefusal | None:
         """``version-not-approved`` for a tuple outside the approved set, as
@@ -106,23 +123,33 @@ class ApprovedVersions:
         )
 
     async def _approved(self, tid: str, need_any: bool) -> bool:
-        """Whether ``tid`` is approved; with ``need_any``, also true while none is."""
-        if self.watch.following():
+        """Whether ``tid`` is approved; with ``need_any``, also true while no tuple was
+        ever approved (none is, and none was withdrawn)."""
+        if self.watch.following() and self.withdrawn.following():
             keys = self.watch.keys
-            return approved_key(tid) in keys or (need_any and not keys)
-        # The watch died: read, failing closed on the approval, open on an empty set.
+            if approved_key(tid) in keys:
+                return True
+            never = not keys and not self._approval_seen and not self.withdrawn.keys
+            return need_any and never
+        # A watch died: read, failing closed on the approval, open on an empty record.
         try:
             await self.control.get(approved_key(tid))
             return True
         except KeyNotFoundError:
             pass
-        if not need_any:
+        if not need_any or self._approval_seen:
             return False
+        # nats-py's ``keys(filters=...)`` matches substrings, not subject wildcards (a
+        # filter ending in ``.>`` matches no key at all): prefixes, checked again here.
+        prefixes = (
+            f"{subjects.VERSION_APPROVED_PREFIX}.",
+            f"{subjects.VERSION_WITHDRAWN_PREFIX}.",
+        )
         try:
-            await self.control.keys(filters=[f"{subjects.VERSION_APPROVED_PREFIX}.>"])
+            keys = await self.control.keys(filters=list(prefixes))
         except NoKeysError:
             return True
-        return False
+        return not any(key.startswith(prefixes) for key in keys)
 
     def _sighted(self, tid: str, versions: Versions, worker: str) -> None:
         now = time.monotonic()
@@ -202,7 +229,14 @@ class VersionCommands:
             )
         bare = msgspec.structs.replace(versions, handler="", id=tid)
         record = VersionApproval(versions=bare, by=command.by, why=command.why)
-        await self.control.put(approved_key(tid), _encoder.encode(record))
+        try:
+            # Put-if-absent: an approval's stored time orders the approved set (the
+            # earliest is the rollout guard's incumbent), so approving an approved tuple
+            # again must not make it the newest, to be judged (and withdrawn) against
+            # the canary approved after it.
+            await self.control.create(approved_key(tid), _encoder.encode(record))
+        except KeyWrongLastSequenceError:
+            return VersionsReply(ok=True, detail=f"already approved: version tuple {tid}")
         await self._forget_withdrawal(tid)
         log.warning("version tuple %s approved by %s: %s", tid, command.by, command.why)
         return VersionsReply(ok=True, detail=f"approved: version tuple {tid}")

@@ -1,0 +1,123 @@
+"""Adversarial review of the version gate (issue #11): the ``when-set`` gate stays shut
+once a tuple was approved, whatever is revoked later, and approving a tuple that is
+already approved does not make it newer than the tuples approved after it (the rollout
+guard's incumbent is the earliest approval). Real NATS throughout."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from jetfleet.schemas import LeaseRequest, Versions
+from jetfleet.schemas.versions import VersionsApprove, VersionsRevoke
+from jetfleet.services.leaser.version_commands import (
+    ApprovedVersions,
+    VersionCommands,
+    approved_key,
+)
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.settings import Settings, VersionSettings
+from jetfleet.version_records import approved_tuples
+from jetfleet.version_tuple import tuple_id
+from tests.conftest import wait_for
+
+DEMO = "demo"
+
+
+def _tuple(code: str) -> Versions:
+    return Versions(jetfleet="0.1.0", code=code, config="c0ffee", python="3.11.7")
+
+
+def _ask(versions: Versions) -> LeaseRequest:
+    return LeaseRequest(
+        job_id="j-1", target=DEMO, key="u-" + "0" * 40, worker="w-1", versions=versions
+    )
+
+
+async def test_revoking_the_last_approved_tuple_does_not_open_the_when_set_gate(
+    settings: Settings, nc: NatsClient
+) -> None:
+    gated = msgspec.structs.replace(settings, versions=VersionSettings(gate="when-set"))
+    js = nc.jetstream()
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    spawned: list[asyncio.Task[None]] = []
+    book = ApprovedVersions(gated, js, control, lambda c: spawned.append(asyncio.ensure_future(c)))
+    commands = VersionCommands(gated, js, control)
+    await book.start()
+    try:
+        bad, other = _tuple("9.0"), _tuple("9.1")
+        reply = await commands.command(VersionsApprove(versions=bad, by="test"))
+        assert reply.ok, reply.detail
+
+        async def learned() -> bool:
+            return approved_key(tuple_id(bad)) in book.watch.keys
+
+        await wait_for(learned, 10.0, "the watch to learn of the approval")
+        assert await book.objection(_ask(other)) is not None
+        reply = await commands.command(VersionsRevoke(id=tuple_id(bad), by="test", why="bad"))
+        assert reply.ok and "withdrawn" in reply.detail, reply.detail
+
+        async def forgot() -> bool:
+            return approved_key(tuple_id(bad)) not in book.watch.keys
+
+        await wait_for(forgot, 10.0, "the watch to learn of the revoke")
+        # The operator withdrew the fleet's only approved build because it is bad: its
+        # workers (and any other unapproved tuple) must not get leases again.
+        refusal = await book.objection(_ask(bad))
+        assert refusal is not None and refusal.reason == "version-not-approved"
+        assert await book.objection(_ask(other)) is not None
+        # Approved again after its withdrawal, it runs again.
+        reply = await commands.command(VersionsApprove(versions=bad, by="test", why="fixed"))
+        assert reply.ok and reply.detail.startswith("approved"), reply.detail
+        await wait_for(learned, 10.0, "the watch to learn of the new approval")
+        assert await book.objection(_ask(bad)) is None
+    finally:
+        await book.stop()
+        await asyncio.gather(*spawned)
+
+
+async def test_approving_the_incumbent_again_keeps_it_the_incumbent(
+    settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    commands = VersionCommands(settings, js, control)
+    incumbent, canary = _tuple("8.0"), _tuple("8.1")
+    for versions in (incumbent, canary):
+        reply = await commands.command(VersionsApprove(versions=versions, by="test"))
+        assert reply.ok, reply.detail
+    assert [t for t, _ in await approved_tuples(js)] == [tuple_id(incumbent), tuple_id(canary)]
+    # An operator runs the approval again (a script, or to be sure): the stable build
+    # must not become the "newly approved" tuple the guard judges (and may withdraw)
+    # against the canary.
+    reply = await commands.command(VersionsApprove(versions=incumbent, by="test", why="again"))
+    assert reply.ok, reply.detail
+    assert [t for t, _ in await approved_tuples(js)] == [tuple_id(incumbent), tuple_id(canary)]
+
+
+async def test_a_dead_watch_keeps_the_when_set_gate_shut(
+    settings: Settings, nc: NatsClient
+) -> None:
+    gated = msgspec.structs.replace(settings, versions=VersionSettings(gate="when-set"))
+    js = nc.jetstream()
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    spawned: list[asyncio.Task[None]] = []
+    book = ApprovedVersions(gated, js, control, lambda c: spawned.append(asyncio.ensure_future(c)))
+    commands = VersionCommands(gated, js, control)
+    stable, canary = _tuple("7.0"), _tuple("7.1")
+    reply = await commands.command(VersionsApprove(versions=stable, by="test"))
+    assert reply.ok, reply.detail
+    await book.start()
+    # The watch dies (docs/versions.md: "every check reads the approval from KV
+    # (failing closed)").
+    await book.watch.stop()
+    await book.withdrawn.stop()
+    try:
+        assert not book.watch.following()
+        assert await book.objection(_ask(stable)) is None
+        refusal = await book.objection(_ask(canary))
+        assert refusal is not None and refusal.reason == "version-not-approved"
+    finally:
+        await asyncio.gather(*spawned)
