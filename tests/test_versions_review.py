@@ -20,7 +20,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.settings import Settings, VersionSettings
 from jetfleet.version_records import approved_tuples
-from jetfleet.version_tuple import tuple_id
+from jetfleet.version_tuple import install_flags, tuple_id
 from tests.conftest import wait_for
 
 DEMO = "demo"
@@ -121,3 +121,23 @@ async def test_a_dead_watch_keeps_the_when_set_gate_shut(
         assert refusal is not None and refusal.reason == "version-not-approved"
     finally:
         await asyncio.gather(*spawned)
+
+
+def test_a_local_folder_or_unhashed_archive_install_is_unpinned() -> None:
+    # PEP 610 records, as pip writes them for `pip install .`, `pip install -e .`, a VCS
+    # URL and a local archive. A folder installed without -e holds whatever the folder
+    # held: two different trees would otherwise advertise one "pinned" 0.1.0 tuple.
+    assert install_flags({"url": "file:///src", "dir_info": {}}) == [
+        "installed from a local folder"
+    ]
+    assert install_flags({"url": "file:///src", "dir_info": {"editable": True}}) == [
+        "editable install"
+    ]
+    vcs = {"url": "https://x/y.git", "vcs_info": {"vcs": "git", "commit_id": "ab" * 20}}
+    assert install_flags(vcs) == []
+    assert install_flags({"url": "file:///a.whl", "archive_info": {}}) == [
+        "installed from an archive with no hash"
+    ]
+    hashed = {"url": "file:///a.whl", "archive_info": {"hashes": {"sha256": "00"}}}
+    assert install_flags(hashed) == []
+    assert install_flags({}) == []  # from an index: no record
