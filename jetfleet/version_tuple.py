@@ -107,8 +107,9 @@ def code_revision() -> CodeRevision:
     """The installed package's version and commit, and why it is unpinned (if it is).
 
     From the distribution's ``direct_url.json`` (PEP 610: a local folder, editable or
-    not, or an unhashed archive, ``install_flags``; a VCS install's commit) and, for a package imported from a git work tree, that tree's
-    commit and whether it has uncommitted changes. Cached: once per process.
+    not, or an unhashed archive, ``install_flags``; a VCS install's commit) and, for a
+    package imported from a git work tree, that tree's commit and whether it has
+    uncommitted changes. Cached: once per process.
     """
     version = jetfleet.__version__
     why: list[str] = []
