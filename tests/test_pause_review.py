@@ -3,11 +3,11 @@ names. Real NATS."""
 
 from __future__ import annotations
 
+from jetfleet.schemas.control import PauseRecord
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.pause_book import PauseBook, pause_key
-from jetfleet.schemas.control import PauseRecord
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 
