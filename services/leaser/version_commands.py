@@ -146,10 +146,10 @@ class ApprovedVersions:
             f"{subjects.VERSION_WITHDRAWN_PREFIX}.",
         )
         try:
-            keys = await self.control.keys(filters=list(prefixes))
+            stored = await self.control.keys(filters=list(prefixes))
         except NoKeysError:
             return True
-        return not any(key.startswith(prefixes) for key in keys)
+        return not any(key.startswith(prefixes) for key in stored)
 
     def _sighted(self, tid: str, versions: Versions, worker: str) -> None:
         now = time.monotonic()
