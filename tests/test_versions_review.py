@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 from jetfleet.schemas import LeaseRequest, Versions
 from jetfleet.schemas.versions import VersionsApprove, VersionsRevoke
 from jetfleet.services.leaser.version_commands import (
@@ -19,9 +20,21 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.settings import Settings, VersionSettings
+from jetfleet.simulator import TargetSimulator
 from jetfleet.version_records import approved_tuples
 from jetfleet.version_tuple import install_flags, tuple_id
-from tests.conftest import wait_for
+from tests.conftest import make_settings, sim_target, wait_for
+from tests.stack import running_stack
+from tests.test_I8_versions import _approve, _publish, _read_all, _view
+from tests.test_I8_versions import _tuple as _i8_tuple
+
+
+@pytest.fixture
+def guard_settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Settings:
+    base = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    guard = VersionSettings(guard_min_sample=10, guard_fraction=0.8, guard_window_s=600.0)
+    return msgspec.structs.replace(base, versions=guard)
+
 
 DEMO = "demo"
 
@@ -141,3 +154,42 @@ def test_a_local_folder_or_unhashed_archive_install_is_unpinned() -> None:
     hashed = {"url": "file:///a.whl", "archive_info": {"hashes": {"sha256": "00"}}}
     assert install_flags(hashed) == []
     assert install_flags({}) == []  # from an index: no record
+
+
+async def test_the_guard_judges_a_canary_though_an_older_approval_no_longer_runs(
+    guard_settings: Settings, nc: NatsClient
+) -> None:
+    """After one full rollout the first approval stays approved but runs nowhere: the
+    canary after it must still be judged, against the approval that does run."""
+    async with running_stack(guard_settings) as stack:
+        await stack.add_quarantine()
+        retired, stable, canary = _i8_tuple("5.0"), _i8_tuple("5.1"), _i8_tuple("5.2")
+        for versions in (retired, stable, canary):
+            await _approve(stack, versions)
+        await _publish(nc, stable, ok=20, failed=0)
+        await _publish(nc, canary, ok=5, failed=15)
+
+        async def withdrawn() -> bool:
+            return [w.id for w in (await _view(guard_settings)).withdrawn] == [tuple_id(canary)]
+
+        await wait_for(withdrawn, 30.0, "the canary's withdrawal")
+        (gone,) = (await _view(guard_settings)).withdrawn
+        assert gone.figures is not None and gone.figures.incumbent == tuple_id(stable)
+        view = await _view(guard_settings)
+        assert [a.id for a in view.approved] == [tuple_id(retired), tuple_id(stable)]
+
+
+async def test_the_guard_never_withdraws_the_approval_that_runs_against_a_newer_one(
+    guard_settings: Settings, nc: NatsClient
+) -> None:
+    async with running_stack(guard_settings) as stack:
+        await stack.add_quarantine()
+        stable, canary = _i8_tuple("6.0"), _i8_tuple("6.1")
+        for versions in (stable, canary):
+            await _approve(stack, versions)
+        await _publish(nc, stable, ok=5, failed=15)  # the stable build does badly today
+        await _publish(nc, canary, ok=20, failed=0)
+        await _read_all(nc, stack)
+        view = await _view(guard_settings)
+        assert [a.id for a in view.approved] == [tuple_id(stable), tuple_id(canary)]
+        assert view.withdrawn == []
