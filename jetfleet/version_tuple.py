@@ -60,11 +60,15 @@ def local_tuple(settings: Settings) -> Versions:
 
 
 def tuple_id(versions: Versions) -> str:
-    """A short stable hash of the tuple, leaving out ``handler`` (per job) and ``id``."""
-    fields = msgspec.structs.asdict(versions)
+    """A short stable hash of the tuple, leaving out ``handler`` (per job) and ``id``.
+
+    Fields at their default are left out too (the struct omits defaults): a release that
+    adds a field with a default must not change the id of every tuple approved before it,
+    or a leaser upgraded to it would refuse every worker ``version-not-approved``."""
+    fields = msgspec.to_builtins(versions)
     fields.pop("handler", None)
     fields.pop("id", None)
-    encoded = json.dumps(msgspec.to_builtins(fields), sort_keys=True, separators=(",", ":"))
+    encoded = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(encoded.encode()).hexdigest()[:ID_CHARS]
 
 

@@ -193,3 +193,31 @@ async def test_the_guard_never_withdraws_the_approval_that_runs_against_a_newer_
         view = await _view(guard_settings)
         assert [a.id for a in view.approved] == [tuple_id(stable), tuple_id(canary)]
         assert view.withdrawn == []
+
+
+class _VersionsNext(msgspec.Struct, frozen=True, omit_defaults=True):
+    """``Versions`` as a later release may evolve it: one more field, with a default."""
+
+    jetfleet: str
+    handler: str = ""
+    browser: str = ""
+    code: str = ""
+    config: str = ""
+    python: str = ""
+    nats_py: str = ""
+    declared: dict[str, str] = {}
+    unpinned: bool = False
+    unpinned_why: str = ""
+    id: str = ""
+    gpu: str = ""
+
+
+def test_a_tuple_keeps_its_id_when_a_later_leaser_knows_one_more_field() -> None:
+    # The wire evolves by new fields with defaults. A leaser upgraded to a release that
+    # adds one decodes an older worker's tuple with the default: its id (what the
+    # approved set lists) must not change, or under `when-set` every worker would be
+    # refused version-not-approved from the upgrade on.
+    sent = msgspec.json.encode(_tuple("4.0"))
+    today = msgspec.json.decode(sent, type=Versions)
+    later = msgspec.json.decode(sent, type=_VersionsNext)
+    assert tuple_id(later) == tuple_id(today)  # type: ignore[arg-type]
