@@ -221,3 +221,21 @@ def test_a_tuple_keeps_its_id_when_a_later_leaser_knows_one_more_field() -> None
     today = msgspec.json.decode(sent, type=Versions)
     later = msgspec.json.decode(sent, type=_VersionsNext)
     assert tuple_id(later) == tuple_id(today)  # type: ignore[arg-type]
+
+
+async def test_a_dead_watch_on_a_fresh_fleet_leaves_the_when_set_gate_open(
+    settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    spawned: list[asyncio.Task[None]] = []
+    book = ApprovedVersions(
+        settings, js, control, lambda c: spawned.append(asyncio.ensure_future(c))
+    )
+    await book.start()
+    await book.watch.stop()
+    try:
+        assert await book.objection(_ask(_tuple("6.9"))) is None  # nothing ever approved
+    finally:
+        await book.withdrawn.stop()
+        await asyncio.gather(*spawned)

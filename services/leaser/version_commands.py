@@ -32,14 +32,14 @@ from jetfleet.schemas.versions import (
     VersionWithdrawal,
 )
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.kv_watch import KeyWatch
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.settings import Settings
-from jetfleet.version_records import version_view
+from jetfleet.version_records import stored_ids, version_view
 from jetfleet.version_tuple import tuple_id
 
 log = logging.getLogger(__name__)
@@ -139,17 +139,13 @@ class ApprovedVersions:
             pass
         if not need_any or self._approval_seen:
             return False
-        # nats-py's ``keys(filters=...)`` matches substrings, not subject wildcards (a
-        # filter ending in ``.>`` matches no key at all): prefixes, checked again here.
-        prefixes = (
-            f"{subjects.VERSION_APPROVED_PREFIX}.",
-            f"{subjects.VERSION_WITHDRAWN_PREFIX}.",
-        )
-        try:
-            stored = await self.control.keys(filters=list(prefixes))
-        except NoKeysError:
-            return True
-        return not any(key.startswith(prefixes) for key in stored)
+        # From the stream, not ``kv.keys()``: its ``filters`` match substrings, not
+        # subject wildcards (``version-approved.>`` matched no key, so this answered
+        # "none approved" and let every tuple through), and it may return partial results.
+        for prefix in (subjects.VERSION_APPROVED_PREFIX, subjects.VERSION_WITHDRAWN_PREFIX):
+            if await stored_ids(self.js, prefix):
+                return False
+        return True
 
     def _sighted(self, tid: str, versions: Versions, worker: str) -> None:
         now = time.monotonic()
