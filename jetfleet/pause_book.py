@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(PauseRecord)
 _PLAIN = re.compile(r"[A-Za-z0-9_=-]{1,200}")
+_SPELLED = "b32-"
 LOAD_TIMEOUT_S = 10.0
 # An untimed pause holds its consumers until this (the server takes any RFC 3339 time).
 FAR_FUTURE = datetime.datetime(2200, 1, 1, tzinfo=datetime.UTC)
@@ -52,13 +53,15 @@ SCOPES: tuple[PauseScope, ...] = ("fleet", "target", "region", "worker", "identi
 
 def pause_key(scope: PauseScope, name: str) -> str:
     """The ``jf-control`` key of a scope's pause. Names that are not plain key tokens
-    (free-text worker ids, identities, regions) are spelled in base32."""
+    (free-text worker ids, identities, regions) are spelled in base32, and so are plain
+    names that start like a spelling: one key per name, or pausing worker ``a.b`` would
+    pause a worker named ``b32-mexge`` too."""
     if scope == "fleet":
         return f"{subjects.PAUSE_PREFIX}.fleet.{FLEET_NAME}"
     token = (
         name
-        if _PLAIN.fullmatch(name)
-        else "b32-" + base64.b32encode(name.encode()).decode().rstrip("=").lower()
+        if _PLAIN.fullmatch(name) and not name.startswith(_SPELLED)
+        else _SPELLED + base64.b32encode(name.encode()).decode().rstrip("=").lower()
     )
     return f"{subjects.PAUSE_PREFIX}.{scope}.{token}"
 

@@ -368,8 +368,9 @@ class VersionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """The approved version set and the rollout guard (docs/versions.md)."""
 
     gate: VersionGate = "when-set"
-    """``when-set``: refuse unapproved tuples once at least one tuple is approved (a fresh
-    fleet runs until an operator approves its first); ``always``: refuse every tuple not
+    """``when-set``: refuse unapproved tuples once any tuple has been approved (a fresh
+    fleet runs until an operator approves its first; revoking every approval does not
+    open it again); ``always``: refuse every tuple not
     approved, even with none approved; ``off``: never refuse for the version."""
     guard_enabled: bool = True
     """Whether the rollout guard may withdraw a newly approved tuple (``jetfleet versions

@@ -95,6 +95,13 @@ async def approved_tuples(js: JetStreamContext) -> list[tuple[str, float]]:
     return sorted(((tid, stored) for _, tid, stored in found), key=lambda e: e[1])
 
 
+async def stored_ids(js: JetStreamContext, prefix: str) -> list[str]:
+    """The tuple ids with a live key under ``prefix`` (``version-approved``,
+    ``version-withdrawn``), read from the bucket's stream: ``kv.keys()`` may return
+    partial results under concurrent writes (nats.py issue 842)."""
+    return [tid for _, tid, _ in await _with_ids(js, prefix)]
+
+
 async def guard_state(js: JetStreamContext) -> GuardState:
     """The rollout guard's fleet-wide switch: off only once an operator turned it off."""
     control = await js.key_value(subjects.BUCKET_CONTROL)

@@ -60,11 +60,15 @@ def local_tuple(settings: Settings) -> Versions:
 
 
 def tuple_id(versions: Versions) -> str:
-    """A short stable hash of the tuple, leaving out ``handler`` (per job) and ``id``."""
-    fields = msgspec.structs.asdict(versions)
+    """A short stable hash of the tuple, leaving out ``handler`` (per job) and ``id``.
+
+    Fields at their default are left out too (the struct omits defaults): a release that
+    adds a field with a default must not change the id of every tuple approved before it,
+    or a leaser upgraded to it would refuse every worker ``version-not-approved``."""
+    fields = msgspec.to_builtins(versions)
     fields.pop("handler", None)
     fields.pop("id", None)
-    encoded = json.dumps(msgspec.to_builtins(fields), sort_keys=True, separators=(",", ":"))
+    encoded = json.dumps(fields, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(encoded.encode()).hexdigest()[:ID_CHARS]
 
 
@@ -106,16 +110,16 @@ def browser_version(settings: Settings) -> str:
 def code_revision() -> CodeRevision:
     """The installed package's version and commit, and why it is unpinned (if it is).
 
-    From the distribution's ``direct_url.json`` (PEP 610: an editable install, or a VCS
-    install's commit) and, for a package imported from a git work tree, that tree's
-    commit and whether it has uncommitted changes. Cached: once per process.
+    From the distribution's ``direct_url.json`` (PEP 610: a local folder, editable or
+    not, or an unhashed archive, ``install_flags``; a VCS install's commit) and, for a
+    package imported from a git work tree, that tree's commit and whether it has
+    uncommitted changes. Cached: once per process.
     """
     version = jetfleet.__version__
     why: list[str] = []
     commit = ""
     direct = _direct_url()
-    if direct.get("dir_info", {}).get("editable"):
-        why.append("editable install")
+    why += install_flags(direct)
     commit = str(direct.get("vcs_info", {}).get("commit_id", ""))
     source = Path(jetfleet.__file__).resolve().parent.parent
     if (source / ".git").exists():
@@ -130,6 +134,21 @@ def code_revision() -> CodeRevision:
     if "uncommitted changes" in why:
         code += ".dirty"
     return CodeRevision(code=code, unpinned_why=tuple(why))
+
+
+def install_flags(direct: dict[str, Any]) -> list[str]:
+    """Why an install whose PEP 610 record is ``direct`` is unpinned ([]: pinned, or no
+    record: installed from an index). A local folder installed without ``-e`` is as
+    unpinned as an editable one: its code is whatever the folder held, under a release
+    version, so two different trees would advertise one tuple. An archive is pinned only
+    by its hash."""
+    if "dir_info" in direct:
+        editable = bool(direct["dir_info"].get("editable"))
+        return ["editable install" if editable else "installed from a local folder"]
+    archive = direct.get("archive_info")
+    if isinstance(archive, dict) and not (archive.get("hash") or archive.get("hashes")):
+        return ["installed from an archive with no hash"]
+    return []
 
 
 # PEP 440: a release is N(.N)*, with an optional pre-release (a1, b2, rc1) or .postN.

@@ -39,7 +39,7 @@ def register(commands: Any) -> None:
         "versions",
         help="list, approve or revoke worker version tuples; turn the rollout guard on/off",
         description="Every worker advertises a version tuple (code revision, config hash, "
-        "runtime, browser, worker.version_fields). Once any tuple is approved "
+        "runtime, browser, worker.version_fields). Once any tuple has been approved "
         "(versions.gate = when-set), the leaser refuses a worker whose tuple is not "
         "(version-not-approved) and its jobs run on approved workers. The rollout guard "
         "withdraws a newly approved tuple whose success rate falls below "

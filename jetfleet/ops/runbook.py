@@ -226,8 +226,9 @@ async def _versions(settings: Settings, js: JetStreamContext | None) -> Section:
         + (", ".join(f"`{tid}`" for tid in approved) if approved else "none read")
         + (" (servers not reachable)" if js is None else "")
         + f"; this tuple is {'approved' if local_id in approved else 'NOT approved'}.",
-        f"- Gate `{gate}` (docs/versions.md): `when-set` refuses unapproved tuples once the "
-        "approved set has an entry, `always` refuses them always, `off` never.",
+        f"- Gate `{gate}` (docs/versions.md): `when-set` refuses unapproved tuples once any "
+        "tuple has been approved (while one is, or one was withdrawn), `always` refuses "
+        "them always, `off` never.",
         "- `jetfleet versions list | approve | revoke` (operators); the leaser refuses an "
         "unapproved tuple `version-not-approved`.",
     ]

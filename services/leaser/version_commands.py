@@ -32,14 +32,14 @@ from jetfleet.schemas.versions import (
     VersionWithdrawal,
 )
 from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.kv_watch import KeyWatch
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.settings import Settings
-from jetfleet.version_records import version_view
+from jetfleet.version_records import stored_ids, version_view
 from jetfleet.version_tuple import tuple_id
 
 log = logging.getLogger(__name__)
@@ -77,15 +77,32 @@ class ApprovedVersions:
         self.control = control
         self.spawn = spawn
         self.watch = KeyWatch(control, f"{subjects.VERSION_APPROVED_PREFIX}.>", "version")
+        # Under ``when-set`` the gate is set once any tuple was approved, not only while
+        # one is: revoking the last approved tuple must not let every tuple (the revoked
+        # one first) be granted again. A withdrawal on record says a tuple was approved
+        # (it outlives restarts); an approval this replica's watch saw says so at once
+        # (the withdrawal is written just after the approval's delete).
+        self.withdrawn = KeyWatch(
+            control, f"{subjects.VERSION_WITHDRAWN_PREFIX}.>", "version withdrawal"
+        )
+        self._approval_seen = False
         self._seen_at: dict[str, float] = {}
 
     async def start(self) -> None:
         """Load the approved set and follow changes."""
+
+        def seen(_: str) -> None:
+            self._approval_seen = True
+
+        self.watch.on_new = seen
+        await self.withdrawn.start()
         await self.watch.start()
+        self._approval_seen = self._approval_seen or bool(self.watch.keys)
 
     async def stop(self) -> None:
         """Stop following changes."""
         await self.watch.stop()
+        await self.withdrawn.stop()
 
     async def objection(self, request: LeaseRequest) -> LeaseRefusal | None:
         """``version-not-approved`` for a tuple outside the approved set, as
@@ -106,23 +123,29 @@ class ApprovedVersions:
         )
 
     async def _approved(self, tid: str, need_any: bool) -> bool:
-        """Whether ``tid`` is approved; with ``need_any``, also true while none is."""
-        if self.watch.following():
+        """Whether ``tid`` is approved; with ``need_any``, also true while no tuple was
+        ever approved (none is, and none was withdrawn)."""
+        if self.watch.following() and self.withdrawn.following():
             keys = self.watch.keys
-            return approved_key(tid) in keys or (need_any and not keys)
-        # The watch died: read, failing closed on the approval, open on an empty set.
+            if approved_key(tid) in keys:
+                return True
+            never = not keys and not self._approval_seen and not self.withdrawn.keys
+            return need_any and never
+        # A watch died: read, failing closed on the approval, open on an empty record.
         try:
             await self.control.get(approved_key(tid))
             return True
         except KeyNotFoundError:
             pass
-        if not need_any:
+        if not need_any or self._approval_seen:
             return False
-        try:
-            await self.control.keys(filters=[f"{subjects.VERSION_APPROVED_PREFIX}.>"])
-        except NoKeysError:
-            return True
-        return False
+        # From the stream, not ``kv.keys()``: its ``filters`` match substrings, not
+        # subject wildcards (``version-approved.>`` matched no key, so this answered
+        # "none approved" and let every tuple through), and it may return partial results.
+        for prefix in (subjects.VERSION_APPROVED_PREFIX, subjects.VERSION_WITHDRAWN_PREFIX):
+            if await stored_ids(self.js, prefix):
+                return False
+        return True
 
     def _sighted(self, tid: str, versions: Versions, worker: str) -> None:
         now = time.monotonic()
@@ -202,7 +225,14 @@ class VersionCommands:
             )
         bare = msgspec.structs.replace(versions, handler="", id=tid)
         record = VersionApproval(versions=bare, by=command.by, why=command.why)
-        await self.control.put(approved_key(tid), _encoder.encode(record))
+        try:
+            # Put-if-absent: an approval's stored time orders the approved set (the
+            # earliest is the rollout guard's incumbent), so approving an approved tuple
+            # again must not make it the newest, to be judged (and withdrawn) against
+            # the canary approved after it.
+            await self.control.create(approved_key(tid), _encoder.encode(record))
+        except KeyWrongLastSequenceError:
+            return VersionsReply(ok=True, detail=f"already approved: version tuple {tid}")
         await self._forget_withdrawal(tid)
         log.warning("version tuple %s approved by %s: %s", tid, command.by, command.why)
         return VersionsReply(ok=True, detail=f"approved: version tuple {tid}")

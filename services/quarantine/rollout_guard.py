@@ -4,10 +4,11 @@ a tuple approved after the incumbent whose success rate falls below
 ``versions.guard_fraction`` x the incumbent's, each side with at least
 ``versions.guard_min_sample`` outcomes, is withdrawn from the approved set.
 
-The incumbent is the approved tuple approved earliest that is still approved: what ran
-before the rollout. A newer tuple's outcomes count from its approval on (by the server's
-timestamps), so a replica replaying the window after a restart does not withdraw a tuple
-an operator approved again on evidence from before.
+The incumbent is the approved tuple approved earliest, before the one judged, that has
+the minimum sample in the window: what ran before the rollout and still runs beside it.
+A newer tuple's outcomes count from its approval on (by the server's timestamps), so a
+replica replaying the window after a restart does not withdraw a tuple an operator
+approved again on evidence from before.
 
 The guard withdraws through the leaser (a ``VersionsRevoke`` on ``jf.versions``, by
 ``rollout-guard``, with its figures): the leaser deletes the approval with a
@@ -133,12 +134,13 @@ class RolloutGuard:
 
     async def _judge(self, tid: str) -> None:
         approved = await approved_tuples(self.js)
-        if len(approved) < 2 or approved[0][0] == tid:
-            return  # the incumbent, or nothing newer to judge
-        approved_at = dict(approved).get(tid)
-        if approved_at is None:
+        ids = [other for other, _ in approved]
+        if tid not in ids:
             return  # not approved: the gate keeps it off, nothing to withdraw
-        figures = self.figures(tid, approved[0][0], approved_at)
+        incumbent = self.incumbent(ids[: ids.index(tid)])
+        if incumbent is None:
+            return  # the earliest that runs, or nothing older runs to compare with
+        figures = self.figures(tid, incumbent, dict(approved)[tid])
         if figures is None or figures.success_rate >= figures.fraction * (
             figures.incumbent_success_rate
         ):
@@ -146,6 +148,18 @@ class RolloutGuard:
         if await guard_state(self.js) == "off":
             return
         await self._withdraw(tid, figures)
+
+    def incumbent(self, older: list[str]) -> str | None:
+        """Of the tuples approved before the one judged (oldest first), the earliest
+        with the minimum sample in the window: what runs beside the rollout. An older
+        approval whose workers are all gone (a finished rollout nobody revoked) would
+        otherwise have no sample, and the guard would judge no later canary at all."""
+        minimum = self.settings.versions.guard_min_sample
+        for other in older:
+            window = self.windows.get(other)
+            if window is not None and window.rates().sample >= minimum:
+                return other
+        return None
 
     def figures(self, tid: str, incumbent: str, approved_at_s: float) -> GuardFigures | None:
         """Both sides' rates, if both have the minimum sample (the new tuple's counted
