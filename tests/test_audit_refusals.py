@@ -53,3 +53,26 @@ async def test_operator_commands_refused_on_their_bounds_are_recorded_refused(
     assert "record.for_s" in entries[0]["detail"]
     assert "10.1.0.0/24" in entries[1]["detail"]
     assert "tuple id" in entries[2]["detail"]
+
+
+async def test_cli_actions_refused_by_what_the_servers_hold_are_recorded_refused(
+    settings: Settings,
+    services: InProcessStack,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The commands that act themselves (dlq, target) record a refusal as the leaser does."""
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(settings_toml(settings))
+    config = str(path)
+    bo = ("--as", "bo", "--why", "retry it")
+
+    assert await _cli(config, "dlq", "replay", "999", *bo) != 0  # no such dead letter
+
+    capsys.readouterr()
+    assert await _cli(config, "audit", "--json") == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert [(e["action"], e["who"], e["what"], e["why"], e["outcome"]) for e in entries] == [
+        ("dlq.replay", "bo", "dead letter 999", "retry it", "refused"),
+    ]
+    assert "999" in entries[0]["detail"]
