@@ -9,10 +9,14 @@ import json
 from pathlib import Path
 
 import pytest
+from nats.aio.client import Client as NatsClient
 
+from jetfleet import subjects
 from jetfleet.cli.main import main
 from jetfleet.dev.settings_file import settings_toml
+from jetfleet.lease_client import LeaseClient
 from jetfleet.settings import Settings
+from tests.leasing import ask, order_for, refused
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,3 +80,44 @@ async def test_cli_actions_refused_by_what_the_servers_hold_are_recorded_refused
         ("dlq.replay", "bo", "dead letter 999", "retry it", "refused"),
     ]
     assert "999" in entries[0]["detail"]
+
+
+async def test_with_the_audit_stream_gone_the_escape_hatch_acts_and_says_what_it_did(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An audit outage refuses nothing, and the operator is told both that the action
+    was done and that its entry is missing (not one in place of the other)."""
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(settings_toml(settings))
+    config = str(path)
+    await nc.jetstream().delete_stream(subjects.STREAM_AUDIT)
+    ana = ("--as", "ana", "--why", "incident 8")
+
+    capsys.readouterr()
+    assert await _cli(config, "pause", "--target", "demo", *ana) == 0
+    paused = capsys.readouterr()
+    assert "target demo" in paused.out, paused
+    assert "audit entry could not be written" in paused.err, paused
+    refusal = await refused(LeaseClient(nc), ask(order_for(settings, "/page/1")))
+    assert refusal.reason == "paused", refusal
+
+    quarantine = ("quarantine", "set", "--identity", "id-1", "--target", "demo")
+    assert await _cli(config, *quarantine, *ana) == 0
+    quarantined = capsys.readouterr()
+    assert quarantined.out.startswith("quarantined; revoked"), quarantined
+    assert "audit entry could not be written" in quarantined.err, quarantined
+
+    release = ("quarantine", "release", "--identity", "id-1", "--target", "demo")
+    assert await _cli(config, *release, *ana) == 0
+    released = capsys.readouterr()
+    assert released.out.strip() == "released", released
+    assert "audit entry could not be written" in released.err, released
+
+    assert await _cli(config, "resume", "--target", "demo", *ana) == 0
+    resumed = capsys.readouterr()
+    assert resumed.out.startswith("resumed"), resumed
+    assert "audit entry could not be written" in resumed.err, resumed
