@@ -123,8 +123,10 @@ async def dedupe_section(settings: Settings, js: JetStreamContext | None) -> Sec
         f"- Store: the result record is the key: `{subjects.STREAM_RESULTS}` subject "
         "`jf.results.<target>.<key>`, written put-if-absent "
         "(`Nats-Expected-Last-Subject-Sequence: 0`).",
-        f"- TTL: **{fleet.dedupe_ttl_s:g} s** (`fleet.dedupe_ttl_s`); the stream keeps "
-        f"results {kept:g} s (max of `fleet.retention_s` and the dedupe TTL)"
+        f"- TTL: **{kept:g} s**: a committed key is remembered as long as its result "
+        f"record is kept, the max of `fleet.dedupe_ttl_s` ({fleet.dedupe_ttl_s:g} s) and "
+        f"`fleet.retention_s` ({fleet.retention_s:g} s); a job with the key submitted "
+        "again within it is suppressed, not run"
         + (f"; the server says max_age {live:g} s." if live is not None else "."),
         f"- Config check: dedupe TTL {fleet.dedupe_ttl_s:g} s >= retry horizon "
         f"{retry_horizon_s(settings):g} s + visibility timeout {fleet.ack_wait_s:g} s = "
@@ -135,6 +137,7 @@ async def dedupe_section(settings: Settings, js: JetStreamContext | None) -> Sec
         "handlers": {h: key_format() for h in handlers},
         "store": {"stream": subjects.STREAM_RESULTS, "subject": "jf.results.<target>.<key>"},
         "dedupe_ttl_s": fleet.dedupe_ttl_s,
+        "key_kept_s": kept,
         "results_max_age_s": kept,
         "results_max_age_s_on_server": live,
         "retry_horizon_s": retry_horizon_s(settings),
