@@ -22,19 +22,28 @@ from tests.stack import InProcessStack
 pytestmark = pytest.mark.timeout(60)
 
 
+@pytest.fixture
+def config(settings: Settings, services: InProcessStack, tmp_path: Path) -> str:
+    """A config file for the CLI, naming the running stack's servers."""
+    path = tmp_path / "jetfleet.toml"
+    path.write_text(settings_toml(settings))
+    return str(path)
+
+
 async def _cli(config: str, *argv: str) -> int:
     return await asyncio.to_thread(main, ["--config", config, *argv])
 
 
+async def _audit(config: str, capsys: pytest.CaptureFixture[str]) -> list[dict[str, str]]:
+    capsys.readouterr()
+    assert await _cli(config, "audit", "--json") == 0
+    entries: list[dict[str, str]] = json.loads(capsys.readouterr().out)
+    return entries
+
+
 async def test_operator_commands_refused_on_their_bounds_are_recorded_refused(
-    settings: Settings,
-    services: InProcessStack,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    config: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = tmp_path / "jetfleet.toml"
-    path.write_text(settings_toml(settings))
-    config = str(path)
     ana = ("--as", "ana", "--why", "incident 7")
 
     # Longer than the 366 days a record may last: the leaser's bounds check refuses it.
@@ -46,9 +55,7 @@ async def test_operator_commands_refused_on_their_bounds_are_recorded_refused(
     # An approve naming no tuple.
     assert await _cli(config, "versions", "approve", "not-a-tuple-id", *ana) != 0
 
-    capsys.readouterr()
-    assert await _cli(config, "audit", "--json") == 0
-    entries = json.loads(capsys.readouterr().out)
+    entries = await _audit(config, capsys)
     assert [(e["action"], e["who"], e["why"], e["outcome"]) for e in entries] == [
         ("quarantine.set", "ana", "incident 7", "refused"),
         ("quarantine.release", "ana", "incident 7", "refused"),
@@ -60,22 +67,14 @@ async def test_operator_commands_refused_on_their_bounds_are_recorded_refused(
 
 
 async def test_cli_actions_refused_by_what_the_servers_hold_are_recorded_refused(
-    settings: Settings,
-    services: InProcessStack,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    config: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The commands that act themselves (dlq, target) record a refusal as the leaser does."""
-    path = tmp_path / "jetfleet.toml"
-    path.write_text(settings_toml(settings))
-    config = str(path)
     bo = ("--as", "bo", "--why", "retry it")
 
     assert await _cli(config, "dlq", "replay", "999", *bo) != 0  # no such dead letter
 
-    capsys.readouterr()
-    assert await _cli(config, "audit", "--json") == 0
-    entries = json.loads(capsys.readouterr().out)
+    entries = await _audit(config, capsys)
     assert [(e["action"], e["who"], e["what"], e["why"], e["outcome"]) for e in entries] == [
         ("dlq.replay", "bo", "dead letter 999", "retry it", "refused"),
     ]
@@ -83,17 +82,10 @@ async def test_cli_actions_refused_by_what_the_servers_hold_are_recorded_refused
 
 
 async def test_with_the_audit_stream_gone_the_escape_hatch_acts_and_says_what_it_did(
-    settings: Settings,
-    nc: NatsClient,
-    services: InProcessStack,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    settings: Settings, nc: NatsClient, config: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """An audit outage refuses nothing, and the operator is told both that the action
     was done and that its entry is missing (not one in place of the other)."""
-    path = tmp_path / "jetfleet.toml"
-    path.write_text(settings_toml(settings))
-    config = str(path)
     await nc.jetstream().delete_stream(subjects.STREAM_AUDIT)
     ana = ("--as", "ana", "--why", "incident 8")
 
