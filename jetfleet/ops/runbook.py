@@ -83,9 +83,13 @@ def lease_section(settings: Settings) -> Section:
         f"- Renewal: every **{renew:g} s** (TTL/3): a leaser renew plus `msg.in_progress()` "
         f"on the delivery, whose `ack_wait` is {fleet.ack_wait_s:g} s (`fleet.ack_wait_s`).",
         "- When a renewal fails, someone else owns the job: the worker **stops** the "
-        "attempt, **discards the identity state** built for it, and **does not ack** (nor "
-        "nak or term) the delivery; the sink would refuse its report anyway "
-        "(`rejected:fenced-out` / `rejected:lease-expired`).",
+        "attempt (it cancels the handler), **keeps nothing of it** (no report to the "
+        "sink; the attempt's outcome, if a request was sent, is published as retryable), "
+        "and **does not ack** (nor nak or term) the delivery; the sink would refuse a "
+        "report anyway (`rejected:fenced-out` / `rejected:lease-expired`). The identity's "
+        "cookie jar is the identity's, shared by its jobs: cookies the target set during "
+        "the attempt stay, it is not rolled back (a challenge discards the target's "
+        "cookies: docs/identities.md).",
         "- Every grant has a fence (a KV revision, only growing). The sink commits only "
         "under the live lease's fence, and only the job, target and idempotency key that "
         "lease was granted for (`rejected:not-granted` otherwise).",
@@ -95,7 +99,11 @@ def lease_section(settings: Settings) -> Section:
         "server_ttl_s": server_ttl,
         "renew_every_s": renew,
         "ack_wait_s": fleet.ack_wait_s,
-        "on_renewal_failure": ["stop", "discard identity state", "do not ack"],
+        "on_renewal_failure": [
+            "stop (cancel the handler)",
+            "keep nothing of the attempt",
+            "do not ack, nak or term",
+        ],
     }
     return Section("lease", "Lease contract", lines, facts)
 
