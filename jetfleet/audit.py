@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
+from jetfleet.errors import JetfleetError
 from jetfleet.schemas.audit import AuditEntry, AuditOutcome
 from jetfleet.stream_reader import read_stream
 
@@ -49,7 +50,7 @@ async def record_action(
 
     Args:
         js: A JetStream context.
-        action: Dotted lower-case tokens: ``quarantine.set``, ``pause``, ``version.approve``.
+        action: Dotted lower-case tokens: ``quarantine.set``, ``pause``, ``versions.approve``.
         who: Who asked (``--as NAME`` or the OS user; ``rule:<name>`` for a rule).
         what: The scope acted on, in words.
         why: The reason given (``--why``).
@@ -83,6 +84,18 @@ async def record_action(
         )
         return False
     return True
+
+
+async def record_raised(
+    js: JetStreamContext, action: str, who: str, what: str, why: str, exc: BaseException
+) -> bool:
+    """Record an action that raised before it was done: ``refused`` when it raised a
+    ``JetfleetError`` (what the operator asked cannot be done: no such letter, a replay
+    admission would refuse), else ``failed``. For the commands that execute their
+    actions themselves (the CLI's ``target``, ``dlq replay`` and ``dlq purge``), so a
+    refused or broken attempt is in the log like the leaser's."""
+    outcome: AuditOutcome = "refused" if isinstance(exc, JetfleetError) else "failed"
+    return await record_action(js, action, who, what, why, str(exc)[:1024], outcome=outcome)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ AuditAction = Annotated[
     str, msgspec.Meta(pattern=r"^[a-z][a-z0-9-]*(\.[a-z][a-z0-9-]*)*$", max_length=64)
 ]
 """What was done, as subject tokens: ``quarantine.set``, ``breaker.close``,
-``target.set``, ``dlq.replay``, ``dlq.purge``, ``pause``, ``version.approve``..."""
+``target.set``, ``dlq.replay``, ``dlq.purge``, ``pause``, ``versions.approve``..."""
 AuditOutcome = Literal["done", "refused", "failed"]
 
 

@@ -99,3 +99,28 @@ async def test_forged_reports_are_refused_and_the_real_job_still_commits_once(
     assert (await report(nc, later, later_fence, "w-later")).status == "committed"
     assert await committed(nc, "demo", later.key) == 1
     assert await dead_letters(nc) == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (review h-rev-sa): the leaser writes whatever key a lease request names "
+    "and grants a job id no scheduler admitted, so 'what the leaser granted' can be a "
+    "made-up job carrying a victim's key; needs the admission claim to keep the key "
+    "and the leaser to refuse ids without a claim (a lead's call: it changes straight-"
+    "to-work orders and every test that leases an order it did not submit)",
+)
+async def test_a_lease_asked_for_a_made_up_job_with_a_victims_key_suppresses_nothing(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    # The victim's key is computable by anyone: a hash of handler and canonical URL.
+    victim = order_for(settings, "/page/victim")
+    client = LeaseClient(nc)
+    # A client with a worker's rights asks a lease for a job id no scheduler admitted,
+    # naming the victim's key, and reports it.
+    made_up = forged(victim, job=msgspec.structs.replace(victim.job, id="made-up-1"))
+    fence = await grant_fence(client, made_up, "w-forger")
+    reply = await report(nc, made_up, fence, "w-forger")
+    assert reply.status == "rejected:not-granted", reply
+    # The victim's real job still runs: its grant is not answered already-done.
+    assert await committed(nc, "demo", victim.key) == 0
+    await grant_fence(client, victim, "w-real")

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import sys
+
+from jetfleet.audit import NOT_RECORDED
 
 MAX_CHARS = 256  # as ShortText: what the command structs carry
 
@@ -37,3 +40,18 @@ def actor(args: argparse.Namespace) -> str:
 def why(args: argparse.Namespace) -> str:
     """The reason given with ``--why`` (trimmed to what the command structs carry)."""
     return str(getattr(args, "why", "") or "")[:MAX_CHARS]
+
+
+def audit_note_off(detail: str) -> str:
+    """``detail`` without the leaser's note that the action's audit entry could not be
+    written, which goes to stderr as a warning instead: the operator must learn it, and
+    the answer's detail must keep meaning what the command prints it for (a record kept,
+    a breaker not open), not turn a plain success into a puzzling line."""
+    if NOT_RECORDED not in detail:
+        return detail
+    print(
+        "jetfleet: WARNING: done, but the audit entry could not be written (the leaser "
+        "logged it as AUDIT NOT WRITTEN); record the action by hand",
+        file=sys.stderr,
+    )
+    return detail.replace(NOT_RECORDED, "")

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
-from jetfleet.cli.actor import actor, add_actor_arguments, why
+from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -90,7 +90,8 @@ def _run(args: argparse.Namespace) -> int:
     elif args.breaker_action == "list":
         print_table(BREAKER_COLUMNS, breaker_rows(reply.breakers))
     else:
-        print(reply.detail or f"closed: jobs of {args.target} are granted again")
+        detail = audit_note_off(reply.detail)
+        print(detail or f"closed: jobs of {args.target} are granted again")
     return 0 if reply.ok else 1
 
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
-from jetfleet.audit import record_action
+from jetfleet.audit import record_action, record_raised
 from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
@@ -241,17 +241,22 @@ def _run_replay(args: argparse.Namespace) -> int:
         raise JetfleetError("dlq replay: --reason goes with --target")
     settings = _settings(args)
 
+    what = f"dead letter {args.id}" if args.id is not None else f"dead letters of {args.target}"
+    if args.reason is not None:
+        what += f" with reason {args.reason}"
+
     async def work(js: JetStreamContext) -> list[str]:
-        if args.id is not None:
-            entries = [await get_dead_letter(js, args.id)]
-        else:
-            entries = await list_dead_letters(js, args.target, args.reason)
-        if not entries:
-            return []
-        new_ids = await replay(js, settings, entries)
-        what = f"dead letter {args.id}" if args.id is not None else f"dead letters of {args.target}"
-        if args.reason is not None:
-            what += f" with reason {args.reason}"
+        try:
+            if args.id is not None:
+                entries = [await get_dead_letter(js, args.id)]
+            else:
+                entries = await list_dead_letters(js, args.target, args.reason)
+            if not entries:
+                return []
+            new_ids = await replay(js, settings, entries)
+        except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
+            await record_raised(js, "dlq.replay", actor(args), what, why(args), exc)
+            raise
         detail = f"replayed {len(new_ids)} letter(s) as {', '.join(new_ids)}"[:1024]
         await record_action(js, "dlq.replay", actor(args), what, why(args), detail)
         return new_ids
@@ -301,8 +306,12 @@ def _run_purge(args: argparse.Namespace) -> int:
         return 1
 
     async def work(js: JetStreamContext) -> int:
-        removed = await purge(js, args.target)
         what = f"dead letters of {args.target}" if args.target else "every dead letter"
+        try:
+            removed = await purge(js, args.target)
+        except Exception as exc:  # part may be gone: recorded failed (docs/audit.md)
+            await record_raised(js, "dlq.purge", actor(args), what, why(args), exc)
+            raise
         detail = f"removed {removed} letter(s)"
         await record_action(js, "dlq.purge", actor(args), what, why(args), detail)
         return removed

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
-from jetfleet.cli.actor import actor, add_actor_arguments, why
+from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
@@ -170,6 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     if not reply.ok:
         print(f"jetfleet: the leaser refused: {reply.detail}", file=sys.stderr)
         return 1
+    reply = msgspec.structs.replace(reply, detail=audit_note_off(reply.detail))
     if isinstance(command, PauseList):
         if reply.pauses:
             print_table(PAUSE_COLUMNS, pause_rows(reply.pauses))

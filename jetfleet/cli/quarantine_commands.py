@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
-from jetfleet.cli.actor import actor, add_actor_arguments, why
+from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off, why
 from jetfleet.cli.breaker_commands import BREAKER_COLUMNS, breaker_rows
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
@@ -149,15 +149,18 @@ def _run(args: argparse.Namespace) -> int:
         raise JetfleetError(f"the leaser refused: {reply.detail}")
     elif args.quarantine_action in ("set", "approve"):
         what = "approved: quarantined" if args.quarantine_action == "approve" else "quarantined"
-        if reply.detail:  # a record in force was kept
-            what = reply.detail
+        kept = audit_note_off(reply.detail)
+        if kept:  # a record in force was kept
+            what = kept
         print(
             f"{what}; revoked and requeued {len(reply.revoked)} job(s)"
             + (f": {', '.join(reply.revoked)}" if reply.revoked else "")
         )
     elif args.quarantine_action == "reject":
+        audit_note_off(reply.detail)
         print("rejected: nothing is quarantined, and the same evidence proposes nothing again")
     else:
+        audit_note_off(reply.detail)
         print("released")
     return 0 if reply.ok else 1
 

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 
-from jetfleet.audit import record_action
+from jetfleet.audit import record_action, record_raised
 from jetfleet.cli.actor import actor, add_actor_arguments, why
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
@@ -133,13 +133,17 @@ def _run_set(args: argparse.Namespace) -> int:
     change = change_from(args)
 
     async def change_and_record(js: JetStreamContext) -> TargetLimits:
-        record = await set_limits(js, settings, args.name, change)
         asked = ", ".join(
             f"{name} {value}"
             for name, value in (("rate", args.rate), ("burst", args.burst), ("daily", args.daily))
             if value is not None
         )
         what = f"target {args.name}: {asked or 'no change'}"
+        try:
+            record = await set_limits(js, settings, args.name, change)
+        except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
+            await record_raised(js, "target.set", change.set_by, what, change.reason, exc)
+            raise
         await record_action(js, "target.set", change.set_by, what, change.reason)
         return record
 
@@ -162,7 +166,12 @@ def _run_unset(args: argparse.Namespace) -> int:
     settings = _settings(args)
 
     async def clear_and_record(js: JetStreamContext) -> bool:
-        removed = await clear_limits(js, settings, args.name)
+        try:
+            removed = await clear_limits(js, settings, args.name)
+        except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
+            what = f"target {args.name}"
+            await record_raised(js, "target.unset", actor(args), what, why(args), exc)
+            raise
         detail = "run-time limits removed" if removed else "had no run-time limits"
         await record_action(
             js, "target.unset", actor(args), f"target {args.name}", why(args), detail

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
-from jetfleet.cli.actor import actor, add_actor_arguments
+from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off
 from jetfleet.cli.actor import why as reason
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
@@ -160,7 +160,7 @@ def _run(args: argparse.Namespace) -> int:
     elif not reply.ok:
         raise JetfleetError(f"the leaser refused: {reply.detail}")
     else:
-        print(reply.detail)
+        print(audit_note_off(reply.detail))
     return 0 if reply.ok else 1
 
 

@@ -83,9 +83,13 @@ def lease_section(settings: Settings) -> Section:
         f"- Renewal: every **{renew:g} s** (TTL/3): a leaser renew plus `msg.in_progress()` "
         f"on the delivery, whose `ack_wait` is {fleet.ack_wait_s:g} s (`fleet.ack_wait_s`).",
         "- When a renewal fails, someone else owns the job: the worker **stops** the "
-        "attempt, **discards the identity state** built for it, and **does not ack** (nor "
-        "nak or term) the delivery; the sink would refuse its report anyway "
-        "(`rejected:fenced-out` / `rejected:lease-expired`).",
+        "attempt (it cancels the handler), **keeps nothing of it** (no report to the "
+        "sink; the attempt's outcome, if a request was sent, is published as retryable), "
+        "and **does not ack** (nor nak or term) the delivery; the sink would refuse a "
+        "report anyway (`rejected:fenced-out` / `rejected:lease-expired`). The identity's "
+        "cookie jar is the identity's, shared by its jobs: cookies the target set during "
+        "the attempt stay, it is not rolled back (a challenge discards the target's "
+        "cookies: docs/identities.md).",
         "- Every grant has a fence (a KV revision, only growing). The sink commits only "
         "under the live lease's fence, and only the job, target and idempotency key that "
         "lease was granted for (`rejected:not-granted` otherwise).",
@@ -95,7 +99,11 @@ def lease_section(settings: Settings) -> Section:
         "server_ttl_s": server_ttl,
         "renew_every_s": renew,
         "ack_wait_s": fleet.ack_wait_s,
-        "on_renewal_failure": ["stop", "discard identity state", "do not ack"],
+        "on_renewal_failure": [
+            "stop (cancel the handler)",
+            "keep nothing of the attempt",
+            "do not ack, nak or term",
+        ],
     }
     return Section("lease", "Lease contract", lines, facts)
 
@@ -123,8 +131,10 @@ async def dedupe_section(settings: Settings, js: JetStreamContext | None) -> Sec
         f"- Store: the result record is the key: `{subjects.STREAM_RESULTS}` subject "
         "`jf.results.<target>.<key>`, written put-if-absent "
         "(`Nats-Expected-Last-Subject-Sequence: 0`).",
-        f"- TTL: **{fleet.dedupe_ttl_s:g} s** (`fleet.dedupe_ttl_s`); the stream keeps "
-        f"results {kept:g} s (max of `fleet.retention_s` and the dedupe TTL)"
+        f"- TTL: **{kept:g} s**: a committed key is remembered as long as its result "
+        f"record is kept, the max of `fleet.dedupe_ttl_s` ({fleet.dedupe_ttl_s:g} s) and "
+        f"`fleet.retention_s` ({fleet.retention_s:g} s); a job with the key submitted "
+        "again within it is suppressed, not run"
         + (f"; the server says max_age {live:g} s." if live is not None else "."),
         f"- Config check: dedupe TTL {fleet.dedupe_ttl_s:g} s >= retry horizon "
         f"{retry_horizon_s(settings):g} s + visibility timeout {fleet.ack_wait_s:g} s = "
@@ -135,6 +145,7 @@ async def dedupe_section(settings: Settings, js: JetStreamContext | None) -> Sec
         "handlers": {h: key_format() for h in handlers},
         "store": {"stream": subjects.STREAM_RESULTS, "subject": "jf.results.<target>.<key>"},
         "dedupe_ttl_s": fleet.dedupe_ttl_s,
+        "key_kept_s": kept,
         "results_max_age_s": kept,
         "results_max_age_s_on_server": live,
         "retry_horizon_s": retry_horizon_s(settings),

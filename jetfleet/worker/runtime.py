@@ -659,6 +659,15 @@ class Worker:
             await self._keep_malformed(msg, target, str(exc))
             await self._term(msg, "malformed-work-order")
             return
+        if order.target != target:
+            # Its lease would be the subject's target's and its report the body's: the
+            # sink refuses that (rejected:not-granted) every time, so it would run on
+            # each of its deliveries and end nowhere. Not run at all: kept, then ended.
+            why = f"its order names target {order.target!r} but came on {msg.subject}"
+            log.error("work order %s refused: %s", order.job.id, why)
+            await self._keep_malformed(msg, target, why, "work-order-target-mismatch")
+            await self._term(msg, "work-order-target-mismatch")
+            return
         if target not in self.settings.targets:
             log.warning(
                 "job %s is for %s, which this worker's settings do not declare",
@@ -1614,14 +1623,20 @@ class Worker:
             # attempt); only the history of earlier attempts may miss this one.
             log.warning("outcome of job %s not stored: %s", order.job.id, exc)
 
-    async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
-        """Keep an undecodable work order on jf.rejected (with its bytes) before it is
-        terminated: it is counted and inspectable, never silently gone."""
+    async def _keep_malformed(
+        self, msg: Msg, target: str, error: str, reason: str = "malformed-work-order"
+    ) -> None:
+        """Keep an undecodable (or self-contradicting) work order on jf.rejected (with
+        its bytes) before it is terminated: it is counted and inspectable, never
+        silently gone."""
         seq = msg.metadata.sequence.stream
         rejection = Rejection(
-            reason="malformed-work-order",
+            reason=reason,
             message=f"the work order could not be decoded ({error}); a scheduler of another "
-            "version may have written it",
+            "version may have written it"
+            if reason == "malformed-work-order"
+            else f"the work order was not run: {error}; only the scheduler routes orders, "
+            "each on its own target's work subject",
             subject=msg.subject,
             raw=msg.data,
             raw_size=len(msg.data),

@@ -128,16 +128,23 @@ def _automatic_no_op(command: Command, reply: CommandReply) -> bool:
     return automatic and bool(reply.detail) and not reply.revoked
 
 
-async def audited(js: JetStreamContext, command: Command, run: Callable[[], Awaitable[R]]) -> R:
+async def audited(
+    js: JetStreamContext,
+    command: Command,
+    run: Callable[[], Awaitable[R]],
+    refusal: R | None = None,
+) -> R:
     """Run ``command`` and record it with its outcome; the reply, noting in its detail an
     entry that could not be written. A command that raised is recorded ``failed`` and
-    raises on."""
+    raises on. ``refusal``, what the route's bounds check objects to, is answered
+    instead of running the command, and recorded ``refused`` like a refusal of its own:
+    someone asked for the action, and the log says so."""
     about = described(command)
     if about is None:
-        return await run()
+        return refusal or await run()
     action, who, what, why = about
     try:
-        reply = await run()
+        reply = refusal or await run()
     except Exception as exc:
         await record_action(js, action, who, what, why, str(exc), outcome="failed")
         raise

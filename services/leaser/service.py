@@ -212,10 +212,15 @@ class Leaser:
             Route(
                 subjects.QUARANTINE,
                 _command_decoder,
-                lambda command: audited(self.js, command, lambda: self.command(command)),
+                # The bounds check runs inside the audit, so a refused command is recorded.
+                lambda command: audited(
+                    self.js,
+                    command,
+                    lambda: self.command(command),
+                    refuse_command(self.settings, command),
+                ),
                 QUARANTINE_REFUSALS,
                 max_bytes=limit,
-                check=lambda _, command: refuse_command(self.settings, command),
             )
         )
         await self.responder.serve(
@@ -259,11 +264,13 @@ class Leaser:
                 subjects.VERSIONS,
                 _versions_decoder,
                 lambda command: audited(
-                    self.js, command, lambda: self.version_commands.command(command)
+                    self.js,
+                    command,
+                    lambda: self.version_commands.command(command),
+                    versions_objection(command),
                 ),
                 VERSIONS_REFUSALS,
                 max_bytes=limit,
-                check=lambda _, command: versions_objection(command),
             )
         )
         # Started means answering: make sure the server has the subscriptions.
