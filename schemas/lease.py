@@ -136,6 +136,10 @@ class LeaseRecord(msgspec.Struct, frozen=True, omit_defaults=True):
     """The idempotency key the lease was granted for (``LeaseRequest.key``), so the sink
     commits under this fence only a report of this key (empty in records from before
     this field: the sink then checks the target alone)."""
+    version: str = ""
+    """The id of the version tuple the lease was granted to (``LeaseRequest.versions``,
+    the id the leaser computed), so the sink commits under this fence only a report
+    carrying that tuple (empty in records from before this field: not checked)."""
 
 
 class SealedCommit(msgspec.Struct, frozen=True, tag="committed"):

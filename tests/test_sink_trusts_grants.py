@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from jetfleet.schemas import WorkOrder
+from jetfleet.schemas import NoopOutput, Success, WorkOrder
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -16,8 +16,10 @@ from jetfleet.results import iter_results
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import count_messages
+from jetfleet.version_tuple import tuple_id
 from tests.conftest import make_settings, sim_target
-from tests.leasing import grant_fence, order_for, report, report_failure
+from tests.leasing import VERSIONS, grant_fence, order_for, report, report_failure
+from tests.leasing import _send as send_report
 from tests.stack import InProcessStack
 
 pytestmark = pytest.mark.timeout(60)
@@ -124,3 +126,35 @@ async def test_a_lease_asked_for_a_made_up_job_with_a_victims_key_suppresses_not
     # The victim's real job still runs: its grant is not answered already-done.
     assert await committed(nc, "demo", victim.key) == 0
     await grant_fence(client, victim, "w-real")
+
+
+async def test_a_report_carrying_another_version_tuple_than_the_lease_was_granted_to_is_refused(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    # I8: every result carries its tuple, and it is the tuple the leaser judged at grant,
+    # not one the reporter makes up (an unapproved worker must not pass as an approved
+    # one's result).
+    order = order_for(settings, "/page/versioned")
+    fence = await grant_fence(LeaseClient(nc), order, "w-real")
+    record = await store.live(order.job.id)
+    assert record is not None and record.record.version == tuple_id(VERSIONS)
+
+    other = msgspec.structs.replace(VERSIONS, declared={"build": "made-up"})
+    forged_report = Success(
+        order=order,
+        worker="w-real",
+        attempt=1,
+        duration_s=0.01,
+        output=NoopOutput(),
+        versions=other,
+        fence=fence,
+    )
+    reply = await send_report(nc, order, forged_report)
+    assert reply.status == "rejected:not-granted", reply
+    assert tuple_id(VERSIONS) in reply.detail and tuple_id(other) in reply.detail
+    assert await committed(nc, "demo", order.key) == 0
+
+    # The report with the tuple the lease was granted to commits, carrying it.
+    assert (await report(nc, order, fence, "w-real")).status == "committed"
+    results = [r async for r in iter_results(nc.jetstream(), "demo") if r.key == order.key]
+    assert [tuple_id(r.versions) for r in results] == [tuple_id(VERSIONS)]

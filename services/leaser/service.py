@@ -74,6 +74,7 @@ from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from jetfleet.subnet_holds import canonical_subnet
 from jetfleet.target_places import TargetPlaces
+from jetfleet.version_tuple import tuple_id
 
 log = logging.getLogger(__name__)
 
@@ -453,6 +454,7 @@ class Leaser:
                 job_id=request.job_id,
                 target=request.target,
                 key=request.key,
+                version=tuple_id(request.versions),
                 worker=request.worker,
                 identity=request.identity,
                 reply_subject=request.reply_subject,

@@ -26,10 +26,12 @@ from dataclasses import dataclass
 
 from jetfleet.schemas import CommittedResult, SinkReply, Success, WorkOrder
 from jetfleet.schemas.lease import LeaseRecord, Sealed, SealedCommit
+from jetfleet.schemas.report import Versions
 from nats.js import JetStreamContext
 
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.settlement import land
+from jetfleet.version_tuple import tuple_id
 
 # Seal attempts before giving up under contention (each conflict is a grant, a refund
 # or another seal landing between our read and our write).
@@ -66,7 +68,9 @@ async def read_fence(store: LeaseStore, job_id: str) -> FenceRead:
     return FenceRead(history, live)
 
 
-def judge(read: FenceRead, fence: int, order: WorkOrder) -> Sealed | SinkReply | None:
+def judge(
+    read: FenceRead, fence: int, order: WorkOrder, versions: Versions | None = None
+) -> Sealed | SinkReply | None:
     """The job's seal, if ``fence``'s holder (or a report of it sent again) sealed it
     already; the rejection if ``fence`` does not hold the live lease, or the lease was
     granted for another target or key than ``order``'s; else None."""
@@ -98,7 +102,7 @@ def judge(read: FenceRead, fence: int, order: WorkOrder) -> Sealed | SinkReply |
             status="rejected:fenced-out",
             detail=f"live lease has fence {read.live.fence}, not {fence}",
         )
-    return granted_as_reported(read.live.record, fence, order)
+    return granted_as_reported(read.live.record, fence, order, versions)
 
 
 def _sealed_as_reported(sealed: Sealed, order: WorkOrder) -> Sealed | SinkReply:
@@ -119,14 +123,24 @@ def _sealed_as_reported(sealed: Sealed, order: WorkOrder) -> Sealed | SinkReply:
     )
 
 
-def granted_as_reported(record: LeaseRecord, fence: int, order: WorkOrder) -> SinkReply | None:
+def granted_as_reported(
+    record: LeaseRecord, fence: int, order: WorkOrder, versions: Versions | None = None
+) -> SinkReply | None:
     """The refusal of a report whose job, target or key is not the one the lease under
-    ``fence`` was granted for; None when they match. A record from before the key was
-    kept (empty ``key``) is checked on its job and target alone."""
+    ``fence`` was granted for, or whose version tuple (``versions``, when given) is not
+    the one it was granted to; None when they match. A record from before the key (the
+    version) was kept is checked without it."""
     granted = (record.job_id, record.target, record.key or order.key)
     reported = (order.job.id, order.target, order.key)
     if granted == reported:
-        return None
+        reported_version = tuple_id(versions) if versions is not None else ""
+        if not record.version or not reported_version or record.version == reported_version:
+            return None
+        return SinkReply(
+            status="rejected:not-granted",
+            detail=f"fence {fence} was granted to version tuple {record.version}, not to "
+            f"the report's {reported_version}",
+        )
     return SinkReply(
         status="rejected:not-granted",
         detail=f"fence {fence} was granted for job {record.job_id!r} of target "
@@ -136,7 +150,11 @@ def granted_as_reported(record: LeaseRecord, fence: int, order: WorkOrder) -> Si
 
 
 async def seal(
-    store: LeaseStore, order: WorkOrder, decision: Sealed, read: FenceRead
+    store: LeaseStore,
+    order: WorkOrder,
+    decision: Sealed,
+    read: FenceRead,
+    versions: Versions | None = None,
 ) -> Sealed | SinkReply:
     """Seal ``decision`` as the job's one terminal decision, if its fence holds the live
     lease; the decision that holds (``decision``, or one sealed before under the same
@@ -144,7 +162,7 @@ async def seal(
     history again and judges again."""
     job_id = order.job.id
     for _ in range(_SEAL_TRIES):
-        verdict = judge(read, decision.fence, order)
+        verdict = judge(read, decision.fence, order, versions)
         if verdict is not None:
             return verdict
         if await store.seal(job_id, decision, read.history):
@@ -161,7 +179,7 @@ async def commit(
     decision: Sealed = SealedCommit(fence=success.fence, result=_record(success))
     if policy.leases:
         read = await read_fence(store, success.order.job.id)
-        verdict = await seal(store, success.order, decision, read)
+        verdict = await seal(store, success.order, decision, read, success.versions)
         if isinstance(verdict, SinkReply):
             return verdict
         decision = verdict

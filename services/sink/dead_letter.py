@@ -34,7 +34,7 @@ async def dead_letter(
         attempt_history(nc, order.target, order.job.id, failure.history),
     )
     if read is not None:
-        verdict = judge(read, failure.fence, order)
+        verdict = judge(read, failure.fence, order, failure.versions)
         if verdict is not None:
             return await _answer(nc, verdict)
     if holder is not None:
@@ -45,7 +45,7 @@ async def dead_letter(
     death = SealedDeath(fence=failure.fence, letter=letter)
     if read is None:
         return await land(nc.jetstream(), death)
-    return await _answer(nc, await seal(store, order, death, read))
+    return await _answer(nc, await seal(store, order, death, read, failure.versions))
 
 
 async def _answer(nc: NatsClient, verdict: Sealed | SinkReply) -> SinkReply:
