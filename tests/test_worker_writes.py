@@ -6,7 +6,7 @@ undecodable work order is kept by the sink from the worker's ``Malformed`` repor
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,15 +39,6 @@ TARGET = "demo"
 assert not any(s.startswith(("jf.duplicates", "jf.rejected")) for s in WORKER_PUBLISH)
 
 
-@pytest.fixture
-def guarded(tmp_path: Path) -> Iterator[GuardedNats]:
-    server = GuardedNats(tmp_path / "nats").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 @dataclass
 class Fleet:
     settings: Settings
@@ -71,18 +62,22 @@ class Fleet:
 
 
 @pytest.fixture
-async def fleet(guarded: GuardedNats, redis_url: str) -> AsyncIterator[Fleet]:
+async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
     """Services on the admin user; workers (started by each test) on the guarded one."""
-    async with TargetSimulator(SimulatorConfig()) as sim:
-        settings = queue_settings(
-            guarded.url_of("admin"), redis_url, {TARGET: target(sim.base_url)}, concurrency=2
-        )
-        stack = InProcessStack(settings)
-        await stack.start(workers=0)
-        try:
-            yield Fleet(settings, stack, guarded)
-        finally:
-            await stack.stop()
+    server = GuardedNats(tmp_path / "nats").start()
+    try:
+        async with TargetSimulator(SimulatorConfig()) as sim:
+            settings = queue_settings(
+                server.url_of("admin"), redis_url, {TARGET: target(sim.base_url)}, concurrency=2
+            )
+            stack = InProcessStack(settings)
+            await stack.start(workers=0)
+            try:
+                yield Fleet(settings, stack, server)
+            finally:
+                await stack.stop()
+    finally:
+        server.stop()
 
 
 async def _duplicates(js: JetStreamContext) -> list[Duplicate]:
