@@ -88,7 +88,38 @@ class Failure(msgspec.Struct, frozen=True, tag="failure", omit_defaults=True):
     fence: int = 0
 
 
-Report = Success | Failure
+MAX_DECODE_ERROR_CHARS = 1024
+"""The longest decode error a ``Malformed`` report carries (msgspec's are one line)."""
+WorkSubject = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^jf\.work\.[^\s*>]+$")]
+"""A work subject, ``jf.work.<target>.<tier>``: no spaces or wildcards."""
+
+
+class Malformed(msgspec.Struct, frozen=True, tag="malformed", omit_defaults=True):
+    """A delivered work order that does not decode: the sink keeps it on
+    ``jf.rejected.<target>`` (reason ``malformed-work-order``) and answers
+    ``kept:malformed-work-order``, then the worker terminates the delivery.
+
+    No lease: nothing ran. The sink trusts none of it but where to look: it reads the
+    message at ``stream_seq`` from ``JF_WORK`` itself, keeps it only if it is on
+    ``subject`` and does not decode there either, and keeps the stored bytes, never
+    ``raw`` (docs/dead-letters.md#malformed-work-orders)."""
+
+    worker: RequiredName
+    subject: WorkSubject
+    """The delivery's subject, ``jf.work.<target>.<tier>``."""
+    stream_seq: Annotated[int, msgspec.Meta(ge=1)]
+    """The message's sequence in ``JF_WORK``."""
+    error: Annotated[str, msgspec.Meta(max_length=MAX_DECODE_ERROR_CHARS)]
+    """Why the worker could not decode it."""
+    raw: bytes = b""
+    """The first bytes of the order as delivered (at most ``fleet.max_job_bytes``, and
+    what fits the server's max_payload): for the sink's check that it reads the same
+    message; the record keeps the stored bytes."""
+    raw_size: int = 0
+    """The delivered order's whole size."""
+
+
+Report = Success | Failure | Malformed
 
 SinkStatus = Literal[
     "committed",
@@ -99,12 +130,14 @@ SinkStatus = Literal[
     "dead-lettered",
     "error",
     "busy",
+    "kept:malformed-work-order",
 ]
 
 
 class SinkReply(msgspec.Struct, frozen=True, omit_defaults=True):
     """The sink's verdict; the worker acks after committed/suppressed, terms after
-    dead-lettered, and leaves the message alone otherwise."""
+    dead-lettered or kept:malformed-work-order (the answer to a ``Malformed`` report),
+    and leaves the message alone otherwise."""
 
     status: SinkStatus
     detail: str = ""

@@ -84,6 +84,7 @@ from jetfleet.schemas.presence import (
     PresenceUpdate,
     PresenceWritten,
 )
+from jetfleet.schemas.report import Malformed
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 from jetfleet.schemas.versions import (
     ApprovedShown,
@@ -434,6 +435,9 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             versions=VERSIONS,
         ),
         SinkReply(status="committed"),
+        Malformed(
+            worker="w1", subject="jf.work.example.normal", stream_seq=3, error="not JSON", raw=b"{"
+        ),
         CommittedResult(
             job_id=JOB.id,
             target="example",

@@ -18,7 +18,6 @@ import random
 import time
 from collections import Counter
 from collections.abc import Iterable
-from typing import Literal
 
 import aiohttp
 import msgspec
@@ -31,7 +30,6 @@ from nats.js.errors import FetchTimeoutError
 
 from jetfleet import subjects
 from jetfleet.backoff import Backoff
-from jetfleet.duplicates import record_duplicate
 from jetfleet.errors import (
     Blocked,
     IdentityOwned,
@@ -54,7 +52,6 @@ from jetfleet.schemas import (
     Failure,
     HandlerOutput,
     Outcome,
-    Rejection,
     SinkReply,
     Success,
     Versions,
@@ -75,6 +72,7 @@ from jetfleet.schemas.permit import (
     PermitRequest,
     PermitWait,
 )
+from jetfleet.schemas.report import MAX_DECODE_ERROR_CHARS, Malformed
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
 from jetfleet.version_tuple import local_tuple, with_handler
@@ -109,6 +107,8 @@ FETCH_BATCH = 10
 # How long a fetched message may wait for a slot before it is handed back.
 SLOT_WAIT_S = 0.5
 SINK_TIMEOUT_S = 5.0
+# A malformed-order report's fields beside its bytes (worker id, subject, error, JSON).
+MALFORMED_ROOM_BYTES = 4096
 OUTCOME_TIMEOUT_S = 2.0
 CLAIM_WAIT_S = 30.0
 """How long a starting worker waits for a leaser to write its identity claim (one started
@@ -657,7 +657,6 @@ class Worker:
         except msgspec.MsgspecError as exc:
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._keep_malformed(msg, target, str(exc))
-            await self._term(msg, "malformed-work-order")
             return
         if order.target != target:
             # Its lease would be the subject's target's and its report the body's: the
@@ -665,8 +664,8 @@ class Worker:
             # each of its deliveries and end nowhere. Not run at all: kept, then ended.
             why = f"its order names target {order.target!r} but came on {msg.subject}"
             log.error("work order %s refused: %s", order.job.id, why)
-            await self._keep_malformed(msg, target, why, "work-order-target-mismatch")
-            await self._term(msg, "work-order-target-mismatch")
+            # The sink keeps it (work-order-target-mismatch), then it is terminated.
+            await self._keep_malformed(msg, target, why)
             return
         if target not in self.settings.targets:
             log.warning(
@@ -874,8 +873,9 @@ class Worker:
             raise
         if isinstance(reply, LeaseAlreadyDone):
             self.stats["already-done"] += 1
-            await self._record_duplicate(order, reply.committed_by, "already-done")
-            await msg.ack()  # a lost ack costs no second request to the target
+            # The leaser stored the duplicate record (another job's commit holds the key)
+            # before it answered. A lost ack costs no second request to the target.
+            await msg.ack()
             return None
         if isinstance(reply, LeaseRefusal):
             self.stats[f"refused:{reply.reason}"] += 1
@@ -1450,12 +1450,11 @@ class Worker:
             return
         self.stats[reply.status] += 1
         if reply.status in ("committed", "suppressed:duplicate-key"):
-            if reply.status != "committed":
-                await self._record_duplicate(order, reply.committed_by, "suppressed")
-            # The sink confirmed our fence: this is the live delivery. The lease is left to
-            # expire by its TTL: the job is gone from the queue, so releasing it would only
-            # cost the leaser a round trip per job (a partitioned target's in-flight place
-            # was freed by the sink).
+            # Suppressed: the sink stored the duplicate record before it answered. The sink
+            # confirmed our fence: this is the live delivery. The lease is left to expire
+            # by its TTL: the job is gone from the queue, so releasing it would only cost
+            # the leaser a round trip per job (a partitioned target's in-flight place was
+            # freed by the sink).
             await msg.ack()
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
@@ -1505,9 +1504,11 @@ class Worker:
                 identity=self.identity,
                 fence=held.fence,
             )
-        return await self._send_report(order, _encoder.encode(report), held)
+        return await self._send_report(order.target, order.job.id, _encoder.encode(report), held)
 
-    async def _send_report(self, order: WorkOrder, payload: bytes, held: Held) -> SinkReply | None:
+    async def _send_report(
+        self, target: str, job_id: str, payload: bytes, held: Held
+    ) -> SinkReply | None:
         """The sink's answer; None if the lease was lost while it was asked, or the sink
         gave none for ``worker.report_patience_s``.
 
@@ -1527,13 +1528,13 @@ class Worker:
                 self.stats["sink-gave-up"] += 1
                 log.warning(
                     "sink gave no answer for job %s in %g s; giving the job back",
-                    order.job.id,
+                    job_id,
                     self.settings.worker.report_patience_s,
                 )
                 return None
             try:
                 answer = await self.nc.request(
-                    subjects.sink_report(order.target), payload, timeout=SINK_TIMEOUT_S
+                    subjects.sink_report(target), payload, timeout=SINK_TIMEOUT_S
                 )
                 reply = _reply_decoder.decode(answer.data)
                 if reply.status != "busy":
@@ -1545,20 +1546,13 @@ class Worker:
                 if backoff.asks == 0:  # one line per report, not one per ask
                     log.warning(
                         "sink did not answer for job %s (%s); asking again until it does",
-                        order.job.id,
+                        job_id,
                         type(exc).__name__,
                     )
                 floor_s = 0.0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(held.lost.wait(), min(left_s, backoff.next_s(floor_s)))
         return None
-
-    async def _record_duplicate(
-        self, order: WorkOrder, committed_by: str, via: Literal["already-done", "suppressed"]
-    ) -> None:
-        """Record, before acking, that another job's commit settled this one, so status
-        still adds up (it counts as committed, with no second side effect)."""
-        await record_duplicate(self.js, order, committed_by, via)
 
     def _versions(self, order: WorkOrder) -> Versions:
         try:
@@ -1623,30 +1617,37 @@ class Worker:
             # attempt); only the history of earlier attempts may miss this one.
             log.warning("outcome of job %s not stored: %s", order.job.id, exc)
 
-    async def _keep_malformed(
-        self, msg: Msg, target: str, error: str, reason: str = "malformed-work-order"
-    ) -> None:
-        """Keep an undecodable (or self-contradicting) work order on jf.rejected (with
-        its bytes) before it is terminated: it is counted and inspectable, never
-        silently gone."""
+    async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
+        """Have the sink keep an undecodable work order on jf.rejected (with its bytes),
+        then terminate it: counted and inspectable, never silently gone. Terminated only
+        once the sink said it is kept; without that answer it goes back for redelivery
+        (and at worst ends at the backstop, which keeps it too)."""
         seq = msg.metadata.sequence.stream
-        rejection = Rejection(
-            reason=reason,
-            message=f"the work order could not be decoded ({error}); a scheduler of another "
-            "version may have written it"
-            if reason == "malformed-work-order"
-            else f"the work order was not run: {error}; only the scheduler routes orders, "
-            "each on its own target's work subject",
+        report = Malformed(
+            worker=self.worker_id,
             subject=msg.subject,
-            raw=msg.data,
+            stream_seq=seq,
+            error=error[:MAX_DECODE_ERROR_CHARS],
+            raw=msg.data[: self._malformed_room()],
             raw_size=len(msg.data),
         )
-        await publish_durably(
-            self.js,
-            subjects.rejected(target),
-            _encoder.encode(rejection),
-            msg_id=f"bad-order-{seq}",
-        )
+        label = f"the work order at {msg.subject} seq {seq}"
+        # No lease: nothing can take the delivery from us but its ack wait, after which
+        # another worker reports it again (kept once: the record's message id).
+        unleased = Held(fence=0, ttl_s=0.0, attempt=0)
+        reply = await self._send_report(target, label, _encoder.encode(report), unleased)
+        if reply is not None and reply.status == "kept:malformed-work-order":
+            await self._term(msg, "malformed-work-order")
+            return
+        if reply is not None:
+            log.warning("sink did not keep %s: %s %s", label, reply.status, reply.detail)
+        await msg.nak(delay=self.policy.delay_s(msg.metadata.num_delivered or 1))
+
+    def _malformed_room(self) -> int:
+        """How many of an undecodable order's bytes its report carries: at most
+        ``fleet.max_job_bytes``, and what fits the server's max_payload as base64."""
+        room = (self.nc.max_payload - MALFORMED_ROOM_BYTES) * 3 // 4
+        return max(0, min(self.settings.fleet.max_job_bytes, room))
 
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.

@@ -52,6 +52,7 @@ from jetfleet.services.leaser.checks import (
     taking_objection,
 )
 from jetfleet.services.leaser.command_audit import audited
+from jetfleet.services.leaser.duplicate_records import recorded
 from jetfleet.services.leaser.pause_commands import PauseCommands
 from jetfleet.services.leaser.presence_writes import PRESENCE_REFUSALS, PresenceWrites
 from jetfleet.services.leaser.proposal_answers import ProposalAnswers
@@ -289,7 +290,7 @@ class Leaser:
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
         """Answer one lease call."""
         if isinstance(call, LeaseRequest):
-            reply = await self.grant(call)
+            reply = await recorded(self.js, call, await self.grant(call))
             self._count(call, reply)
             return reply
         if isinstance(call, LeaseRenew):

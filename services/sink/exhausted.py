@@ -17,8 +17,9 @@ import logging
 from typing import Literal
 
 import msgspec
-from jetfleet.schemas import AttemptRecord, DeadLetter, Rejection, WorkOrder
+from jetfleet.schemas import AttemptRecord, DeadLetter, WorkOrder
 from jetfleet.schemas.lease import JobLeaseHistory, Sealed, SealedCommit, SealedDeath
+from jetfleet.services.sink.malformed_orders import keep_malformed
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -33,7 +34,6 @@ from jetfleet.last_hand_back import last_hand_back
 from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry, LeaseStore
 from jetfleet.metrics import CounterFamily
-from jetfleet.publish import publish_durably
 from jetfleet.results import committed_job
 from jetfleet.server_clock import parse_server_time
 from jetfleet.settings import Settings
@@ -50,7 +50,6 @@ ERROR_RETRY_S = 2.0
 # Last hand-backs that mean no worker may run the job (None: no note, nobody said).
 NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "wrong-region", "no-eligible-worker"})
 
-_encoder = msgspec.json.Encoder()
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 
 
@@ -257,23 +256,12 @@ class ExhaustedJobs:
         via: Literal["already-done", "suppressed"],
     ) -> None:
         self.ended.inc(target=order.target, how="duplicate")
-        await record_duplicate(self.js, order, committed_by, via)
+        await record_duplicate(self.js, order.job.id, order.target, order.key, committed_by, via)
 
     async def _keep_malformed(self, stored: RawStreamMsg, error: str) -> None:
         subject = stored.subject or ""
-        rejection = Rejection(
-            reason="malformed-work-order",
-            message=f"the work order could not be decoded ({error}); a scheduler of another "
-            "version may have written it",
-            subject=subject,
-            raw=stored.data or b"",
-            raw_size=len(stored.data or b""),
-        )
-        await publish_durably(
-            self.js,
-            subjects.rejected(subjects.target_of(subject)),
-            _encoder.encode(rejection),
-            msg_id=f"bad-order-{stored.seq}",
+        await keep_malformed(
+            self.js, self.settings, subject, stored.seq or 0, stored.data or b"", error
         )
 
     async def _delete(self, advisory: MaxDeliveriesAdvisory) -> None:

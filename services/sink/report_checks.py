@@ -12,13 +12,17 @@ Which answer, and why (docs/commit.md#what-the-sink-refuses):
   spend an attempt, fetch the page again and loop until the backstop; ``busy`` keeps the
   report coming (the same one, the lease renewed, the target asked once) until a sink
   that declares the target takes it.
+- ``error`` for a ``Malformed`` report whose work subject names another target than the
+  report's subject. Its target need not be declared: keeping an undecodable order needs
+  no target settings, and a worker's settings may know a target this sink does not yet.
 """
 
 from __future__ import annotations
 
 import msgspec
-from jetfleet.schemas import Failure, SinkReply, Success
+from jetfleet.schemas import Report, SinkReply
 from jetfleet.schemas.names import IdempotencyKey
+from jetfleet.schemas.report import Malformed
 
 from jetfleet import subjects
 from jetfleet.errors import ConfigError
@@ -28,9 +32,18 @@ UNDECLARED_RETRY_S = 5.0
 """How long a worker waits before sending a report on an undeclared target again."""
 
 
-def refuse_report(settings: Settings, subject: str, report: Success | Failure) -> SinkReply | None:
+def refuse_report(settings: Settings, subject: str, report: Report) -> SinkReply | None:
     """The refusal of ``report``, sent on ``subject``, or None to judge it."""
     target = subject.removeprefix(f"{subjects.SINK_REPORT}.")
+    if isinstance(report, Malformed):
+        if subjects.target_of(report.subject) != target:
+            return SinkReply(
+                status="error",
+                detail=f"report refused: its work subject {report.subject!r} is not of "
+                f"target {target!r}: send it on "
+                f"{subjects.sink_report(subjects.target_of(report.subject))}",
+            )
+        return None
     order = report.order
     if order.target != target:
         return SinkReply(

@@ -1,5 +1,6 @@
 """Serve ``jf.sink.report.<target>`` in the ``sink`` queue group: commit successes,
-dead-letter failures (with reason and history) and answer the worker."""
+dead-letter failures (with reason and history), record the jobs another job's commit
+settled, keep undecodable work orders, and answer the worker."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import logging
 
 import msgspec
 from jetfleet.schemas import Failure, Report, SinkReply, Success
+from jetfleet.schemas.report import Malformed
 from jetfleet.services.sink.commit import CommitPolicy, commit
 from jetfleet.services.sink.dead_letter import dead_letter
 from jetfleet.services.sink.exhausted import ExhaustedJobs
+from jetfleet.services.sink.malformed_orders import keep_reported
 from jetfleet.services.sink.report_checks import refuse_report
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from jetfleet import subjects
+from jetfleet.duplicates import record_duplicate
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.responder import Refusals, Responder, Route
@@ -25,6 +29,8 @@ from jetfleet.target_places import TargetPlaces
 log = logging.getLogger(__name__)
 # Answers after which the job is done for good (the worker acks or terminates it).
 SETTLED = frozenset({"committed", "suppressed:duplicate-key", "dead-lettered"})
+RECORD_RETRY_S = 1.0
+"""How soon a worker sends a report again when its duplicate record was not stored."""
 
 _decoder = msgspec.json.Decoder(Report)
 _encoder = msgspec.json.Encoder()
@@ -105,16 +111,43 @@ class Sink:
         if self.exhausted is not None:
             await self.exhausted.drain(timeout_s)
 
-    async def _after(self, msg: Msg, report: Success | Failure | None, reply: SinkReply) -> None:
+    async def _after(self, msg: Msg, report: Report | None, reply: SinkReply) -> None:
         self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
-        if report is not None and reply.status in SETTLED:
+        if isinstance(report, Success | Failure) and reply.status in SETTLED:
             # The target's in-flight place frees now, not when the lease runs out. The
             # fence check confirmed the live lease, and a settled job is never granted
             # again, so the place is this job's to free. After the answer: the worker
             # need not wait for it.
             await self.places.free(report.order.target, report.order.job.id)
 
-    async def _handle(self, report: Success | Failure) -> SinkReply:
+    async def _handle(self, report: Report) -> SinkReply:
+        if isinstance(report, Malformed):
+            return await keep_reported(self.js, self.settings, report)
         if isinstance(report, Success):
-            return await commit(self.js, self.store, report, self.policy)
-        return await dead_letter(self.nc, self.store, report, self.policy)
+            reply = await commit(self.js, self.store, report, self.policy)
+        else:
+            reply = await dead_letter(self.nc, self.store, report, self.policy)
+        return await self._recorded(report, reply)
+
+    async def _recorded(self, report: Success | Failure, reply: SinkReply) -> SinkReply:
+        """``reply``, once the duplicate record it implies is stored: a job settled by
+        another job's commit of its key counts as committed only through that record
+        (I3), and the worker acks on ``suppressed:duplicate-key``. When the record is
+        not stored the answer is ``busy``: the worker sends the same report again (the
+        seal holds, so it is answered the same), and acks only after a stored record."""
+        if reply.status != "suppressed:duplicate-key":
+            return reply
+        order = report.order
+        try:
+            await record_duplicate(
+                self.js, order.job.id, order.target, order.key, reply.committed_by, "suppressed"
+            )
+        except Exception as exc:
+            log.warning("could not record job %s as a duplicate: %s", order.job.id, exc)
+            return SinkReply(
+                status="busy",
+                retry_after_s=RECORD_RETRY_S,
+                detail=f"suppressed, but its duplicate record was not stored ({exc}): send "
+                "the report again",
+            )
+        return reply
