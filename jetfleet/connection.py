@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 
+from jetfleet.auth.credentials import RoleCredentials, load_credentials
+from jetfleet.auth.roles import Role, inbox_family
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import NatsSettings
 
@@ -16,15 +21,28 @@ log = logging.getLogger(__name__)
 MIN_NATS_VERSION = (2, 11, 0)
 
 
-async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
-    """Connect with settings fit for a long-running service.
+async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") -> NatsClient:
+    """Connect with settings fit for a long-running service, as ``role``.
 
     nats-py gives up reconnecting after about two minutes and pings only every 120 s by
     default; a service must keep trying and notice a dead server quickly.
 
+    With ``nats.credentials`` set, the connection presents ``role``'s credentials and
+    takes its inboxes under the role's own family (``_INBOX_<role>.<name>.``), the only
+    inboxes the role may subscribe to. Without it (a user-run server with no auth), the
+    connection is anonymous and ``role`` only names it in logs.
+
+    Args:
+        settings: where NATS is, and the credentials setting.
+        name: the connection's name (shown by the server, used in the inbox prefix).
+        role: the role this process runs as (jetfleet/auth/roles.py); production code
+            always names it, the default serves the tests' own connections.
+
     Raises:
-        JetfleetError: if the server cannot be reached or is older than 2.11.
+        JetfleetError: if the server cannot be reached, refuses the credentials, or is
+            older than 2.11.
     """
+    credentials = load_credentials(settings.credentials, role)
     try:
         nc = await nats.connect(
             # A cluster is given as a comma-separated list of seed URLs.
@@ -36,9 +54,16 @@ async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             allow_reconnect=True,
-            error_cb=_log_error,
+            error_cb=_error_logger(role, name),
+            **_auth_options(credentials, role, name),
         )
     except Exception as exc:  # nats-py raises several unrelated types here
+        if credentials is not None and "authorization" in str(exc).lower():
+            raise JetfleetError(
+                f"NATS at {settings.url} refused the {role!r} credentials from "
+                f"{settings.credentials}: they are not the server's (regenerated with "
+                "`jetfleet auth init --force`?); give the server and the process one bundle"
+            ) from exc
         raise JetfleetError(
             f"cannot connect to NATS at {settings.url}: {exc}; start one (`jetfleet dev`) "
             "or set NATS_URL"
@@ -53,5 +78,52 @@ async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
     return nc
 
 
-async def _log_error(exc: Exception) -> None:
-    log.warning("nats connection error: %s", exc)
+def _auth_options(credentials: RoleCredentials | None, role: Role, name: str) -> dict[str, Any]:
+    if credentials is None:
+        return {}
+    options: dict[str, Any] = {"inbox_prefix": inbox_prefix(role, name)}
+    if credentials.nats_nkey_seed:
+        options["nkeys_seed_str"] = credentials.nats_nkey_seed
+    else:
+        options["user"] = credentials.nats_user
+        options["password"] = credentials.nats_password
+    return options
+
+
+def inbox_prefix(role: Role, name: str) -> str:
+    """The inbox prefix of connection ``name`` of ``role``: under the role's family, with
+    the name as one token, so each connection (each worker) has inboxes of its own."""
+    token = re.sub(r"[^A-Za-z0-9_-]", "_", name) or "conn"
+    return f"{inbox_family(role)}.{token}"
+
+
+_VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)")
+
+
+def permission_violation(exc: BaseException) -> tuple[str, str] | None:
+    """``(action, subject)`` when ``exc`` is the server refusing a subject, else None.
+
+    nats-py hands these to ``error_cb`` only, lowercased (the subject too), and the call
+    itself gets no error: a refused publish returns normally, a JetStream call times out.
+    """
+    match = _VIOLATION.search(str(exc).lower())
+    return (match.group(1), match.group(2)) if match else None
+
+
+def _error_logger(role: Role, name: str) -> Callable[[Exception], Awaitable[None]]:
+    async def log_error(exc: Exception) -> None:
+        violation = permission_violation(exc)
+        if violation is not None:
+            action, subject = violation
+            log.error(
+                "NATS refused %s to %r for role %s (connection %s): the role lacks that "
+                "subject (jetfleet/auth/roles.py); the subject is shown lowercased",
+                action,
+                subject,
+                role,
+                name,
+            )
+            return
+        log.warning("nats connection error (role %s, connection %s): %s", role, name, exc)
+
+    return log_error

@@ -10,7 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jetfleet import __version__
+from jetfleet.auth.credentials import settings_for_role
+from jetfleet.auth.roles import Role
 from jetfleet.cli import (
+    auth_commands,
     breaker_commands,
     data_commands,
     dlq_commands,
@@ -65,13 +68,15 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_commands.register(commands)
     doctor_command.register(commands)
     scenario_command.register(commands)
+    auth_commands.register(commands)
     return parser
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The settings for this invocation: --config, the environment, a running dev stack."""
+def settings_from(args: argparse.Namespace, role: Role = "operator") -> Settings:
+    """The settings for this invocation: --config, the environment, a running dev stack;
+    with Redis credentials of ``role`` (the CLI's commands run as ``operator``)."""
     env = effective_env(os.environ, args.stack)
-    return load_settings(args.config, env)
+    return settings_for_role(load_settings(args.config, env), role)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
