@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -43,8 +45,9 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
             older than 2.11.
     """
     credentials = load_credentials(settings.credentials, role)
-    try:
-        nc = await nats.connect(
+    refused = asyncio.Event()
+    connecting = asyncio.ensure_future(
+        nats.connect(
             # A cluster is given as a comma-separated list of seed URLs.
             servers=[u.strip() for u in settings.url.split(",") if u.strip()],
             name=name,
@@ -54,16 +57,28 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             allow_reconnect=True,
-            error_cb=_error_logger(role, name),
+            error_cb=_error_logger(role, name, refused),
             **_auth_options(credentials, role, name),
         )
+    )
+    # nats-py retries refused credentials forever (max_reconnect_attempts=-1): stop at
+    # the first refusal, the credentials will not get better by themselves.
+    waiting = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
+        raise JetfleetError(
+            f"NATS at {settings.url} refused the {role!r} credentials"
+            + (f" from {settings.credentials}" if settings.credentials else " (none given)")
+            + ": they are not the server's (regenerated with `jetfleet auth init --force`?); "
+            "give the server and the process one bundle, or set nats.credentials"
+        )
+    try:
+        nc = connecting.result()
     except Exception as exc:  # nats-py raises several unrelated types here
-        if credentials is not None and "authorization" in str(exc).lower():
-            raise JetfleetError(
-                f"NATS at {settings.url} refused the {role!r} credentials from "
-                f"{settings.credentials}: they are not the server's (regenerated with "
-                "`jetfleet auth init --force`?); give the server and the process one bundle"
-            ) from exc
         raise JetfleetError(
             f"cannot connect to NATS at {settings.url}: {exc}; start one (`jetfleet dev`) "
             "or set NATS_URL"
@@ -110,8 +125,16 @@ def permission_violation(exc: BaseException) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def _error_logger(role: Role, name: str) -> Callable[[Exception], Awaitable[None]]:
+def _error_logger(
+    role: Role, name: str, refused: asyncio.Event
+) -> Callable[[Exception], Awaitable[None]]:
     async def log_error(exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            refused.set()
+            log.error(
+                "NATS refused the credentials of role %s (connection %s): %s", role, name, exc
+            )
+            return
         violation = permission_violation(exc)
         if violation is not None:
             action, subject = violation

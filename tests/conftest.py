@@ -199,7 +199,7 @@ def make_settings(
     }
     fleet_defaults.update(fleet)
     return Settings(
-        nats=NatsSettings(url=nats_url, credentials=test_credentials(nats_url)),
+        nats=NatsSettings(url=nats_url, credentials=bundle_credentials(nats_url)),
         redis=RedisSettings(url=redis_url),
         fleet=FleetSettings(**fleet_defaults),  # type: ignore[arg-type]
         worker=WorkerSettings(concurrency=16),
@@ -207,7 +207,7 @@ def make_settings(
     )
 
 
-def test_credentials(nats_url: str) -> str:
+def bundle_credentials(nats_url: str) -> str:
     """The session's bundle folder for a server that runs with its auth (the URL carries
     the admin user, ``admin_url``); "" for any other server (user-named, or one a test
     started without auth), which then sees no credentials."""

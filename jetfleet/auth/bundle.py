@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jetfleet.auth.credentials import CREDENTIALS_DIR, RoleCredentials, credentials_file
-from jetfleet.auth.roles import ROLE_NAMES, ROLES, RolePermissions
+from jetfleet.auth.roles import ROLE_NAMES, ROLES, Role, RolePermissions
 from jetfleet.errors import ConfigError
 
 NATS_AUTH_FILE = "nats-auth.conf"
@@ -36,7 +36,7 @@ class Bundle:
     """What ``init_bundle`` wrote."""
 
     directory: Path
-    credentials: dict[str, RoleCredentials]
+    credentials: dict[Role, RoleCredentials]
     gateway_token: str
 
     @property
@@ -98,8 +98,8 @@ def read_gateway_token(directory: Path) -> str:
     return path.read_text().strip() if path.is_file() else ""
 
 
-def _new_credentials(role: str, use_nkeys: bool) -> RoleCredentials:
-    perms = ROLES[role]  # type: ignore[index]
+def _new_credentials(role: Role, use_nkeys: bool) -> RoleCredentials:
+    perms = ROLES[role]
     redis = {"redis_user": role, "redis_password": secrets.token_urlsafe(24)} if perms.redis else {}
     if use_nkeys:
         return RoleCredentials(role=perms.role, nats_nkey_seed=_nkey_seed(), **redis)
@@ -140,7 +140,7 @@ def _permissions_block(perms: RolePermissions) -> str:
     return "\n".join(lines)
 
 
-def nats_authorization(creds: dict[str, RoleCredentials]) -> str:
+def nats_authorization(creds: dict[Role, RoleCredentials]) -> str:
     """The ``authorization {}`` block granting each role its permissions."""
     out = ["# Written by `jetfleet auth init`; roles from jetfleet/auth/roles.py.", ""]
     out.append("authorization {")
@@ -159,7 +159,7 @@ def nats_authorization(creds: dict[str, RoleCredentials]) -> str:
     return "\n".join(out)
 
 
-def redis_acl(creds: dict[str, RoleCredentials]) -> str:
+def redis_acl(creds: dict[Role, RoleCredentials]) -> str:
     """A Redis ACL file: the default user off, a user for each role that uses Redis."""
     lines = ["user default off"]
     for cred in creds.values():
@@ -171,7 +171,7 @@ def redis_acl(creds: dict[str, RoleCredentials]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def credentials_toml(cred: RoleCredentials, role: str) -> str:
+def credentials_toml(cred: RoleCredentials, role: Role) -> str:
     """One role's credentials file."""
     lines = [
         f"# jetfleet credentials for role {role!r}: keep this file private (mode 0600).",

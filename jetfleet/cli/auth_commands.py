@@ -9,6 +9,7 @@ from typing import Any
 
 from jetfleet.auth.bundle import GATEWAY_TOKEN_FILE, init_bundle
 from jetfleet.auth.credentials import CREDENTIALS_DIR
+from jetfleet.auth.roles import roles_markdown
 from jetfleet.cli.progress import print_json
 
 DEFAULT_AUTH_DIR = Path(".jetfleet-auth")
@@ -42,6 +43,15 @@ def register(commands: Any) -> None:
     )
     init.add_argument("--json", action="store_true", help="print what was written as JSON")
     init.set_defaults(run=_run_init)
+    roles = actions.add_parser(
+        "roles", help="print every role's permissions (Markdown, as in docs/security.md)"
+    )
+    roles.set_defaults(run=_run_roles)
+
+
+def _run_roles(args: argparse.Namespace) -> int:
+    print(roles_markdown(), end="")
+    return 0
 
 
 def _run_init(args: argparse.Namespace) -> int:
