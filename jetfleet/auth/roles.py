@@ -232,6 +232,12 @@ _NOT_WORK_OR_RESULTS = (
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_WORK}.>",
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_WORK}.>",
     f"$JS.ACK.{subjects.STREAM_WORK}.>",
+    # The services' own durable consumers: a reader removing one would stall admission
+    # or the backstop (readers make and remove ephemeral consumers of their own).
+    f"{_API}.CONSUMER.DELETE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}.>",
+    f"{_API}.CONSUMER.DELETE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}.>",
     RESULTS,
     _family("dlq"),
     WORK,
@@ -409,6 +415,7 @@ ROLES: dict[Role, RolePermissions] = {
             ),
             subscribe=(f"{subjects.SINK_REPORT}.>",),
             serves_requests=True,
+            redis=True,  # frees a settled job's in-flight place (target_places.py)
             cannot="grant leases, pull work, control anything",
         ),
         RolePermissions(
