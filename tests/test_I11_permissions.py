@@ -69,7 +69,9 @@ async def test_I11_a_result_forged_by_anyone_but_the_sink_is_refused_and_the_job
     [job] = jobs_for("demo", settings, ["/page/7"], idempotency_key="order-7")
     forged = subjects.result_key("demo", idempotency_key("http", job.url, explicit="order-7"))
     await submit_jobs(nc.jetstream(), settings, "demo", [job])
-    forgers = [r for r in ROLE_NAMES if r not in ("sink", "admin")]
+    # The leaser may write results too, only to re-land a seal the sink wrote
+    # (roles.LEASER_RELANDS_SEALS, docs/security.md): every other role is refused.
+    forgers = [r for r in ROLE_NAMES if r not in ("sink", "leaser", "admin")]
     for role in forgers:
         rogue = await connect_nats(_as_file(settings, role), f"forger-{role}", role=role)
         try:
