@@ -12,7 +12,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NatsClient
 
-from jetfleet.auth.credentials import RoleCredentials, load_credentials
+from jetfleet.auth.credentials import RoleCredentials, load_credentials, without_secrets
 from jetfleet.auth.roles import Role, inbox_family
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import NatsSettings
@@ -71,7 +71,7 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
         with contextlib.suppress(BaseException):
             await connecting
         raise JetfleetError(
-            f"NATS at {settings.url} refused the {role!r} credentials"
+            f"NATS at {without_secrets(settings.url)} refused the {role!r} credentials"
             + (f" from {settings.credentials}" if settings.credentials else " (none given)")
             + ": they are not the server's (regenerated with `jetfleet auth init --force`?); "
             "give the server and the process one bundle, or set nats.credentials"
@@ -80,15 +80,16 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
         nc = connecting.result()
     except Exception as exc:  # nats-py raises several unrelated types here
         raise JetfleetError(
-            f"cannot connect to NATS at {settings.url}: {exc}; start one (`jetfleet dev`) "
-            "or set NATS_URL"
+            f"cannot connect to NATS at {without_secrets(settings.url)}: {exc}; start one "
+            "(`jetfleet dev`) or set NATS_URL"
         ) from exc
     version = nc.connected_server_version
     if (version.major, version.minor) < MIN_NATS_VERSION[:2]:
         await nc.close()
         raise JetfleetError(
-            f"NATS at {settings.url} is {version}; jetfleet needs nats-server >= 2.11 "
-            "(per-message TTL, consumer pause): point NATS_URL at a newer server"
+            f"NATS at {without_secrets(settings.url)} is {version}; jetfleet needs "
+            "nats-server >= 2.11 (per-message TTL, consumer pause): point NATS_URL at a "
+            "newer server"
         )
     return nc
 

@@ -195,3 +195,15 @@ async def test_I11_nkey_users_get_their_roles_permissions(tmp_path: Path) -> Non
             )
     finally:
         server.stop()
+
+
+def test_a_roles_redis_url_carries_its_own_user_and_messages_show_none() -> None:
+    from jetfleet.auth.credentials import RoleCredentials, redis_url_for, without_secrets
+
+    limiter = RoleCredentials(role="ratelimit", redis_user="ratelimit", redis_password="p/w")
+    worker = RoleCredentials(role="worker", nats_user="worker", nats_password="x")
+    given = "redis://admin:secret@127.0.0.1:6379/15"
+    assert redis_url_for(given, limiter) == "redis://ratelimit:p%2Fw@127.0.0.1:6379/15"
+    assert redis_url_for(given, worker) == "redis://127.0.0.1:6379/15"
+    assert redis_url_for(given, None) == given  # no credentials configured: as given
+    assert without_secrets(given) == "redis://127.0.0.1:6379/15"

@@ -103,6 +103,14 @@ def redis_url_for(url: str, credentials: RoleCredentials | None) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def without_secrets(url: str) -> str:
+    """``url`` without any user or password, fit for a log line or an error message."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
 def settings_for_role(settings: Settings, role: Role) -> Settings:
     """``settings`` as a process of ``role`` uses them: its Redis URL carries the role's
     own Redis user (credentials.py), none for a role that does not use Redis.
