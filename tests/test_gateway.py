@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -275,6 +276,35 @@ async def test_with_a_token_reads_beyond_health_need_it_unless_open_reads(
         assert response.status == 200
     opened = await open_gateway(token="s3cret", open_reads=True)
     await get_json(http, f"{opened.url}/v1/status")
+
+
+async def test_a_request_beyond_the_concurrency_cap_is_answered_503_at_once(
+    open_gateway: OpenGateway, http: aiohttp.ClientSession
+) -> None:
+    gateway = await open_gateway(max_concurrent=1, token="s3cret")
+    release = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b'{"id": "slow-1", '  # the first request stays in flight, reading its body
+        await release.wait()
+        yield b'"url": "/page/1"}'
+
+    auth = {"Authorization": "Bearer s3cret"}
+    first = asyncio.ensure_future(
+        http.post(f"{gateway.url}/v1/targets/demo/jobs", data=slow_body(), headers=auth)
+    )
+
+    async def in_flight() -> bool:
+        return gateway._inflight == 1
+
+    await wait_for(in_flight, 10, "the first request in flight")
+    async with http.get(f"{gateway.url}/healthz") as response:
+        assert response.status == 503
+        assert response.headers["Retry-After"] == "1"
+        assert "gateway.max_concurrent" in (await response.json())["error"]
+    release.set()
+    async with await first as response:
+        assert response.status in (202, 400), await response.text()
 
 
 async def test_a_request_that_outlasts_its_time_is_answered_504(
