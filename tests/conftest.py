@@ -63,33 +63,40 @@ def auth_bundle(
     return _AUTH
 
 
+# How Redis refuses a role: no user (HELLO/NOAUTH), a wrong password, a command the ACL
+# leaves out. jetfleet logs these as the failures they cause (a place not freed, ...).
+_REDIS_REFUSALS = ("HELLO must be called", "NOAUTH", "WRONGPASS", "NOPERM")
+
+
 class _Refusals(logging.Handler):
-    """Collects the server's permission refusals that connection.py logs."""
+    """Collects the servers' permission refusals jetfleet logs: NATS's (connection.py
+    logs each at ERROR) and Redis's (logged by whatever they made fail)."""
 
     def __init__(self) -> None:
-        super().__init__(logging.ERROR)
+        super().__init__(logging.WARNING)
         self.seen: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.getMessage().startswith("NATS refused"):
-            self.seen.append(record.getMessage())
+        text = record.getMessage()
+        if text.startswith("NATS refused") or any(r in text for r in _REDIS_REFUSALS):
+            self.seen.append(text)
 
 
 @pytest.fixture(autouse=True)
 def _no_permission_refusals(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Fail a test in which any jetfleet connection was refused a subject: each service
-    and worker runs under its own role, so a refusal means a role in
-    jetfleet/auth/roles.py lacks what the code uses. Tests that provoke refusals on
+    """Fail a test in which any jetfleet connection was refused a subject or a Redis
+    command: each service and worker runs under its own role, so a refusal means a role
+    in jetfleet/auth/roles.py lacks what the code uses. Tests that provoke refusals on
     purpose are marked ``expects_refusals``."""
     handler = _Refusals()
-    logger = logging.getLogger("jetfleet.connection")
+    logger = logging.getLogger("jetfleet")
     logger.addHandler(handler)
     try:
         yield
     finally:
         logger.removeHandler(handler)
     if handler.seen and request.node.get_closest_marker("expects_refusals") is None:
-        pytest.fail("NATS refused subjects:\n" + "\n".join(handler.seen), pytrace=False)
+        pytest.fail("refused by NATS or Redis:\n" + "\n".join(handler.seen), pytrace=False)
 
 
 def _with_userinfo(url: str, user: str, password: str) -> str:
