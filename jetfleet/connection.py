@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
 
+from jetfleet.auth.credentials import RoleCredentials, load_credentials, without_secrets
+from jetfleet.auth.roles import Role, inbox_family
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import NatsSettings
 
@@ -16,17 +23,31 @@ log = logging.getLogger(__name__)
 MIN_NATS_VERSION = (2, 11, 0)
 
 
-async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
-    """Connect with settings fit for a long-running service.
+async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") -> NatsClient:
+    """Connect with settings fit for a long-running service, as ``role``.
 
     nats-py gives up reconnecting after about two minutes and pings only every 120 s by
     default; a service must keep trying and notice a dead server quickly.
 
+    With ``nats.credentials`` set, the connection presents ``role``'s credentials and
+    takes its inboxes under the role's own family (``_INBOX_<role>.<name>.``), the only
+    inboxes the role may subscribe to. Without it (a user-run server with no auth), the
+    connection is anonymous and ``role`` only names it in logs.
+
+    Args:
+        settings: where NATS is, and the credentials setting.
+        name: the connection's name (shown by the server, used in the inbox prefix).
+        role: the role this process runs as (jetfleet/auth/roles.py); production code
+            always names it, the default serves the tests' own connections.
+
     Raises:
-        JetfleetError: if the server cannot be reached or is older than 2.11.
+        JetfleetError: if the server cannot be reached, refuses the credentials, or is
+            older than 2.11.
     """
-    try:
-        nc = await nats.connect(
+    credentials = load_credentials(settings.credentials, role)
+    refused = asyncio.Event()
+    connecting = asyncio.ensure_future(
+        nats.connect(
             # A cluster is given as a comma-separated list of seed URLs.
             servers=[u.strip() for u in settings.url.split(",") if u.strip()],
             name=name,
@@ -36,22 +57,97 @@ async def connect_nats(settings: NatsSettings, name: str) -> NatsClient:
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             allow_reconnect=True,
-            error_cb=_log_error,
+            error_cb=_error_logger(role, name, refused),
+            **_auth_options(credentials, role, name),
         )
+    )
+    # nats-py retries refused credentials forever (max_reconnect_attempts=-1): stop at
+    # the first refusal, the credentials will not get better by themselves.
+    waiting = asyncio.ensure_future(refused.wait())
+    await asyncio.wait({connecting, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    waiting.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        with contextlib.suppress(BaseException):
+            await connecting
+        raise JetfleetError(
+            f"NATS at {without_secrets(settings.url)} refused the {role!r} credentials"
+            + (f" from {settings.credentials}" if settings.credentials else " (none given)")
+            + ": they are not the server's (regenerated with `jetfleet auth init --force`?); "
+            "give the server and the process one bundle, or set nats.credentials"
+        )
+    try:
+        nc = connecting.result()
     except Exception as exc:  # nats-py raises several unrelated types here
         raise JetfleetError(
-            f"cannot connect to NATS at {settings.url}: {exc}; start one (`jetfleet dev`) "
-            "or set NATS_URL"
+            f"cannot connect to NATS at {without_secrets(settings.url)}: {exc}; start one "
+            "(`jetfleet dev`) or set NATS_URL"
         ) from exc
     version = nc.connected_server_version
     if (version.major, version.minor) < MIN_NATS_VERSION[:2]:
         await nc.close()
         raise JetfleetError(
-            f"NATS at {settings.url} is {version}; jetfleet needs nats-server >= 2.11 "
-            "(per-message TTL, consumer pause): point NATS_URL at a newer server"
+            f"NATS at {without_secrets(settings.url)} is {version}; jetfleet needs "
+            "nats-server >= 2.11 (per-message TTL, consumer pause): point NATS_URL at a "
+            "newer server"
         )
     return nc
 
 
-async def _log_error(exc: Exception) -> None:
-    log.warning("nats connection error: %s", exc)
+def _auth_options(credentials: RoleCredentials | None, role: Role, name: str) -> dict[str, Any]:
+    if credentials is None:
+        return {}
+    options: dict[str, Any] = {"inbox_prefix": inbox_prefix(role, name)}
+    if credentials.nats_nkey_seed:
+        options["nkeys_seed_str"] = credentials.nats_nkey_seed
+    else:
+        options["user"] = credentials.nats_user
+        options["password"] = credentials.nats_password
+    return options
+
+
+def inbox_prefix(role: Role, name: str) -> str:
+    """The inbox prefix of connection ``name`` of ``role``: under the role's family, with
+    the name as one token, so each connection (each worker) has inboxes of its own."""
+    token = re.sub(r"[^A-Za-z0-9_-]", "_", name) or "conn"
+    return f"{inbox_family(role)}.{token}"
+
+
+_VIOLATION = re.compile(r"permissions violation for (publish|subscription) to \"?([^\"']+)")
+
+
+def permission_violation(exc: BaseException) -> tuple[str, str] | None:
+    """``(action, subject)`` when ``exc`` is the server refusing a subject, else None.
+
+    nats-py hands these to ``error_cb`` only, lowercased (the subject too), and the call
+    itself gets no error: a refused publish returns normally, a JetStream call times out.
+    """
+    match = _VIOLATION.search(str(exc).lower())
+    return (match.group(1), match.group(2)) if match else None
+
+
+def _error_logger(
+    role: Role, name: str, refused: asyncio.Event
+) -> Callable[[Exception], Awaitable[None]]:
+    async def log_error(exc: Exception) -> None:
+        if "authorization violation" in str(exc).lower():
+            refused.set()
+            log.error(
+                "NATS refused the credentials of role %s (connection %s): %s", role, name, exc
+            )
+            return
+        violation = permission_violation(exc)
+        if violation is not None:
+            action, subject = violation
+            log.error(
+                "NATS refused %s to %r for role %s (connection %s): the role lacks that "
+                "subject (jetfleet/auth/roles.py); the subject is shown lowercased",
+                action,
+                subject,
+                role,
+                name,
+            )
+            return
+        log.warning("nats connection error (role %s, connection %s): %s", role, name, exc)
+
+    return log_error

@@ -103,6 +103,9 @@ class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # nats-py pings every 120 s by default: a dead server would go unnoticed for minutes.
     ping_interval_s: float = 10.0
     replicas: int = 1
+    credentials: str = ""
+    """One role's credentials file, or the folder ``jetfleet auth init`` wrote (each process
+    then reads its own role's file); empty: connect without credentials (docs/security.md)."""
 
 
 class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -185,6 +188,13 @@ class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     port: int = 8080
     token: str = ""
     """Bearer token for state-changing calls; empty allows them only on a loopback bind."""
+    open_reads: bool = False
+    """With a token set, whether the reads beyond health (``/v1/status``, ``/metrics``) are
+    open to anyone (true) or need the token as well (false, the default)."""
+    max_concurrent: int = 64
+    """Requests served at once; one more is answered 503 with Retry-After."""
+    request_timeout_s: float = 10.0
+    """Longest a request may run before it is answered 504."""
 
 
 class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -619,6 +629,12 @@ def validate(settings: Settings) -> None:
         'shares (>= 0, not all 0) for "high", "normal" and "bulk"',
     )
     _require(0 <= settings.gateway.port <= 65535, "gateway.port", _HINTS["port"])
+    _require(settings.gateway.max_concurrent >= 1, "gateway.max_concurrent", "a whole number >= 1")
+    _require(
+        0 < settings.gateway.request_timeout_s <= 300,
+        "gateway.request_timeout_s",
+        "a number of seconds above 0, at most 300",
+    )
     _require(settings.nats.replicas in (1, 3, 5), "nats.replicas", "1, 3 or 5")
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")

@@ -4,14 +4,17 @@ in-process stack of services. Never mocks of NATS or Redis."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NatsClient
 
+from jetfleet.auth.bundle import Bundle, init_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.lease_store import LeaseStore
@@ -41,26 +44,103 @@ def _no_user_settings_leak_in() -> Iterator[None]:
         yield
 
 
+_AUTH: Bundle | None = None
+"""The session's credentials bundle (None on user-named servers: no auth there)."""
+
+
+@pytest.fixture(scope="session", autouse=True)
+def auth_bundle(
+    tmp_path_factory: pytest.TempPathFactory, _no_user_settings_leak_in: None
+) -> Bundle | None:
+    """Every role's credentials, generated once per session: the tests' servers run with
+    auth on (nats-server with the roles' permissions, redis-server with the ACL), so the
+    whole suite exercises the permissions. With NATS_URL or REDIS_URL set the tests use
+    those servers as they are, without auth (docs/security.md)."""
+    global _AUTH
+    if os.environ.get("NATS_URL") or os.environ.get("REDIS_URL"):
+        return None
+    _AUTH = init_bundle(tmp_path_factory.mktemp("auth"))
+    return _AUTH
+
+
+# How Redis refuses a role: no user (HELLO/NOAUTH), a wrong password, a command the ACL
+# leaves out. jetfleet logs these as the failures they cause (a place not freed, ...).
+_REDIS_REFUSALS = ("HELLO must be called", "NOAUTH", "WRONGPASS", "NOPERM")
+
+
+class _Refusals(logging.Handler):
+    """Collects the servers' permission refusals jetfleet logs: NATS's (connection.py
+    logs each at ERROR) and Redis's (logged by whatever they made fail)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith("NATS refused") or any(r in text for r in _REDIS_REFUSALS):
+            self.seen.append(text)
+
+
+@pytest.fixture(autouse=True)
+def _no_permission_refusals(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test in which any jetfleet connection was refused a subject or a Redis
+    command: each service and worker runs under its own role, so a refusal means a role
+    in jetfleet/auth/roles.py lacks what the code uses. Tests that provoke refusals on
+    purpose are marked ``expects_refusals``."""
+    handler = _Refusals()
+    logger = logging.getLogger("jetfleet")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.seen and request.node.get_closest_marker("expects_refusals") is None:
+        pytest.fail("refused by NATS or Redis:\n" + "\n".join(handler.seen), pytrace=False)
+
+
+def _with_userinfo(url: str, user: str, password: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{quote(user, safe='')}:{quote(password, safe='')}@{rest}"
+
+
+def admin_url(url: str) -> str:
+    """``url`` carrying the admin role's user, so a test's own ad-hoc connection (also a
+    plain ``nats.connect(url)``) may do anything; unchanged without auth."""
+    if _AUTH is None:
+        return url
+    admin = _AUTH.credentials["admin"]
+    return _with_userinfo(url, admin.nats_user, admin.nats_password)
+
+
+def start_nats(data_dir: Path, sync_always: bool = False) -> EmbeddedNats:
+    """An embedded nats-server with the session's auth (when on)."""
+    include = _AUTH.nats_include if _AUTH is not None else None
+    return EmbeddedNats(data_dir, sync_always=sync_always, auth_include=include).start()
+
+
 @pytest.fixture
-def nats_url(tmp_path: Path) -> Iterator[str]:
-    """A fresh nats-server (JetStream, temporary store) per test; or the server of
-    NATS_URL, only while it has no jetfleet streams, which the test deletes when it ends
-    (tests/user_servers.py)."""
+def nats_url(tmp_path: Path, auth_bundle: Bundle | None) -> Iterator[str]:
+    """A fresh nats-server (JetStream, temporary store, auth on) per test, its URL
+    carrying the admin user; or the server of NATS_URL, only while it has no jetfleet
+    streams, which the test deletes when it ends (tests/user_servers.py)."""
     user_url = os.environ.get("NATS_URL")
     if user_url:
         with user_nats(user_url):
             yield user_url
         return
-    server = EmbeddedNats(tmp_path / "nats").start()
+    server = start_nats(tmp_path / "nats")
     try:
-        yield server.url
+        yield admin_url(server.url)
     finally:
         server.stop()
 
 
 @pytest.fixture(scope="session")
 def redis_url(
-    tmp_path_factory: pytest.TempPathFactory, _no_user_settings_leak_in: None
+    tmp_path_factory: pytest.TempPathFactory,
+    _no_user_settings_leak_in: None,
+    auth_bundle: Bundle | None,
 ) -> Iterator[str]:
     """Database 15 of one redis-server per session (flushed per test by ``redis_client``):
     one the tests start, or the server of REDIS_URL if that database is empty or the
@@ -70,9 +150,13 @@ def redis_url(
         blocking(claim_redis_db(url))
         yield url
         return
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis")).start()
+    acl = auth_bundle.redis_acl if auth_bundle is not None else None
+    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), acl_file=acl).start()
     try:
         url = redis_test_url(server.url)
+        if auth_bundle is not None:
+            admin = auth_bundle.credentials["admin"]
+            url = _with_userinfo(url, admin.redis_user, admin.redis_password)
         blocking(claim_redis_db(url))
         yield url
     finally:
@@ -122,12 +206,21 @@ def make_settings(
     }
     fleet_defaults.update(fleet)
     return Settings(
-        nats=NatsSettings(url=nats_url),
+        nats=NatsSettings(url=nats_url, credentials=bundle_credentials(nats_url)),
         redis=RedisSettings(url=redis_url),
         fleet=FleetSettings(**fleet_defaults),  # type: ignore[arg-type]
         worker=WorkerSettings(concurrency=16),
         targets=targets,
     )
+
+
+def bundle_credentials(nats_url: str) -> str:
+    """The session's bundle folder for a server that runs with its auth (the URL carries
+    the admin user, ``admin_url``); "" for any other server (user-named, or one a test
+    started without auth), which then sees no credentials."""
+    if _AUTH is None or "@" not in nats_url:
+        return ""
+    return str(_AUTH.directory)
 
 
 ROBOTS_OFF_REASON = (

@@ -13,6 +13,8 @@ from jetfleet.services.scheduler import Scheduler
 from jetfleet.services.sink import Sink
 from nats.aio.client import Client as NatsClient
 
+from jetfleet.auth.credentials import settings_for_role
+from jetfleet.auth.roles import Role
 from jetfleet.connection import connect_nats
 from jetfleet.ops.status import FleetStatus, fleet_status
 from jetfleet.settings import Settings
@@ -33,18 +35,25 @@ class InProcessStack:
         self.workers: list[Worker] = []
         self.quarantines: list[QuarantineService] = []
 
-    async def _connect(self, name: str) -> NatsClient:
-        nc = await connect_nats(self.settings.nats, name)
+    async def _connect(self, name: str, role: Role = "admin") -> NatsClient:
+        """A connection of its own, as ``role`` (the test's control connection: admin)."""
+        nc = await connect_nats(self.settings.nats, name, role=role)
         self.connections.append(nc)
         return nc
+
+    def _as(self, role: Role) -> Settings:
+        """The settings a process of ``role`` runs with (its own Redis user)."""
+        return settings_for_role(self.settings, role)
 
     async def start(self, workers: int = 1) -> None:
         control = await self._connect("test-control")
         await declare(control.jetstream(), self.settings)
-        self.scheduler = Scheduler(self.settings, await self._connect("scheduler"))
+        self.scheduler = Scheduler(
+            self._as("scheduler"), await self._connect("scheduler", "scheduler")
+        )
         await self.scheduler.start()
         await self.start_ratelimit()
-        self.leaser = Leaser(self.settings, await self._connect("leaser"))
+        self.leaser = Leaser(self._as("leaser"), await self._connect("leaser", "leaser"))
         await self.leaser.start()
         await self.start_sink()
         for n in range(workers):
@@ -52,23 +61,27 @@ class InProcessStack:
 
     async def start_sink(self) -> None:
         """Start a sink (again, after a test drained the first one)."""
-        self.sink = Sink(self.settings, await self._connect("sink"))
+        self.sink = Sink(self._as("sink"), await self._connect("sink", "sink"))
         await self.sink.start()
 
     async def start_ratelimit(self) -> RateLimiter:
         """Start a ratelimit replica (again, after a test drained the first one)."""
-        self.ratelimit = RateLimiter(self.settings, await self._connect("ratelimit"))
+        self.ratelimit = RateLimiter(
+            self._as("ratelimit"), await self._connect("ratelimit", "ratelimit")
+        )
         await self.ratelimit.start()
         return self.ratelimit
 
     async def start_leaser(self) -> None:
         """Start a leaser (again, after a test drained the first one)."""
-        self.leaser = Leaser(self.settings, await self._connect("leaser"))
+        self.leaser = Leaser(self._as("leaser"), await self._connect("leaser", "leaser"))
         await self.leaser.start()
 
     async def add_quarantine(self) -> QuarantineService:
         """Start a quarantine replica (tests that need rules start one or more)."""
-        replica = QuarantineService(self.settings, await self._connect("quarantine"))
+        replica = QuarantineService(
+            self._as("quarantine"), await self._connect("quarantine", "quarantine")
+        )
         await replica.start()
         self.quarantines.append(replica)
         return replica
@@ -77,8 +90,8 @@ class InProcessStack:
         self, worker_id: str, identity: str = "", targets: tuple[str, ...] = ()
     ) -> Worker:
         """Start a worker serving ``targets`` (every target when empty)."""
-        nc = await self._connect(worker_id)
-        worker = Worker(self.settings, nc, worker_id, targets, identity=identity)
+        nc = await self._connect(worker_id, "worker")
+        worker = Worker(self._as("worker"), nc, worker_id, targets, identity=identity)
         await worker.start()
         self.workers.append(worker)
         return worker

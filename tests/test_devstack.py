@@ -21,8 +21,10 @@ import pytest
 from jetfleet.services import SERVICE_NAMES
 
 from jetfleet import subjects
+from jetfleet.connection import connect_nats
 from jetfleet.dev.stack_env import read_env
 from jetfleet.results import iter_results
+from jetfleet.settings import NatsSettings
 from tests.conftest import wait_for
 
 START_TIMEOUT_S = 60.0
@@ -187,7 +189,9 @@ async def test_item9_a_job_published_the_moment_the_env_file_appears_commits(
     dev = RunningDev(tmp_path / "early")
     dev_stacks.append(dev)
     env = await asyncio.to_thread(dev.wait_ready)
-    nc = await nats.connect(env["NATS_URL"])
+    # As an operator in another shell would: the stack runs with auth on.
+    operator = NatsSettings(url=env["NATS_URL"], credentials=env["JETFLEET_NATS__CREDENTIALS"])
+    nc = await connect_nats(operator, "early", role="operator")
     try:
         job = {"id": "early-1", "url": env["JETFLEET_TARGET_URL"] + "/page/1"}
         await nc.publish(subjects.submit("demo"), json.dumps(job).encode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -16,6 +17,7 @@ from jetfleet.services.gateway.metrics import MAX_UNDECLARED, render_metrics
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import settings_for_role
 from jetfleet.connection import connect_nats
 from jetfleet.metrics import OTHER
 from jetfleet.ops.status import FIELDS, FleetStatus, TargetCounts
@@ -37,7 +39,8 @@ async def open_gateway(settings: Settings, nc: NatsClient) -> AsyncIterator[Open
     async def open_(**gateway: Any) -> Gateway:
         options: dict[str, Any] = {"port": 0, **gateway}
         own = msgspec.structs.replace(settings, gateway=GatewaySettings(**options))
-        conn = await connect_nats(settings.nats, "gateway")
+        own = settings_for_role(own, "gateway")
+        conn = await connect_nats(settings.nats, "gateway", role="gateway")
         service = Gateway(own, conn)
         started.append((service, conn))
         await service.start()
@@ -255,8 +258,62 @@ async def test_a_configured_token_is_required_for_posts(
 
     status, answer = await post(http, url, job, {"Authorization": "Bearer s3cret"})
     assert (status, answer["accepted"]) == (202, ["t1"])
-    # Reads stay open.
-    await get_json(http, f"{gateway.url}/v1/status")
+
+
+async def test_with_a_token_reads_beyond_health_need_it_unless_open_reads(
+    open_gateway: OpenGateway, http: aiohttp.ClientSession
+) -> None:
+    closed = await open_gateway(token="s3cret")
+    for path in ("/v1/status", "/metrics"):
+        async with http.get(closed.url + path) as response:
+            assert response.status == 401, path
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+        async with http.get(
+            closed.url + path, headers={"Authorization": "Bearer s3cret"}
+        ) as response:
+            assert response.status == 200, path
+    async with http.get(closed.url + "/healthz") as response:
+        assert response.status == 200
+    opened = await open_gateway(token="s3cret", open_reads=True)
+    await get_json(http, f"{opened.url}/v1/status")
+
+
+async def test_a_request_beyond_the_concurrency_cap_is_answered_503_at_once(
+    open_gateway: OpenGateway, http: aiohttp.ClientSession
+) -> None:
+    gateway = await open_gateway(max_concurrent=1, token="s3cret")
+    release = asyncio.Event()
+
+    async def slow_body() -> AsyncIterator[bytes]:
+        yield b'{"id": "slow-1", '  # the first request stays in flight, reading its body
+        await release.wait()
+        yield b'"url": "/page/1"}'
+
+    auth = {"Authorization": "Bearer s3cret"}
+    first = asyncio.ensure_future(
+        http.post(f"{gateway.url}/v1/targets/demo/jobs", data=slow_body(), headers=auth)
+    )
+
+    async def in_flight() -> bool:
+        return gateway._inflight == 1
+
+    await wait_for(in_flight, 10, "the first request in flight")
+    async with http.get(f"{gateway.url}/healthz") as response:
+        assert response.status == 503
+        assert response.headers["Retry-After"] == "1"
+        assert "gateway.max_concurrent" in (await response.json())["error"]
+    release.set()
+    async with await first as response:
+        assert response.status in (202, 400), await response.text()
+
+
+async def test_a_request_that_outlasts_its_time_is_answered_504(
+    open_gateway: OpenGateway, http: aiohttp.ClientSession
+) -> None:
+    gateway = await open_gateway(request_timeout_s=1e-9)
+    async with http.get(f"{gateway.url}/v1/status") as response:
+        assert response.status == 504
+        assert "gateway.request_timeout_s" in (await response.json())["error"]
 
 
 async def test_without_a_token_posts_need_a_loopback_listener(

@@ -97,7 +97,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def send_breaker(settings: Settings, command: BreakerCommand) -> BreakerReply:
     """Send one breaker command to the leaser and return its answer."""
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         answer = await nc.request(subjects.BREAKER, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:

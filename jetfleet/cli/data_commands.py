@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import declares_topology
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.cli.quarantine_commands import print_quarantines
 from jetfleet.client import new_job_id, submit_raw
@@ -168,10 +169,11 @@ def _run_submit(args: argparse.Namespace) -> int:
 async def _submit(
     settings: Settings, args: argparse.Namespace, ids: list[str], payloads: list[bytes]
 ) -> int:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         js = nc.jetstream()
-        await declare(js, settings)
+        if declares_topology(settings):
+            await declare(js, settings)
         bar = ProgressBar(len(ids), "submitting", enabled=None if len(ids) > 100 else False)
         results = await submit_raw(js, settings, args.target, payloads, ids, progress=bar.update)
         bar.close()
@@ -209,7 +211,7 @@ def _run_status(args: argparse.Namespace) -> int:
 
 
 async def _status(settings: Settings, as_json: bool) -> int:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         status = await confirmed_status(nc.jetstream(), settings)
     finally:
@@ -267,7 +269,7 @@ def _run_results_export(args: argparse.Namespace) -> int:
 
 
 async def _results_export(settings: Settings, target: str | None, bodies: bool) -> int:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     js = nc.jetstream()
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
@@ -340,7 +342,8 @@ def _print_lanes(settings: Settings, as_json: bool) -> int:
 
 
 async def _topology(settings: Settings, update: bool) -> int:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    # Creating and changing streams is administration: only the admin role may.
+    nc = await connect_nats(settings.nats, "jetfleet-topology", role="admin")
     try:
         drifts = await declare(nc.jetstream(), settings, update=update)
     finally:

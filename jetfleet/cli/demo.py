@@ -91,7 +91,7 @@ async def _demo(
                 f"dashboard {stack.gateway_url}/",
                 flush=True,
             )
-        nc = await connect_nats(settings.nats, "jetfleet-demo")
+        nc = await connect_nats(settings.nats, "jetfleet-demo", role="admin")
         try:
             js = nc.jetstream()
             await declare(js, settings)

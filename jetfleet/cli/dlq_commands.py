@@ -193,7 +193,7 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 async def _with_js(settings: Settings, work: Callable[[JetStreamContext], Awaitable[T]]) -> T:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         return await work(nc.jetstream())
     finally:

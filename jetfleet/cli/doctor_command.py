@@ -101,7 +101,7 @@ async def collect(
     """
     if target is not None:
         settings.target(target)
-    nc = await connect_nats(settings.nats, "jetfleet-doctor")
+    nc = await connect_nats(settings.nats, "jetfleet-doctor", role="operator")
     try:
         return await diagnose(nc.jetstream(), settings, target, since_s, limit)
     finally:

@@ -10,8 +10,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from jetfleet import __version__
+from jetfleet.auth.credentials import settings_for_role
+from jetfleet.auth.roles import Role
 from jetfleet.cli import (
     audit_command,
+    auth_commands,
     breaker_commands,
     data_commands,
     dlq_commands,
@@ -73,13 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     version_commands.register(commands)
     audit_command.register(commands)
     runbook_command.register(commands)
+    auth_commands.register(commands)
     return parser
 
 
-def settings_from(args: argparse.Namespace) -> Settings:
-    """The settings for this invocation: --config, the environment, a running dev stack."""
+def settings_from(args: argparse.Namespace, role: Role = "operator") -> Settings:
+    """The settings for this invocation: --config, the environment, a running dev stack;
+    with Redis credentials of ``role`` (the CLI's commands run as ``operator``)."""
     env = effective_env(os.environ, args.stack)
-    return load_settings(args.config, env)
+    return settings_for_role(load_settings(args.config, env), role)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -183,7 +183,7 @@ def _run_list(args: argparse.Namespace) -> int:
 async def _read(
     settings: Settings,
 ) -> tuple[list[RecordShown], list[ProposalShown], list[BreakerView]]:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         view = await read_quarantines(nc.jetstream())
         breakers = await open_breakers(nc.jetstream())
@@ -254,7 +254,7 @@ def print_quarantines(
 
 async def send(settings: Settings, command: QuarantineCommand) -> QuarantineReply:
     """Send one quarantine command to the leaser and return its answer."""
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         answer = await nc.request(subjects.QUARANTINE, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
+from jetfleet.auth.credentials import declares_topology, known_role
 from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
 from jetfleet.connection import connect_nats
@@ -179,13 +180,15 @@ async def _wait_for_signal(stack: DevStack) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from jetfleet.cli.main import settings_from
 
-    return asyncio.run(_serve(args.name, settings_from(args), args.metrics_port))
+    role = known_role(args.name)
+    return asyncio.run(_serve(args.name, settings_from(args, role), args.metrics_port))
 
 
 async def _serve(name: str, settings: Settings, metrics_port: int | None) -> int:
-    nc = await connect_nats(settings.nats, f"jetfleet-{name}")
+    nc = await connect_nats(settings.nats, f"jetfleet-{name}", role=known_role(name))
     try:
-        await declare(nc.jetstream(), settings)
+        if declares_topology(settings):
+            await declare(nc.jetstream(), settings)
         service = _make_service(name, settings, nc)
         await serve_until_signalled(service, metrics_port=metrics_port)
     finally:
@@ -238,7 +241,7 @@ class _WorkerService:
 def _run_worker(args: argparse.Namespace) -> int:
     from jetfleet.cli.main import settings_from
 
-    settings = settings_from(args)
+    settings = settings_from(args, "worker")
     targets = [t for t in args.targets.split(",") if t] or list(settings.worker.targets)
     for target in targets:
         settings.target(target)  # unknown target: a clear error before connecting
@@ -269,9 +272,10 @@ async def _worker(
     targets: list[str],
     metrics_port: int | None,
 ) -> int:
-    nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}")
+    nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}", role="worker")
     try:
-        await declare(nc.jetstream(), settings)
+        if declares_topology(settings):
+            await declare(nc.jetstream(), settings)
         worker = Worker(settings, nc, worker_id, targets, identity=identity)
         await serve_until_signalled(
             _WorkerService(worker), metrics_port=metrics_port, stop=worker.quit

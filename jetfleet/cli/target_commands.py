@@ -193,7 +193,7 @@ async def _listing(settings: Settings, only: str | None) -> TargetListing:
 
 
 async def _with_js(settings: Settings, call: Callable[[JetStreamContext], Awaitable[_T]]) -> _T:
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         return await call(nc.jetstream())
     finally:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
 from jetfleet.dev.readiness import wait_answering
@@ -51,8 +52,13 @@ class DevStack:
         self.data_dir = data_dir.resolve()
         self.workers = workers
         self.user_config = user_config
-        self.nats = EmbeddedNats(self.data_dir / "nats")
-        self.redis = EmbeddedRedis(self.data_dir / "redis")
+        self.auth_dir = self.data_dir / "auth"
+        """Every role's credentials (``jetfleet auth init``), kept across restarts."""
+        self.nats = EmbeddedNats(
+            self.data_dir / "nats", auth_include=self.auth_dir / NATS_AUTH_FILE
+        )
+        self.redis = EmbeddedRedis(self.data_dir / "redis", acl_file=self.auth_dir / REDIS_ACL_FILE)
+        self.gateway_token = ""
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.ready_urls: dict[str, str] = {}
@@ -87,6 +93,8 @@ class DevStack:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._claim_folder()
         try:
+            # Auth is on, as in production: each child connects as its own role.
+            self.gateway_token = ensure_bundle(self.auth_dir).gateway_token
             await asyncio.to_thread(self.nats.start)
             await asyncio.to_thread(self.redis.start)
             await self.simulator.start()
@@ -135,9 +143,16 @@ class DevStack:
         fleet = dict(user.get("fleet", {}))
         fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
         tables: dict[str, dict[str, Any]] = {
-            "nats": {"url": self.nats.url},
+            "nats": {"url": self.nats.url, "credentials": str(self.auth_dir)},
             "redis": {"url": self.redis.url},
-            "gateway": {"host": "127.0.0.1", "port": self.gateway_port},
+            # Reads stay open on this loopback-only stack so the dashboard page works
+            # without a token; control calls need it (DIR/auth/gateway-token).
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": self.gateway_port,
+                "token": self.gateway_token,
+                "open_reads": True,
+            },
             "fleet": fleet,
         }
         if "quarantine" in user:
@@ -153,6 +168,8 @@ class DevStack:
                 "NATS_URL": self.nats.url,
                 "REDIS_URL": self.redis.url,
                 "JETFLEET_CONFIG": str(self.config_path),
+                # A CLI in another shell connects as operator from this bundle.
+                "JETFLEET_NATS__CREDENTIALS": str(self.auth_dir),
                 "JETFLEET_GATEWAY_URL": self.gateway_url,
                 "JETFLEET_TARGET_URL": self.simulator.base_url,
             },
@@ -161,7 +178,7 @@ class DevStack:
     async def _declare_topology(self, settings: Settings) -> None:
         # Every child declares it too, but the stack must not depend on which comes first:
         # a submission to a stream that does not exist yet is dropped without a word.
-        nc = await connect_nats(settings.nats, "jetfleet-dev")
+        nc = await connect_nats(settings.nats, "jetfleet-dev", role="admin")
         try:
             await declare(nc.jetstream(), settings)
         finally:

@@ -158,9 +158,13 @@ class EmbeddedServer:
 class EmbeddedNats(EmbeddedServer):
     """nats-server with JetStream, on a random loopback port, storing under ``data_dir``."""
 
-    def __init__(self, data_dir: Path, sync_always: bool = False) -> None:
+    def __init__(
+        self, data_dir: Path, sync_always: bool = False, auth_include: Path | None = None
+    ) -> None:
         super().__init__("nats-server", data_dir)
         self.sync_always = sync_always
+        self.auth_include = auth_include
+        """An ``authorization {}`` file (``jetfleet auth init``) to include; None: no auth."""
 
     @property
     def url(self) -> str:
@@ -174,9 +178,15 @@ class EmbeddedNats(EmbeddedServer):
         sync = "\n  sync_interval: always" if self.sync_always else ""
         conf.parent.mkdir(parents=True, exist_ok=True)
         # port -1 lets the server choose, so there is no race for a free port.
+        # nats-server reads an include path relative to the including file, never absolute.
+        include = (
+            f'include "{os.path.relpath(self.auth_include.resolve(), conf.parent.resolve())}"\n'
+            if self.auth_include is not None
+            else ""
+        )
         conf.write_text(
             f'listen: "127.0.0.1:-1"\nserver_name: "jf-{os.getpid()}-{id(self)}"\n'
-            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n'
+            f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n{include}'
         )
         if self.log_path.exists():
             self.log_path.unlink()
@@ -190,8 +200,10 @@ class EmbeddedNats(EmbeddedServer):
 class EmbeddedRedis(EmbeddedServer):
     """redis-server on a free loopback port, keeping nothing on disk."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, acl_file: Path | None = None) -> None:
         super().__init__("redis-server", data_dir)
+        self.acl_file = acl_file
+        """A Redis ACL file (``jetfleet auth init``) to load; None: no auth."""
 
     @property
     def url(self) -> str:
@@ -224,6 +236,7 @@ class EmbeddedRedis(EmbeddedServer):
                     "no",
                     "--dir",
                     str(self.data_dir),
+                    *(["--aclfile", str(self.acl_file.resolve())] if self.acl_file else []),
                 ]
             )
             try:

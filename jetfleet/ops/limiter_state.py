@@ -17,6 +17,7 @@ from typing import Literal
 
 import msgspec
 
+from jetfleet.auth.credentials import without_secrets
 from jetfleet.rate_cells import RateCells, RateUnavailable
 from jetfleet.settings import Settings
 
@@ -52,7 +53,8 @@ async def limiter_state(settings: Settings, max_shown: int = MAX_HOLDS_SHOWN) ->
     except RateUnavailable as exc:
         return LimiterState(
             health="failing-closed",
-            detail=f"redis at {settings.redis.url} does not answer ({exc}): the rate "
+            detail=f"redis at {without_secrets(settings.redis.url)} does not answer ({exc}): "
+            "the rate "
             "limiter gives no permits, so nothing is sent to any target; holds unknown",
         )
     finally:

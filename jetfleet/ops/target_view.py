@@ -15,6 +15,7 @@ import msgspec
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import without_secrets
 from jetfleet.inflight_caps import CapsUnavailable, InFlightCaps
 from jetfleet.rate_cells import RateCells, RateUnavailable
 from jetfleet.schemas.targets import RobotsRecord, TargetLimits
@@ -120,7 +121,9 @@ async def _add_redis_state(settings: Settings, views: list[TargetView], counts: 
         holds = await cells.holds()
         in_flight = await caps.counts([v.target for v in views]) if caps else {}
     except (RateUnavailable, CapsUnavailable) as exc:
-        return f"redis at {settings.redis.url} did not answer ({exc}): holds unknown"
+        return (
+            f"redis at {without_secrets(settings.redis.url)} did not answer ({exc}): holds unknown"
+        )
     finally:
         await cells.close()
         if caps is not None:

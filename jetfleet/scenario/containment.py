@@ -168,7 +168,7 @@ class _Containment:
         self.events.append(Event(what=what, detail=detail))
 
     async def connect(self, name: str) -> NatsClient:
-        self.conns.append(await connect_nats(self.settings.nats, name))
+        self.conns.append(await connect_nats(self.settings.nats, name, role="admin"))
         return self.conns[-1]
 
     async def run(self) -> ContainmentRun:

@@ -111,7 +111,7 @@ async def _run(settings: Settings, base_url: str, dedupe: bool) -> Run:
     conns: list[NatsClient] = []
 
     async def connect(name: str) -> NatsClient:
-        conns.append(await connect_nats(settings.nats, name))
+        conns.append(await connect_nats(settings.nats, name, role="admin"))
         return conns[-1]
 
     control = await connect("scenario-control")

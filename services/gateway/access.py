@@ -1,8 +1,10 @@
-"""Who may call the gateway's state-changing (POST) routes.
+"""Who may call the gateway's routes.
 
-Reads (status, metrics, dashboard, health) are open. Writes need the bearer token from
-``gateway.token``; with no token configured they are allowed only on a loopback
-listener, where every caller is already on the machine.
+Writes (POST) need the bearer token from ``gateway.token``; with no token configured they
+are allowed only on a loopback listener, where every caller is already on the machine.
+Reads beyond health (``/v1/status``, ``/metrics``) need the token too once one is set,
+unless ``gateway.open_reads``; ``/healthz`` and the dashboard page (static, no data) are
+always open.
 """
 
 from __future__ import annotations
@@ -37,6 +39,33 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_read(gateway: GatewaySettings, authorization: str | None) -> Denial | None:
+    """Decide whether a read beyond health may go ahead.
+
+    Args:
+        gateway: the gateway settings (token, open_reads).
+        authorization: the request's ``Authorization`` header, if any.
+
+    Returns:
+        None when allowed, else the 401 denial to answer with.
+    """
+    if not gateway.token or gateway.open_reads:
+        return None
+    return _check_token(gateway.token, authorization)
+
+
+def _check_token(token: str, authorization: str | None) -> Denial | None:
+    scheme, _, given = (authorization or "").partition(" ")
+    # compare_digest: the time taken must not reveal how much of the token matched.
+    if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode()):
+        return None
+    return Denial(
+        401,
+        "this route needs the gateway token: send the header "
+        "'Authorization: Bearer <token>' with the value of gateway.token",
+    )
+
+
 def check_write(gateway: GatewaySettings, authorization: str | None) -> Denial | None:
     """Decide whether a POST may go ahead.
 
@@ -48,17 +77,7 @@ def check_write(gateway: GatewaySettings, authorization: str | None) -> Denial |
         None when allowed, else the denial to answer with (401 or 403).
     """
     if gateway.token:
-        scheme, _, given = (authorization or "").partition(" ")
-        # compare_digest: the time taken must not reveal how much of the token matched.
-        if scheme.lower() == "bearer" and hmac.compare_digest(
-            given.strip().encode(), gateway.token.encode()
-        ):
-            return None
-        return Denial(
-            401,
-            "this route needs the gateway token: send the header "
-            "'Authorization: Bearer <token>' with the value of gateway.token",
-        )
+        return _check_token(gateway.token, authorization)
     if is_loopback(gateway.host):
         return None
     return Denial(

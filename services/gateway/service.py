@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
-from jetfleet.services.gateway.access import check_write
+from jetfleet.services.gateway.access import Denial, check_read, check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
     InvalidBody,
@@ -161,10 +161,35 @@ class Gateway:
                 503,
                 headers={"Connection": "close", "Retry-After": "1"},
             )
+        gateway = self.settings.gateway
+        if self._inflight >= gateway.max_concurrent:
+            # Bounded cost: past the cap a request is answered at once, not queued.
+            return _json(
+                {
+                    "error": f"the gateway is serving {gateway.max_concurrent} requests "
+                    "(gateway.max_concurrent); retry shortly"
+                },
+                503,
+                headers={"Retry-After": "1"},
+            )
         self._inflight += 1
         self._idle.clear()
         try:
-            return await handler(request)
+            return await asyncio.wait_for(handler(request), gateway.request_timeout_s)
+        except TimeoutError:
+            log.warning(
+                "%s %s: no answer within %g s",
+                request.method,
+                request.path,
+                gateway.request_timeout_s,
+            )
+            return _json(
+                {
+                    "error": f"no answer within {gateway.request_timeout_s:g} s "
+                    "(gateway.request_timeout_s); retry later"
+                },
+                504,
+            )
         except _Refused as refusal:
             return _json(
                 {"error": refusal.message, **refusal.extra}, refusal.status, headers=refusal.headers
@@ -197,22 +222,22 @@ class Gateway:
             {"ok": state == "connected", "nats": state}, 200 if state == "connected" else 503
         )
 
+    def _require_read(self, request: web.Request) -> None:
+        _raise_denial(check_read(self.settings.gateway, request.headers.get("Authorization")))
+
     async def _status(self, request: web.Request) -> web.Response:
+        self._require_read(request)
         status = await confirmed_status(self.js, self.settings)
         return web.Response(body=msgspec.json.encode(status), content_type="application/json")
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        self._require_read(request)
         status = await fleet_status(self.js, self.settings)
         text = render_metrics(status, self.settings.targets)
         return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _submit(self, request: web.Request) -> web.Response:
-        denial = check_write(self.settings.gateway, request.headers.get("Authorization"))
-        if denial is not None:
-            headers = (
-                {"WWW-Authenticate": 'Bearer realm="jetfleet"'} if denial.status == 401 else None
-            )
-            raise _Refused(denial.status, denial.message, headers)
+        _raise_denial(check_write(self.settings.gateway, request.headers.get("Authorization")))
         target = request.match_info["target"]
         body = await self._read_body(request)
         if not subjects.TARGET_NAME_RE.match(target):
@@ -260,6 +285,12 @@ class Gateway:
     async def _keep(self, target: str, body: bytes) -> SubmitResult:
         [result] = await submit_raw(self.js, self.settings, target, [body])
         return result
+
+
+def _raise_denial(denial: Denial | None) -> None:
+    if denial is not None:
+        headers = {"WWW-Authenticate": 'Bearer realm="jetfleet"'} if denial.status == 401 else None
+        raise _Refused(denial.status, denial.message, headers)
 
 
 def _reason(result: SubmitResult) -> str | None:

@@ -65,6 +65,7 @@ from jetfleet.services.leaser.version_commands import (
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import without_secrets
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
 from jetfleet.metrics import CounterFamily
@@ -175,7 +176,7 @@ class Leaser:
             log.warning(
                 "redis at %s does not answer: no lease is granted until it does "
                 "(the in-flight caps cannot be checked)",
-                self.settings.redis.url,
+                without_secrets(self.settings.redis.url),
             )
         control = await self.js.key_value(subjects.BUCKET_CONTROL)
         self.quarantine = QuarantineBook(self.js, control)

@@ -29,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import without_secrets
 from jetfleet.metrics import CounterFamily, GaugeFamily, MetricFamily
 from jetfleet.rate_cells import OUTAGE_S, RateCells, RateUnavailable, jitter_factor
 from jetfleet.responder import Refusals, Responder, Route
@@ -82,7 +83,11 @@ class RateLimiter:
         """Follow the target limits and start answering."""
         await self.limits.start()
         if not await self.cells.ping():
-            self._failed(RateUnavailable(f"redis at {self.settings.redis.url} does not answer"))
+            self._failed(
+                RateUnavailable(
+                    f"redis at {without_secrets(self.settings.redis.url)} does not answer"
+                )
+            )
         self.failing.set(1.0 if self.failing_since is not None else 0.0)
         await self.responder.serve(
             Route(

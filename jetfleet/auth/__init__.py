@@ -1,0 +1,1 @@
+"""Who may do what: roles, their credentials, and the servers' auth files (docs/security.md)."""
