@@ -27,6 +27,7 @@ from nats.aio.client import Client as NatsClient
 from nats.js.errors import KeyNotFoundError
 
 from jetfleet import subjects
+from jetfleet.auth.roles import permissions
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, find_nats_server
 from jetfleet.errors import WrongRevision
@@ -42,24 +43,12 @@ from tests.conftest import wait_for
 from tests.queueing.helpers import committed, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
-WORKER_PUBLISH = (
-    # What the permissions table of issue #11 allows a worker ...
-    "jf.lease",
-    "jf.ratelimit",
-    "jf.presence",
-    "jf.sink.report.>",
-    "jf.outcome.>",
-    "$JS.API.CONSUMER.MSG.NEXT.JF_WORK.>",
-    "$JS.ACK.JF_WORK.>",
-    # ... and the reads (and object chunks) this module's worker still makes itself.
-    "$JS.API.STREAM.INFO.JF_WORK",  # the server's clock (jetfleet/server_clock.py)
-    "$JS.API.DIRECT.GET.KV_jf-workers.>",  # owned? present? (replica reads)
-    "$JS.API.STREAM.MSG.GET.KV_jf-workers",  # a claim's holder (leader read)
-    "$JS.API.DIRECT.GET.KV_jf-robots.>",  # the fleet's robots.txt record
-    "$JS.API.STREAM.INFO.OBJ_jf-result-objects",  # at start: the bucket is declared
-    "$O.jf-result-objects.C.>",  # a large body's chunks
-    "$O.jf-result-objects.M.>",  # ... and its description (unique names)
-)
+# The guarded worker's direct writes are refused on purpose (and asserted).
+pytestmark = pytest.mark.expects_refusals
+
+WORKER_PUBLISH = permissions("worker").publish
+"""What the role table allows a worker to publish (jetfleet/auth/roles.py), applied by a
+hand-written server config: the worker's writes must all be in it."""
 BIG = 400_000  # above fleet.max_inline_bytes: kept in the object store
 
 
@@ -120,6 +109,8 @@ async def fleet(guarded: GuardedNats, redis_url: str, tmp_path: Path) -> AsyncIt
             {"pages": target(sim.base_url, obey_robots=True, robots_off_reason="")},
             concurrency=2,
         )
+        # This server has its own two users, not the session's bundle.
+        base = msgspec.structs.replace(base, nats=NatsSettings(url=guarded.url_of("admin")))
         alice = IdentitySettings(state_dir=str(tmp_path / "alice"), region="eu")
         worker = msgspec.structs.replace(base.worker, claim_ttl_s=3.0)
         settings = msgspec.structs.replace(base, identities={"alice": alice}, worker=worker)

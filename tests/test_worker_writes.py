@@ -34,6 +34,9 @@ from tests.queueing.helpers import committed, queue_settings, submit_paths, targ
 from tests.stack import InProcessStack
 from tests.test_presence_writes import WORKER_PUBLISH, GuardedNats
 
+# The guarded worker's direct writes are refused on purpose (and asserted).
+pytestmark = pytest.mark.expects_refusals
+
 TARGET = "demo"
 # The guarded worker user may not write these streams (the permissions table of #11).
 assert not any(s.startswith(("jf.duplicates", "jf.rejected")) for s in WORKER_PUBLISH)
@@ -69,6 +72,10 @@ async def fleet(redis_url: str, tmp_path: Path) -> AsyncIterator[Fleet]:
         async with TargetSimulator(SimulatorConfig()) as sim:
             settings = queue_settings(
                 server.url_of("admin"), redis_url, {TARGET: target(sim.base_url)}, concurrency=2
+            )
+            # This server has its own two users, not the session's bundle.
+            settings = msgspec.structs.replace(
+                settings, nats=NatsSettings(url=server.url_of("admin"))
             )
             stack = InProcessStack(settings)
             await stack.start(workers=0)

@@ -144,26 +144,23 @@ RESULTS = _family("results")
 WORK = _family("work")
 SUBMIT = _family("submit")
 
-WORKER_TRANSITIONAL_KV: tuple[str, ...] = (
-    f"$KV.{subjects.BUCKET_WORKERS}.>",
-    *_kv_read(subjects.BUCKET_WORKERS),
-    *_kv_watch(subjects.BUCKET_WORKERS),
-    f"$KV.{subjects.BUCKET_ROBOTS}.>",
-    *_kv_read(subjects.BUCKET_ROBOTS),
-    *_objects_write(subjects.OBJECTS_RESULTS),
+WORKER_READS: tuple[str, ...] = (
+    f"{_API}.DIRECT.GET.KV_{subjects.BUCKET_WORKERS}.>",  # owned? present? (replica reads)
+    f"{_API}.STREAM.MSG.GET.KV_{subjects.BUCKET_WORKERS}",  # a claim's holder (leader read)
+    f"{_API}.DIRECT.GET.KV_{subjects.BUCKET_ROBOTS}.>",  # the fleet's robots.txt record
 )
-"""TRANSITIONAL, removed when ``jf.presence`` lands: the store writes a worker still makes
-itself. Identity presence claims, region presence and hand-back notes (``jf-workers``),
-the robots.txt cache (``jf-robots``) and large result bodies (object store
-``jf-result-objects``). Until the leaser writes these for it (request ``jf.presence``),
-a worker's credentials can forge another worker's presence or robots record: docs/
-security.md lists this under "not yet protected"."""
+"""What a worker reads itself: its presence records and the fleet's robots.txt records.
+The leaser writes them for it (``jf.presence``, docs/identities.md)."""
 
-WORKER_DUPLICATE_RECORDS: tuple[str, ...] = (f"{subjects.PREFIX}.duplicates.>",)
-"""A worker records a job settled by another job's commit of the same work
-(``jetfleet/duplicates.py``) on ``jf.duplicates.<target>`` itself. Kept apart, to move
-behind the sink (its ``suppressed:duplicate-key`` answer could record it): until then a
-worker can add false duplicate records (they change no job's state)."""
+WORKER_RESULT_OBJECTS: tuple[str, ...] = (
+    f"{_API}.STREAM.INFO.OBJ_{subjects.OBJECTS_RESULTS}",  # at start: the bucket exists
+    f"$O.{subjects.OBJECTS_RESULTS}.C.>",  # a large body's chunks
+    f"$O.{subjects.OBJECTS_RESULTS}.M.>",  # ... and its description, under a unique name
+)
+"""The one store a worker writes: a result body too large for a message, under a name of
+its own (no purge, no rollup). The committed result carries the body's SHA-256, which
+every reader checks, so a worker can destroy another body but not pass off a forged one
+(docs/architecture.md#who-writes-what)."""
 
 LEASER_RELANDS_SEALS: tuple[str, ...] = (f"{subjects.PREFIX}.results.>", f"{subjects.PREFIX}.dlq.>")
 """The leaser lands a sealed job's record when it meets the job's next delivery
@@ -440,8 +437,8 @@ ROLES: dict[Role, RolePermissions] = {
                 f"$JS.ACK.{subjects.STREAM_WORK}.>",
                 # The server's clock, read from a stream info answer (server_clock.py).
                 f"{_API}.STREAM.INFO.{subjects.STREAM_WORK}",
-                *WORKER_TRANSITIONAL_KV,
-                *WORKER_DUPLICATE_RECORDS,
+                *WORKER_READS,
+                *WORKER_RESULT_OBJECTS,
             ),
             cannot="pause, approve versions, quarantine, write leases, fences or the "
             "control bucket, publish results or dead letters, purge or delete anything, "
