@@ -372,6 +372,7 @@ ROLES: dict[Role, RolePermissions] = {
             publish=(
                 subjects.QUARANTINE,
                 subjects.BREAKER,
+                VERSIONS,  # the rollout guard's withdrawals go through the leaser
                 AUDIT,
                 _family("alert"),
                 *_stream_read(subjects.STREAM_OUTCOMES),
