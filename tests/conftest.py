@@ -113,6 +113,13 @@ def admin_url(url: str) -> str:
     return _with_userinfo(url, admin.nats_user, admin.nats_password)
 
 
+def start_redis(data_dir: Path, port: int = 0) -> EmbeddedRedis:
+    """An embedded redis-server with the session's ACL (when on), so the roles' Redis
+    users (jetfleet/auth) log in as on the session's server."""
+    acl = _AUTH.redis_acl if _AUTH is not None else None
+    return EmbeddedRedis(data_dir, acl_file=acl).start(port=port)
+
+
 def start_nats(data_dir: Path, sync_always: bool = False) -> EmbeddedNats:
     """An embedded nats-server with the session's auth (when on)."""
     include = _AUTH.nats_include if _AUTH is not None else None

@@ -34,7 +34,7 @@ from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.status import confirmed_status
 from jetfleet.settings import Settings, TargetSettings
 from jetfleet.simulator import Arrival, SimulatorConfig, TargetSimulator, most_in_any_window
-from tests.conftest import wait_for
+from tests.conftest import start_redis, wait_for
 from tests.queueing.helpers import committed, dead, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
@@ -411,7 +411,7 @@ REDIS_RESUME_S = 5.0
 async def test_I4_redis_killed_and_restarted_empty_lets_no_burst_through_and_loses_nothing(
     nats_url: str, tmp_path: Path
 ) -> None:
-    first = EmbeddedRedis(tmp_path / "redis-1").start()
+    first = start_redis(tmp_path / "redis-1")
     second: EmbeddedRedis | None = None
     try:
         async with TargetSimulator(SimulatorConfig()) as site:
@@ -426,7 +426,7 @@ async def test_I4_redis_killed_and_restarted_empty_lets_no_burst_through_and_los
                 killed_at = time.monotonic()
                 await watch_until(killed_at + REDIS_DOWN_S)
                 # Empty, where the old one was: every cell, hold and place is gone.
-                second = EmbeddedRedis(tmp_path / "redis-2").start(port=first.port)
+                second = start_redis(tmp_path / "redis-2", port=first.port)
                 back_at = time.monotonic()
 
                 async def all_committed() -> bool:
