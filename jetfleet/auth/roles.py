@@ -312,6 +312,7 @@ ROLES: dict[Role, RolePermissions] = {
             "pause, versions and presence requests; pauses work consumers",
             publish=(
                 *LEASER_RELANDS_SEALS,
+                _family("duplicates"),  # before already-done (jetfleet/duplicates.py)
                 subjects.RATELIMIT,
                 _family("alert"),
                 _family("outcome"),

@@ -1,0 +1,44 @@
+"""Production paths run under each service's own role (the session's auth bundle): a
+subject a role lacks is refused by the server, which the suite's refusal guard turns into
+a failure (tests/conftest.py). Each test drives one path the role table once missed."""
+
+from __future__ import annotations
+
+import msgspec
+from jetfleet.schemas import Duplicate
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.settings import Settings
+from jetfleet.stream_reader import read_stream
+from tests.conftest import wait_for
+from tests.queueing.helpers import committed, submit_paths
+from tests.stack import InProcessStack
+
+
+async def test_the_leaser_records_an_already_done_duplicate_under_its_own_role(
+    settings: Settings, nc: NatsClient, stack: InProcessStack
+) -> None:
+    js = nc.jetstream()
+    await submit_paths(js, settings, "demo", ["/page/1"], "first")
+
+    async def one_commit() -> bool:
+        return await committed(js, "demo") == 1
+
+    await wait_for(one_commit, 20, "the first job to commit")
+    # The same unit of work as another job: the leaser finds the key committed and must
+    # store the duplicate record (jf.duplicates.<target>) before it answers already-done.
+    await submit_paths(js, settings, "demo", ["/page/1"], "again")
+
+    async def recorded() -> list[Duplicate]:
+        return [
+            msgspec.json.decode(m.data, type=Duplicate)
+            async for m in read_stream(js, subjects.STREAM_DUPLICATES, subjects.duplicates("demo"))
+        ]
+
+    async def landed() -> bool:
+        return [d.job_id for d in await recorded()] == ["again-0"]
+
+    await wait_for(landed, 20, "the second job's duplicate record")
+    [dup] = await recorded()
+    assert (dup.committed_by, dup.via) == ("first-0", "already-done")
