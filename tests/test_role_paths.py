@@ -4,11 +4,19 @@ a failure (tests/conftest.py). Each test drives one path the role table once mis
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
 import msgspec
+import pytest
 from jetfleet.schemas import Duplicate
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import credentials_file
+from jetfleet.cli.main import main
+from jetfleet.dev.settings_file import settings_toml
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
 from tests.conftest import wait_for
@@ -42,3 +50,46 @@ async def test_the_leaser_records_an_already_done_duplicate_under_its_own_role(
     await wait_for(landed, 20, "the second job's duplicate record")
     [dup] = await recorded()
     assert (dup.committed_by, dup.via) == ("first-0", "already-done")
+
+
+def _operator_config(settings: Settings, tmp_path: Path) -> str:
+    """A jetfleet.toml naming only the operator's own credentials file, as an operator's
+    machine has it in production (not the whole bundle folder, which lets a process pick
+    any role's file)."""
+    bundle = Path(settings.nats.credentials)
+    parts = urlsplit(settings.nats.url)
+    nats = msgspec.structs.replace(
+        settings.nats,
+        url=urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}")),
+        credentials=str(credentials_file(bundle, "operator")),
+    )
+    path = tmp_path / "operator.toml"
+    path.write_text(settings_toml(msgspec.structs.replace(settings, nats=nats)))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("pause", "--target", "demo", "--as", "ana", "--why", "test"),
+        ("pause", "--list"),
+        ("resume", "--target", "demo", "--as", "ana", "--why", "test"),
+        ("versions", "list"),
+        ("versions", "guard", "off", "--as", "ana", "--why", "test"),
+        ("audit",),
+        ("runbook", "--json"),
+    ],
+    ids=" ".join,
+)
+async def test_an_operator_with_only_its_own_file_runs_the_control_commands(
+    argv: tuple[str, ...],
+    settings: Settings,
+    services: InProcessStack,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = _operator_config(settings, tmp_path)
+    assert await asyncio.to_thread(main, ["--config", config, *argv]) == 0
+    assert not [r for r in caplog.records if "not reachable" in r.getMessage()], (
+        "the runbook fell back to the settings alone"
+    )

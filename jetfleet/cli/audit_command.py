@@ -58,7 +58,7 @@ def parse_since(text: str, now: datetime.datetime) -> datetime.datetime:
 
 async def audit_records(settings: Settings, since: str | None) -> list[AuditRecord]:
     """The recorded actions, oldest first (from ``since``, judged by the server's clock)."""
-    nc = await connect_nats(settings.nats, "jetfleet-audit")
+    nc = await connect_nats(settings.nats, "jetfleet-audit", role="operator")
     try:
         js = nc.jetstream()
         start = None

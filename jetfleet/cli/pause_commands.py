@@ -189,7 +189,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def send_pause(settings: Settings, command: PauseCommand) -> PauseReply:
     """Send one pause command to the leaser and return its answer."""
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         answer = await nc.request(subjects.PAUSE, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:

@@ -166,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def send_versions(settings: Settings, command: VersionsCommand) -> VersionsReply:
     """Send one versions command to the leaser and return its answer."""
-    nc = await connect_nats(settings.nats, "jetfleet-cli")
+    nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
         answer = await nc.request(subjects.VERSIONS, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:
