@@ -14,6 +14,7 @@ from jetfleet.schemas import Duplicate
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.auth.bundle import ensure_bundle, nats_authorization
 from jetfleet.auth.credentials import credentials_file
 from jetfleet.cli.main import main
 from jetfleet.dev.settings_file import settings_toml
@@ -93,3 +94,13 @@ async def test_an_operator_with_only_its_own_file_runs_the_control_commands(
     assert not [r for r in caplog.records if "not reachable" in r.getMessage()], (
         "the runbook fell back to the settings alone"
     )
+
+
+def test_a_kept_dev_bundle_gets_the_current_role_table(tmp_path: Path) -> None:
+    first = ensure_bundle(tmp_path)
+    # A folder an older jetfleet made: same secrets, that version's permissions.
+    first.nats_include.write_text("authorization { users: [] }\n")
+    again = ensure_bundle(tmp_path)
+    assert again.credentials == first.credentials, "the secrets are kept"
+    assert again.nats_include.read_text() == nats_authorization(first.credentials)
+    assert again.nats_include.stat().st_mode & 0o077 == 0

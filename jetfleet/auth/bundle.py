@@ -196,14 +196,22 @@ def _write_private(path: Path, text: str) -> None:
 
 def ensure_bundle(directory: Path) -> Bundle:
     """The bundle in ``directory``, generated first if it is not complete there (dev and
-    tests keep one per data folder)."""
+    tests keep one per data folder).
+
+    A kept bundle keeps its secrets, but its server files are written again from the
+    role table: permissions are the code's, so a data folder made by an older jetfleet
+    would otherwise start nats-server with that version's roles (a subject the new code
+    uses refused, only in dev)."""
     if all(p.exists() for p in _generated_files(directory)):
         from jetfleet.auth.credentials import load_credentials
 
-        creds = {role: load_credentials(str(directory), role) for role in ROLE_NAMES}
+        loaded = {role: load_credentials(str(directory), role) for role in ROLE_NAMES}
+        creds = {k: v for k, v in loaded.items() if v is not None}
+        _write_private(directory / NATS_AUTH_FILE, nats_authorization(creds))
+        _write_private(directory / REDIS_ACL_FILE, redis_acl(creds))
         return Bundle(
             directory=directory,
-            credentials={k: v for k, v in creds.items() if v is not None},
+            credentials=creds,
             gateway_token=read_gateway_token(directory),
         )
     return init_bundle(directory, force=True)
