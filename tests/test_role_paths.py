@@ -16,6 +16,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet import subjects
 from jetfleet.auth.bundle import ensure_bundle, nats_authorization
 from jetfleet.auth.credentials import credentials_file
+from jetfleet.auth.roles import Role
 from jetfleet.cli.main import main
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.settings import Settings
@@ -53,18 +54,18 @@ async def test_the_leaser_records_an_already_done_duplicate_under_its_own_role(
     assert (dup.committed_by, dup.via) == ("first-0", "already-done")
 
 
-def _operator_config(settings: Settings, tmp_path: Path) -> str:
-    """A jetfleet.toml naming only the operator's own credentials file, as an operator's
-    machine has it in production (not the whole bundle folder, which lets a process pick
-    any role's file)."""
+def _operator_config(settings: Settings, tmp_path: Path, role: Role = "operator") -> str:
+    """A jetfleet.toml naming only ``role``'s own credentials file, as a production
+    machine has it (not the whole bundle folder, which lets a process pick any role's
+    file)."""
     bundle = Path(settings.nats.credentials)
     parts = urlsplit(settings.nats.url)
     nats = msgspec.structs.replace(
         settings.nats,
         url=urlunsplit(parts._replace(netloc=f"{parts.hostname}:{parts.port}")),
-        credentials=str(credentials_file(bundle, "operator")),
+        credentials=str(credentials_file(bundle, role)),
     )
-    path = tmp_path / "operator.toml"
+    path = tmp_path / f"{role}.toml"
     path.write_text(settings_toml(msgspec.structs.replace(settings, nats=nats)))
     return str(path)
 
@@ -104,3 +105,11 @@ def test_a_kept_dev_bundle_gets_the_current_role_table(tmp_path: Path) -> None:
     assert again.credentials == first.credentials, "the secrets are kept"
     assert again.nats_include.read_text() == nats_authorization(first.credentials)
     assert again.nats_include.stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.parametrize("action", ["show", "apply"])
+async def test_topology_runs_on_the_admin_file_alone(
+    action: str, settings: Settings, nc: NatsClient, tmp_path: Path
+) -> None:
+    config = _operator_config(settings, tmp_path, "admin")
+    assert await asyncio.to_thread(main, ["--config", config, "topology", action]) == 0
