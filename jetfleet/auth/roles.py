@@ -369,10 +369,12 @@ ROLES: dict[Role, RolePermissions] = {
         ),
         RolePermissions(
             role="quarantine",
-            purpose="reads outcome events, applies the quarantine and breaker rules",
+            purpose="reads outcome events, applies the quarantine and breaker rules and the "
+            "rollout guard (withdrawals through the leaser)",
             publish=(
                 subjects.QUARANTINE,
                 subjects.BREAKER,
+                VERSIONS,  # the rollout guard withdraws a tuple through the leaser
                 AUDIT,
                 _family("alert"),
                 *_stream_read(subjects.STREAM_OUTCOMES),
