@@ -12,12 +12,14 @@ import msgspec
 import pytest
 from jetfleet.schemas import Duplicate
 from nats.aio.client import Client as NatsClient
+from nats.js.errors import NotFoundError
 
 from jetfleet import subjects
 from jetfleet.auth.bundle import ensure_bundle, nats_authorization
 from jetfleet.auth.credentials import credentials_file
 from jetfleet.auth.roles import Role
 from jetfleet.cli.main import main
+from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
@@ -113,3 +115,76 @@ async def test_topology_runs_on_the_admin_file_alone(
 ) -> None:
     config = _operator_config(settings, tmp_path, "admin")
     assert await asyncio.to_thread(main, ["--config", config, "topology", action]) == 0
+
+
+async def test_the_sink_keeps_a_malformed_order_a_worker_reports_under_their_roles(
+    nc: NatsClient, stack: InProcessStack
+) -> None:
+    js = nc.jetstream()
+    garbage = b'{"job": "not a work order"'
+    await js.publish(subjects.work("demo", "normal"), garbage)
+
+    async def kept() -> bool:
+        info = await js.stream_info(subjects.STREAM_REJECTED)
+        return info.state.messages == 1
+
+    await wait_for(kept, 20, "the malformed order kept on jf.rejected")
+
+    async def gone() -> bool:
+        info = await js.stream_info(subjects.STREAM_WORK)
+        return info.state.messages == 0
+
+    await wait_for(gone, 20, "the malformed order to be terminated")
+
+
+async def _as_role(settings: Settings, role: Role) -> NatsClient:
+    return await connect_nats(settings.nats, f"rollup-{role}", role=role)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NotFoundError,  # what was wiped is not found
+    reason="open: nats-server checks subjects, not headers; a worker may publish on the "
+    "object store's chunk subjects, and a 'Nats-Rollup: all' header there purges the "
+    "whole store (every committed result's large body). The fix is a store workers "
+    "cannot roll up (a stream with allow_rollup_hdrs off for their chunks, the "
+    "description written by the sink), docs/security.md",
+)
+async def test_a_workers_credentials_cannot_wipe_the_result_object_store(
+    settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    store = await js.object_store(subjects.OBJECTS_RESULTS)
+    await store.put("victim-body", b"y" * 300_000)
+    worker = await _as_role(settings, "worker")
+    try:
+        chunk = f"$O.{subjects.OBJECTS_RESULTS}.C.not-a-real-object"
+        await worker.publish(chunk, b"x", headers={"Nats-Rollup": "all"})
+        await worker.flush()
+    finally:
+        await worker.close()
+    assert len((await store.get("victim-body")).data) == 300_000
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=NotFoundError,  # what was wiped is not found
+    reason="open: the operator may write $KV.jf-control.purged.dlq.> (dead-letter purge "
+    "counts), and a 'Nats-Rollup: all' header there empties the whole control bucket "
+    "(quarantines, pauses, approvals, breakers), which its role says it cannot write; "
+    "the fix is the purge count kept outside jf-control, docs/security.md",
+)
+async def test_an_operators_purge_count_write_cannot_empty_the_control_bucket(
+    settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    control = await js.key_value(subjects.BUCKET_CONTROL)
+    await control.put("quarantine.victim", b"kept")
+    operator = await _as_role(settings, "operator")
+    try:
+        key = f"$KV.{subjects.BUCKET_CONTROL}.purged.dlq.demo"
+        await operator.publish(key, b"1", headers={"Nats-Rollup": "all"})
+        await operator.flush()
+    finally:
+        await operator.close()
+    assert (await control.get("quarantine.victim")).value == b"kept"
