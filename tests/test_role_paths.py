@@ -10,13 +10,15 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 import pytest
+import redis.asyncio as aioredis
+import redis.exceptions
 from jetfleet.schemas import Duplicate
 from nats.aio.client import Client as NatsClient
 from nats.js.errors import NotFoundError
 
-from jetfleet import subjects
+from jetfleet import inflight_caps, subjects
 from jetfleet.auth.bundle import ensure_bundle, nats_authorization
-from jetfleet.auth.credentials import credentials_file
+from jetfleet.auth.credentials import credentials_file, settings_for_role
 from jetfleet.auth.roles import Role
 from jetfleet.cli.main import main
 from jetfleet.connection import connect_nats
@@ -188,3 +190,15 @@ async def test_an_operators_purge_count_write_cannot_empty_the_control_bucket(
     finally:
         await operator.close()
     assert (await control.get("quarantine.victim")).value == b"kept"
+
+
+async def test_a_services_redis_user_touches_only_jetfleets_keys(settings: Settings) -> None:
+    gateway = aioredis.from_url(settings_for_role(settings, "gateway").redis.url)
+    try:
+        assert await gateway.zcard(f"{inflight_caps.KEY_PREFIX}demo") >= 0
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await gateway.set("another-apps-key", "overwritten")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await gateway.publish("another-apps-channel", "x")
+    finally:
+        await gateway.aclose()

@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from jetfleet import inflight_caps, rate_cells, subnet_holds
 from jetfleet.auth.credentials import CREDENTIALS_DIR, RoleCredentials, credentials_file
 from jetfleet.auth.roles import ROLE_NAMES, ROLES, Role, RolePermissions
 from jetfleet.errors import ConfigError
@@ -26,9 +27,22 @@ NATS_AUTH_FILE = "nats-auth.conf"
 REDIS_ACL_FILE = "redis-users.acl"
 GATEWAY_TOKEN_FILE = "gateway-token"
 
-# What a service's Redis user may run: everything but administration and the commands
-# that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...).
-SERVICE_REDIS_RULES = "~* &* +@all -@dangerous"
+# The keys jetfleet keeps in Redis: the rate cells and holds (one hash tag), the in-flight
+# places and the subnet holds. A service user touches no other key (a Redis shared with
+# other applications keeps theirs) and no pub/sub channel (jetfleet uses none).
+REDIS_KEY_PATTERNS = (
+    f"{rate_cells.TAG}:*",
+    f"{inflight_caps.KEY_PREFIX}*",
+    f"{subnet_holds.KEY_PREFIX}*",
+)
+
+# What a service's Redis user may run: jetfleet's keys, everything but administration and
+# the commands that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...).
+SERVICE_REDIS_RULES = (
+    "resetkeys "
+    + " ".join(f"~{p}" for p in REDIS_KEY_PATTERNS)
+    + " resetchannels +@all -@dangerous"
+)
 
 
 @dataclass(frozen=True)
