@@ -5,10 +5,12 @@ a failure (tests/conftest.py). Each test drives one path the role table once mis
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
+import nats.errors
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -202,3 +204,30 @@ async def test_a_services_redis_user_touches_only_jetfleets_keys(settings: Setti
             await gateway.publish("another-apps-channel", "x")
     finally:
         await gateway.aclose()
+
+
+@pytest.mark.expects_refusals
+@pytest.mark.parametrize("role", ["operator", "gateway"])
+@pytest.mark.parametrize(
+    ("stream", "durable"),
+    [
+        (subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER),
+        (subjects.STREAM_ADVISORIES, subjects.CONSUMER_MAX_DELIVERIES),
+    ],
+)
+async def test_a_reader_cannot_change_a_services_durable_consumer(
+    role: Role, stream: str, durable: str, settings: Settings, nc: NatsClient
+) -> None:
+    js = nc.jetstream()
+    config = (await js.consumer_info(stream, durable)).config.as_dict()
+    config["description"] = "changed by a reader"
+    reader = await _as_role(settings, role)
+    try:
+        # The name-in-subject create form without a filter token: `...<durable>.>` in the
+        # deny list does not match it (`>` needs one more token).
+        body = json.dumps({"stream_name": stream, "config": config}).encode()
+        with pytest.raises(nats.errors.TimeoutError):
+            await reader.request(f"$JS.API.CONSUMER.CREATE.{stream}.{durable}", body, timeout=1)
+    finally:
+        await reader.close()
+    assert (await js.consumer_info(stream, durable)).config.description != "changed by a reader"

@@ -230,11 +230,15 @@ _NOT_WORK_OR_RESULTS = (
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_WORK}.>",
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_WORK}.>",
     f"$JS.ACK.{subjects.STREAM_WORK}.>",
-    # The services' own durable consumers: a reader removing one would stall admission
-    # or the backstop (readers make and remove ephemeral consumers of their own).
+    # The services' own durable consumers: a reader removing or changing one would stall
+    # admission or the backstop (readers make and remove ephemeral consumers of their
+    # own). A create names the consumer with or without a filter token after it, and
+    # `.>` matches only the form with one, so both are listed.
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}",
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}.>",
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}",
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}.>",
     RESULTS,
     _family("dlq"),
