@@ -167,7 +167,8 @@ async def test_a_workers_credentials_cannot_wipe_the_result_object_store(
         await worker.flush()
     finally:
         await worker.close()
-    assert len((await store.get("victim-body")).data) == 300_000
+    body = (await store.get("victim-body")).data
+    assert body is not None and len(body) == 300_000
 
 
 @pytest.mark.xfail(
