@@ -21,7 +21,7 @@ from nats.js.errors import NotFoundError
 from jetfleet import inflight_caps, subjects
 from jetfleet.auth.bundle import ensure_bundle, nats_authorization
 from jetfleet.auth.credentials import credentials_file, settings_for_role
-from jetfleet.auth.roles import Role
+from jetfleet.auth.roles import STREAM_AUDIT, Role
 from jetfleet.cli.main import main
 from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
@@ -232,3 +232,21 @@ async def test_a_reader_cannot_change_a_services_durable_consumer(
     finally:
         await reader.close()
     assert (await js.consumer_info(stream, durable)).config.description != "changed by a reader"
+
+
+@pytest.mark.expects_refusals
+@pytest.mark.parametrize("role", ["gateway", "scheduler", "sink", "quarantine", "worker"])
+async def test_only_the_leaser_and_the_operator_write_the_audit_log(
+    role: Role, settings: Settings, nc: NatsClient
+) -> None:
+    forger = await _as_role(settings, role)
+    try:
+        # A stored publish is acknowledged; a refused one gets no answer.
+        with pytest.raises(nats.errors.TimeoutError):
+            await forger.jetstream().publish(
+                f"{subjects.PREFIX}.audit.pause", b'{"who": "forged"}', timeout=1
+            )
+    finally:
+        await forger.close()
+    info = await nc.jetstream().stream_info(STREAM_AUDIT)
+    assert info.state.messages == 0

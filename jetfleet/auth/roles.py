@@ -60,6 +60,9 @@ VERSIONS = f"{subjects.PREFIX}.versions"  # operator -> leaser: list, approve, r
 PAUSE = f"{subjects.PREFIX}.pause"  # operator -> leaser: pause and resume scopes
 PRESENCE = f"{subjects.PREFIX}.presence"  # worker -> leaser: the worker's own KV records
 AUDIT = f"{subjects.PREFIX}.audit.>"  # control actions, kept in stream JF_AUDIT
+# Written by the leaser (the commands it serves, the quarantine service's and the rollout
+# guard's included) and the operator's CLI (its own actions) only: another role holding it
+# could forge an entry of the log operators trust.
 STREAM_AUDIT = "JF_AUDIT"
 
 _API = "$JS.API"
@@ -301,7 +304,6 @@ ROLES: dict[Role, RolePermissions] = {
             publish=(
                 WORK,
                 _family("rejected"),
-                AUDIT,
                 *_pull(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER),
                 *_kv_write(subjects.BUCKET_FENCES),  # id claims
                 *_kv_read(subjects.BUCKET_LEASES),
@@ -380,7 +382,6 @@ ROLES: dict[Role, RolePermissions] = {
                 subjects.QUARANTINE,
                 subjects.BREAKER,
                 VERSIONS,  # the rollout guard withdraws a tuple through the leaser
-                AUDIT,
                 _family("alert"),
                 *_stream_read(subjects.STREAM_OUTCOMES),
                 f"{_API}.CONSUMER.DURABLE.CREATE.{subjects.STREAM_OUTCOMES}.>",
@@ -401,7 +402,6 @@ ROLES: dict[Role, RolePermissions] = {
                 _family("rejected"),
                 _family("duplicates"),
                 _family("outcome"),
-                AUDIT,
                 *_kv_write(subjects.BUCKET_FENCES),
                 *_kv_write(subjects.BUCKET_LEASES),
                 *_kv_read(subjects.BUCKET_CONTROL),
@@ -426,7 +426,7 @@ ROLES: dict[Role, RolePermissions] = {
         RolePermissions(
             role="gateway",
             purpose="the HTTP API: submissions and status reads",
-            publish=(SUBMIT, AUDIT, *_READ_EVERYTHING),
+            publish=(SUBMIT, *_READ_EVERYTHING),
             publish_deny=_NOT_WORK_OR_RESULTS,
             redis=True,
             cannot="commit results, pull work, write any bucket",
