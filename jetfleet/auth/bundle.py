@@ -202,9 +202,10 @@ def _write_private(path: Path, text: str) -> None:
     """Write ``text`` readable by the owner only, atomically."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Before the secret is written: a .tmp left by a crash keeps its old mode on open.
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
-    os.chmod(tmp, 0o600)
     tmp.replace(path)
 
 
