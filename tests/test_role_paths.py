@@ -250,3 +250,17 @@ async def test_only_the_leaser_and_the_operator_write_the_audit_log(
         await forger.close()
     info = await nc.jetstream().stream_info(STREAM_AUDIT)
     assert info.state.messages == 0
+
+
+async def test_a_worker_with_an_identity_claims_it_through_the_leaser_under_their_roles(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    # start() returns once the leaser has written the identity claim (jf.presence).
+    await services.add_worker("w-id", identity="id-1")
+    js = nc.jetstream()
+    await submit_paths(js, settings, "demo", ["/page/3"], "idjob")
+
+    async def one_commit() -> bool:
+        return await committed(js, "demo") == 1
+
+    await wait_for(one_commit, 20, "the identity worker's job to commit")
