@@ -93,8 +93,24 @@ def config_hash(settings: Settings) -> str:
         "worker": worker,
         "quarantine": msgspec.to_builtins(settings.quarantine),
     }
-    encoded = json.dumps(behaviour, sort_keys=True, separators=(",", ":"), default=str)
+    encoded = json.dumps(
+        _numbers_alike(behaviour), sort_keys=True, separators=(",", ":"), default=str
+    )
     return hashlib.sha256(encoded.encode()).hexdigest()[:CONFIG_HASH_CHARS]
+
+
+def _numbers_alike(value: Any) -> Any:
+    """``value`` with every number as a float: a setting given as ``1000`` in code and
+    read as ``1000.0`` from a file is the same setting, so it must hash the same."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _numbers_alike(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_numbers_alike(v) for v in value]
+    return value
 
 
 def browser_version(settings: Settings) -> str:

@@ -409,3 +409,20 @@ async def test_I8_the_guard_withdraws_a_canary_whose_real_jobs_fail_and_its_work
 
         await wait_for(refused, 30.0, "the withdrawn canary's refusal")
         assert await committed(js, "good") == 8
+
+
+def test_I8_the_config_hash_does_not_care_whether_a_number_was_written_as_int_or_float(
+    settings: Settings,
+) -> None:
+    # A rate of 5 given in code and 5.0 read from TOML is one deployment's config.
+    target = settings.targets["demo"]
+    as_int = msgspec.structs.replace(
+        settings, targets={"demo": msgspec.structs.replace(target, rate=5)}
+    )
+    as_float = msgspec.structs.replace(
+        settings, targets={"demo": msgspec.structs.replace(target, rate=5.0)}
+    )
+    other = msgspec.structs.replace(
+        settings, targets={"demo": msgspec.structs.replace(target, rate=6.0)}
+    )
+    assert config_hash(as_int) == config_hash(as_float) != config_hash(other)

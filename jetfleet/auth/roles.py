@@ -381,7 +381,7 @@ ROLES: dict[Role, RolePermissions] = {
             publish=(
                 subjects.QUARANTINE,
                 subjects.BREAKER,
-                VERSIONS,  # the rollout guard withdraws a tuple through the leaser
+                VERSIONS,  # the rollout guard's withdrawals go through the leaser
                 _family("alert"),
                 *_stream_read(subjects.STREAM_OUTCOMES),
                 f"{_API}.CONSUMER.DURABLE.CREATE.{subjects.STREAM_OUTCOMES}.>",

@@ -24,7 +24,6 @@ check it (``jetfleet.results.stored_bytes``), so a changed body is detected, nev
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import json
 import uuid
@@ -143,7 +142,8 @@ class ResultObjects:
             nuid=nuid,
             size=len(data),
             chunks=-(-len(data) // step),
-            mtime=datetime.datetime.now(datetime.UTC).isoformat(),
+            # No mtime: this host's clock decides nothing here (I9), and a reader has
+            # the stored message's server time.
             digest=OBJ_DIGEST_TEMPLATE.format(digest=base64.urlsafe_b64encode(digest).decode()),
             options=js_api.ObjectMetaOptions(max_chunk_size=step),
         )

@@ -42,6 +42,7 @@ from jetfleet.schemas.versions import (
 from nats.js import JetStreamContext
 
 from jetfleet.audit import NOT_RECORDED, record_action
+from jetfleet.version_tuple import tuple_id
 
 Command = QuarantineCommand | BreakerCommand | PauseCommand | VersionsCommand
 CommandReply = QuarantineReply | BreakerReply | PauseReply | VersionsReply
@@ -100,7 +101,11 @@ def _versions_described(
         )
     if isinstance(command, VersionsRevoke):
         return "versions.revoke", command.by, f"version tuple {command.id}", command.why
-    what = f"version tuple {command.id}" if command.id else "version tuple (given whole)"
+    # `versions approve --current` sends the tuple whole and no id: name the id the
+    # leaser approves it under (computed from the fields, as the leaser does), so the
+    # log says which tuple was approved, not only that one was.
+    tid = command.id or (tuple_id(command.versions) if command.versions is not None else "")
+    what = f"version tuple {tid}" if tid else "version tuple (none named)"
     return "versions.approve", command.by, what, command.why
 
 
