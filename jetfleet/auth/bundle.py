@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from jetfleet import inflight_caps, rate_cells, subnet_holds
 from jetfleet.auth.credentials import CREDENTIALS_DIR, RoleCredentials, credentials_file
 from jetfleet.auth.roles import ROLE_NAMES, ROLES, Role, RolePermissions
 from jetfleet.errors import ConfigError
@@ -26,9 +27,22 @@ NATS_AUTH_FILE = "nats-auth.conf"
 REDIS_ACL_FILE = "redis-users.acl"
 GATEWAY_TOKEN_FILE = "gateway-token"
 
-# What a service's Redis user may run: everything but administration and the commands
-# that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...).
-SERVICE_REDIS_RULES = "~* &* +@all -@dangerous"
+# The keys jetfleet keeps in Redis: the rate cells and holds (one hash tag), the in-flight
+# places and the subnet holds. A service user touches no other key (a Redis shared with
+# other applications keeps theirs) and no pub/sub channel (jetfleet uses none).
+REDIS_KEY_PATTERNS = (
+    f"{rate_cells.TAG}:*",
+    f"{inflight_caps.KEY_PREFIX}*",
+    f"{subnet_holds.KEY_PREFIX}*",
+)
+
+# What a service's Redis user may run: jetfleet's keys, everything but administration and
+# the commands that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...).
+SERVICE_REDIS_RULES = (
+    "resetkeys "
+    + " ".join(f"~{p}" for p in REDIS_KEY_PATTERNS)
+    + " resetchannels +@all -@dangerous"
+)
 
 
 @dataclass(frozen=True)
@@ -188,22 +202,31 @@ def _write_private(path: Path, text: str) -> None:
     """Write ``text`` readable by the owner only, atomically."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Before the secret is written: a .tmp left by a crash keeps its old mode on open.
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(text)
-    os.chmod(tmp, 0o600)
     tmp.replace(path)
 
 
 def ensure_bundle(directory: Path) -> Bundle:
     """The bundle in ``directory``, generated first if it is not complete there (dev and
-    tests keep one per data folder)."""
+    tests keep one per data folder).
+
+    A kept bundle keeps its secrets, but its server files are written again from the
+    role table: permissions are the code's, so a data folder made by an older jetfleet
+    would otherwise start nats-server with that version's roles (a subject the new code
+    uses refused, only in dev)."""
     if all(p.exists() for p in _generated_files(directory)):
         from jetfleet.auth.credentials import load_credentials
 
-        creds = {role: load_credentials(str(directory), role) for role in ROLE_NAMES}
+        loaded = {role: load_credentials(str(directory), role) for role in ROLE_NAMES}
+        creds = {k: v for k, v in loaded.items() if v is not None}
+        _write_private(directory / NATS_AUTH_FILE, nats_authorization(creds))
+        _write_private(directory / REDIS_ACL_FILE, redis_acl(creds))
         return Bundle(
             directory=directory,
-            credentials={k: v for k, v in creds.items() if v is not None},
+            credentials=creds,
             gateway_token=read_gateway_token(directory),
         )
     return init_bundle(directory, force=True)

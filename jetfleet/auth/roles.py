@@ -60,6 +60,9 @@ VERSIONS = f"{subjects.PREFIX}.versions"  # operator -> leaser: list, approve, r
 PAUSE = f"{subjects.PREFIX}.pause"  # operator -> leaser: pause and resume scopes
 PRESENCE = f"{subjects.PREFIX}.presence"  # worker -> leaser: the worker's own KV records
 AUDIT = f"{subjects.PREFIX}.audit.>"  # control actions, kept in stream JF_AUDIT
+# Written by the leaser (the commands it serves, the quarantine service's and the rollout
+# guard's included) and the operator's CLI (its own actions) only: another role holding it
+# could forge an entry of the log operators trust.
 STREAM_AUDIT = "JF_AUDIT"
 
 _API = "$JS.API"
@@ -158,8 +161,9 @@ WORKER_RESULT_OBJECTS: tuple[str, ...] = (
     f"$O.{subjects.OBJECTS_RESULTS}.M.>",  # ... and its description, under a unique name
 )
 """The one store a worker writes: a result body too large for a message, under a name of
-its own (no purge, no rollup). The committed result carries the body's SHA-256, which
-every reader checks, so a worker can destroy another body but not pass off a forged one
+its own (no purge granted, but a ``Nats-Rollup: all`` header is not refused and empties
+the store: docs/security.md). The committed result carries the body's SHA-256, which
+every reader checks, so a worker can destroy bodies but not pass off a forged one
 (docs/architecture.md#who-writes-what)."""
 
 LEASER_RELANDS_SEALS: tuple[str, ...] = (f"{subjects.PREFIX}.results.>", f"{subjects.PREFIX}.dlq.>")
@@ -229,11 +233,15 @@ _NOT_WORK_OR_RESULTS = (
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_WORK}.>",
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_WORK}.>",
     f"$JS.ACK.{subjects.STREAM_WORK}.>",
-    # The services' own durable consumers: a reader removing one would stall admission
-    # or the backstop (readers make and remove ephemeral consumers of their own).
+    # The services' own durable consumers: a reader removing or changing one would stall
+    # admission or the backstop (readers make and remove ephemeral consumers of their
+    # own). A create names the consumer with or without a filter token after it, and
+    # `.>` matches only the form with one, so both are listed.
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}",
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_SUBMIT}.{subjects.CONSUMER_SCHEDULER}.>",
     f"{_API}.CONSUMER.DELETE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}",
+    f"{_API}.CONSUMER.CREATE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}",
     f"{_API}.CONSUMER.CREATE.{subjects.STREAM_ADVISORIES}.{subjects.CONSUMER_MAX_DELIVERIES}.>",
     RESULTS,
     _family("dlq"),
@@ -296,7 +304,6 @@ ROLES: dict[Role, RolePermissions] = {
             publish=(
                 WORK,
                 _family("rejected"),
-                AUDIT,
                 *_pull(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER),
                 *_kv_write(subjects.BUCKET_FENCES),  # id claims
                 *_kv_read(subjects.BUCKET_LEASES),
@@ -312,7 +319,7 @@ ROLES: dict[Role, RolePermissions] = {
             "pause, versions and presence requests; pauses work consumers",
             publish=(
                 *LEASER_RELANDS_SEALS,
-                _family("duplicates"),  # before an already-done answer (duplicates.py)
+                _family("duplicates"),  # before already-done (jetfleet/duplicates.py)
                 subjects.RATELIMIT,
                 _family("alert"),
                 _family("outcome"),
@@ -369,12 +376,12 @@ ROLES: dict[Role, RolePermissions] = {
         ),
         RolePermissions(
             role="quarantine",
-            purpose="reads outcome events, applies the quarantine and breaker rules",
+            purpose="reads outcome events, applies the quarantine and breaker rules and the "
+            "rollout guard (withdrawals through the leaser)",
             publish=(
                 subjects.QUARANTINE,
                 subjects.BREAKER,
                 VERSIONS,  # the rollout guard's withdrawals go through the leaser
-                AUDIT,
                 _family("alert"),
                 *_stream_read(subjects.STREAM_OUTCOMES),
                 f"{_API}.CONSUMER.DURABLE.CREATE.{subjects.STREAM_OUTCOMES}.>",
@@ -395,7 +402,6 @@ ROLES: dict[Role, RolePermissions] = {
                 _family("rejected"),
                 _family("duplicates"),
                 _family("outcome"),
-                AUDIT,
                 *_kv_write(subjects.BUCKET_FENCES),
                 *_kv_write(subjects.BUCKET_LEASES),
                 *_kv_read(subjects.BUCKET_CONTROL),
@@ -420,7 +426,7 @@ ROLES: dict[Role, RolePermissions] = {
         RolePermissions(
             role="gateway",
             purpose="the HTTP API: submissions and status reads",
-            publish=(SUBMIT, AUDIT, *_READ_EVERYTHING),
+            publish=(SUBMIT, *_READ_EVERYTHING),
             publish_deny=_NOT_WORK_OR_RESULTS,
             redis=True,
             cannot="commit results, pull work, write any bucket",

@@ -310,9 +310,13 @@ def _run_schemas_check(args: argparse.Namespace) -> int:
 
 
 def _run_topology(args: argparse.Namespace) -> int:
-    settings = _settings(args)
     if args.action == "lanes":
-        return _print_lanes(settings, args.json)
+        return _print_lanes(_settings(args), args.json)
+    from jetfleet.cli.main import settings_from
+
+    # Declaring streams is the admin role's (docs/security.md): its credentials file,
+    # not the operator's, is the one a production `topology apply` is given.
+    settings = settings_from(args, "admin")
     return asyncio.run(_topology(settings, args.action == "apply"))
 
 

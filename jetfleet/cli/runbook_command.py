@@ -33,7 +33,7 @@ async def runbook_for(settings: Settings) -> Runbook:
     """The runbook, with what the servers say when they can be reached."""
     try:
         nc = await asyncio.wait_for(
-            connect_nats(settings.nats, "jetfleet-runbook"), CONNECT_TIMEOUT_S
+            connect_nats(settings.nats, "jetfleet-runbook", role="operator"), CONNECT_TIMEOUT_S
         )
     except Exception as exc:  # the settings alone still make a runbook
         log.warning("NATS not reachable (%s): the runbook is from the settings alone", exc)

@@ -159,6 +159,9 @@ class DevStack:
             tables["quarantine"] = dict(user["quarantine"])
         tables.update({f"targets.{name}": body for name, body in targets.items()})
         header = "# Written by `jetfleet dev`; regenerated on every start.\n"
+        # It holds the gateway token: readable by the owner only, like the bundle's files.
+        self.config_path.touch(mode=0o600)
+        self.config_path.chmod(0o600)
         self.config_path.write_text(header + toml_tables(tables))
 
     def _write_env(self) -> None:
