@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from nats.js.client import KV_STREAM_TEMPLATE
 from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.object_store import OBJ_STREAM_TEMPLATE
 
 from jetfleet import subjects
 from jetfleet.pause_book import consumer_pauses, read_pauses, rfc3339
@@ -195,8 +197,8 @@ async def declare(js: JetStreamContext, settings: Settings, update: bool = False
     for stream_config in stream_configs(settings):
         drifts += await _ensure_stream(js, stream_config, update)
     for bucket, ttl in bucket_ttls(settings).items():
-        await _ensure_bucket(js, bucket, ttl, settings)
-    await _ensure_object_store(js, settings)
+        drifts += await _ensure_bucket(js, bucket, ttl, settings, update)
+    drifts += await _ensure_object_store(js, settings, update)
     await _remove_pre_tier_consumers(js, settings)
     # A work consumer made (or updated) while a fleet or target pause covers it is
     # paused from birth until the pause's end (docs/pause.md).
@@ -349,8 +351,9 @@ async def _ensure_consumer(
 
 
 async def _ensure_bucket(
-    js: JetStreamContext, bucket: str, ttl_s: float, settings: Settings
-) -> None:
+    js: JetStreamContext, bucket: str, ttl_s: float, settings: Settings, update: bool
+) -> list[Drift]:
+    stream = KV_STREAM_TEMPLATE.format(bucket=bucket)
     try:
         await js.key_value(bucket)
     except BucketNotFoundError:
@@ -362,9 +365,14 @@ async def _ensure_bucket(
             replicas=settings.nats.replicas,
             direct=True,
         )
+        return await _refuse_rollups(js, stream, update=True)
+    return await _refuse_rollups(js, stream, update)
 
 
-async def _ensure_object_store(js: JetStreamContext, settings: Settings) -> None:
+async def _ensure_object_store(
+    js: JetStreamContext, settings: Settings, update: bool
+) -> list[Drift]:
+    stream = OBJ_STREAM_TEMPLATE.format(bucket=subjects.OBJECTS_RESULTS)
     try:
         await js.object_store(subjects.OBJECTS_RESULTS)
     except BucketNotFoundError:
@@ -376,6 +384,27 @@ async def _ensure_object_store(js: JetStreamContext, settings: Settings) -> None
                 replicas=settings.nats.replicas,
             ),
         )
+        return await _refuse_rollups(js, stream, update=True)
+    return await _refuse_rollups(js, stream, update)
+
+
+async def _refuse_rollups(js: JetStreamContext, stream: str, update: bool) -> list[Drift]:
+    """Turn off ``allow_rollup_hdrs`` on a bucket's or object store's backing stream.
+
+    nats-py makes both with rollups allowed (its ``kv.purge`` and object ``put`` use
+    them), and nats-server grants publishes by subject, not header: a role allowed one
+    key or chunk subject could send ``Nats-Rollup: all`` there and empty the whole
+    bucket. jetfleet never rolls up (it deletes keys, and writes objects without
+    purging, jetfleet/worker/result_objects.py), so the server may refuse every rollup
+    (docs/security.md). A fresh bucket is changed at once; an older one is a drift
+    that ``jetfleet topology apply`` fixes.
+    """
+    config = (await js.stream_info(stream)).config
+    if not config.allow_rollup_hdrs:
+        return []
+    if update:
+        await js.update_stream(dataclasses.replace(config, allow_rollup_hdrs=False))
+    return [Drift(f"stream {stream}", "allow_rollup_hdrs", True, False)]
 
 
 def _diff(what: str, live: object, declared: object, fields: tuple[str, ...]) -> list[Drift]:

@@ -14,9 +14,10 @@ import nats.errors
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
-from jetfleet.schemas import Duplicate
+from jetfleet.schemas import Duplicate, Job, WorkOrder
 from nats.aio.client import Client as NatsClient
-from nats.js.errors import NotFoundError
+from nats.js import JetStreamContext
+from nats.js.errors import APIError
 
 from jetfleet import inflight_caps, subjects
 from jetfleet.auth.bundle import ensure_bundle, nats_authorization
@@ -25,8 +26,10 @@ from jetfleet.auth.roles import STREAM_AUDIT, Role
 from jetfleet.cli.main import main
 from jetfleet.connection import connect_nats
 from jetfleet.dev.settings_file import settings_toml
+from jetfleet.results import stored_bytes
 from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
+from jetfleet.worker.result_objects import ResultObjects
 from tests.conftest import wait_for
 from tests.queueing.helpers import committed, submit_paths
 from tests.stack import InProcessStack
@@ -145,49 +148,48 @@ async def _as_role(settings: Settings, role: Role) -> NatsClient:
     return await connect_nats(settings.nats, f"rollup-{role}", role=role)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NotFoundError,  # what was wiped is not found
-    reason="open: nats-server checks subjects, not headers; a worker may publish on the "
-    "object store's chunk subjects, and a 'Nats-Rollup: all' header there purges the "
-    "whole store (every committed result's large body). The fix is a store workers "
-    "cannot roll up (a stream with allow_rollup_hdrs off for their chunks, the "
-    "description written by the sink), docs/security.md",
-)
+async def _rollup_is_refused(js: JetStreamContext, subject: str) -> None:
+    """The stream behind ``subject`` refuses a rollup outright (so the silent publish
+    below, which gets no answer, was refused too, not merely slow)."""
+    with pytest.raises(APIError, match="rollup not permitted"):
+        await js.publish(subject, b"x", headers={"Nats-Rollup": "all"})
+
+
 async def test_a_workers_credentials_cannot_wipe_the_result_object_store(
     settings: Settings, nc: NatsClient
 ) -> None:
+    # nats-server checks subjects, not headers: a worker may publish on the object
+    # store's chunk subjects, so only a stream that refuses rollups keeps a
+    # 'Nats-Rollup: all' there from purging every committed result's large body.
     js = nc.jetstream()
-    store = await js.object_store(subjects.OBJECTS_RESULTS)
-    await store.put("victim-body", b"y" * 300_000)
+    writer = ResultObjects(js, max_inline_bytes=1024, max_payload=1 << 20, max_job_bytes=1024)
+    job = Job(id="victim", url="http://example.test/")
+    order = WorkOrder(job=job, target="demo", key="victim", max_attempts=3, timeout_s=5.0)
+    ref = await writer.put(order, "body", b"y" * 300_000)
+    chunk = f"$O.{subjects.OBJECTS_RESULTS}.C.not-a-real-object"
+    await _rollup_is_refused(js, chunk)
     worker = await _as_role(settings, "worker")
     try:
-        chunk = f"$O.{subjects.OBJECTS_RESULTS}.C.not-a-real-object"
         await worker.publish(chunk, b"x", headers={"Nats-Rollup": "all"})
         await worker.flush()
     finally:
         await worker.close()
-    body = (await store.get("victim-body")).data
-    assert body is not None and len(body) == 300_000
+    assert await stored_bytes(js, ref) == b"y" * 300_000
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NotFoundError,  # what was wiped is not found
-    reason="open: the operator may write $KV.jf-control.purged.dlq.> (dead-letter purge "
-    "counts), and a 'Nats-Rollup: all' header there empties the whole control bucket "
-    "(quarantines, pauses, approvals, breakers), which its role says it cannot write; "
-    "the fix is the purge count kept outside jf-control, docs/security.md",
-)
 async def test_an_operators_purge_count_write_cannot_empty_the_control_bucket(
     settings: Settings, nc: NatsClient
 ) -> None:
+    # The operator may write $KV.jf-control.purged.dlq.> (dead-letter purge counts); a
+    # 'Nats-Rollup: all' there would empty the whole control bucket (quarantines,
+    # pauses, approvals, breakers), which its role says it cannot write.
     js = nc.jetstream()
     control = await js.key_value(subjects.BUCKET_CONTROL)
     await control.put("quarantine.victim", b"kept")
+    key = f"$KV.{subjects.BUCKET_CONTROL}.purged.dlq.demo"
+    await _rollup_is_refused(js, key)
     operator = await _as_role(settings, "operator")
     try:
-        key = f"$KV.{subjects.BUCKET_CONTROL}.purged.dlq.demo"
         await operator.publish(key, b"1", headers={"Nats-Rollup": "all"})
         await operator.flush()
     finally:
