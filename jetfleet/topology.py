@@ -365,7 +365,8 @@ async def _ensure_bucket(
             replicas=settings.nats.replicas,
             direct=True,
         )
-        return await _refuse_rollups(js, stream, update=True)
+        await _refuse_rollups(js, stream, update=True)
+        return []
     return await _refuse_rollups(js, stream, update)
 
 
@@ -384,7 +385,8 @@ async def _ensure_object_store(
                 replicas=settings.nats.replicas,
             ),
         )
-        return await _refuse_rollups(js, stream, update=True)
+        await _refuse_rollups(js, stream, update=True)
+        return []
     return await _refuse_rollups(js, stream, update)
 
 
