@@ -77,4 +77,4 @@ async def test_keys_are_still_put_created_updated_deleted_and_watched(
                     break
         assert seen == ["rollup-check.a", "rollup-check.a", "rollup-check.b"]
     finally:
-        await watcher.stop()
+        await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py is untyped here

@@ -161,10 +161,10 @@ WORKER_RESULT_OBJECTS: tuple[str, ...] = (
     f"$O.{subjects.OBJECTS_RESULTS}.M.>",  # ... and its description, under a unique name
 )
 """The one store a worker writes: a result body too large for a message, under a name of
-its own (no purge granted, but a ``Nats-Rollup: all`` header is not refused and empties
-the store: docs/security.md). The committed result carries the body's SHA-256, which
-every reader checks, so a worker can destroy bodies but not pass off a forged one
-(docs/architecture.md#who-writes-what)."""
+its own (no purge granted, and the store refuses ``Nats-Rollup`` headers, so a chunk
+publish cannot empty it: docs/security.md). The committed result carries the body's
+SHA-256, which every reader checks, so a worker can spoil a body (overwrite its
+description) but not pass off a forged one (docs/architecture.md#who-writes-what)."""
 
 LEASER_RELANDS_SEALS: tuple[str, ...] = (f"{subjects.PREFIX}.results.>", f"{subjects.PREFIX}.dlq.>")
 """The leaser lands a sealed job's record when it meets the job's next delivery
