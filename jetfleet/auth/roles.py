@@ -405,6 +405,8 @@ ROLES: dict[Role, RolePermissions] = {
                 *_kv_write(subjects.BUCKET_FENCES),
                 *_kv_write(subjects.BUCKET_LEASES),
                 *_kv_read(subjects.BUCKET_CONTROL),
+                # The backstop's dead letter says why a job was handed back last.
+                *_kv_read(subjects.BUCKET_WORKERS),
                 *_pull(subjects.STREAM_ADVISORIES, subjects.CONSUMER_MAX_DELIVERIES),
                 f"$JS.ACK.{subjects.STREAM_WORK}.>",
                 f"{_API}.STREAM.MSG.GET.{subjects.STREAM_WORK}",
