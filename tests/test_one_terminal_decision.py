@@ -37,7 +37,7 @@ from jetfleet import subjects
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import Settings
-from tests.conftest import wait_for
+from tests.conftest import admin_url, wait_for
 from tests.faults.publish_gate import PublishGate
 from tests.leasing import VERSIONS, ask, granted, order_for, report, report_failure
 from tests.stack import InProcessStack
@@ -90,7 +90,7 @@ class SlowSink:
 
 async def _slow_sink(settings: Settings, prefix: str) -> AsyncIterator[SlowSink]:
     gate = PublishGate(settings.nats.url, prefix)
-    url = await gate.start()
+    url = admin_url(await gate.start())  # the proxy passes the admin's login through
     nc = await nats.connect(servers=[url], name="slow-sink", allow_reconnect=False)
     try:
         yield SlowSink(gate, nc, await LeaseStore.open(nc.jetstream()))
