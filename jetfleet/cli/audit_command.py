@@ -27,9 +27,10 @@ def register(commands: Any) -> None:
         "audit",
         help="list the recorded control actions (who, what, when, why)",
         description="Every control action (quarantine, release, approve, reject, breaker "
-        "close, target change, dead-letter replay and purge, pause, resume, version "
-        "approve and revoke) as recorded by the service or command that executed it, "
-        "oldest first. Times are the NATS server's, from when it stored the entry.",
+        "open and close, target change, dead-letter replay and purge, pause, resume, "
+        "version approve and revoke, the rollout guard switch) as recorded by the service "
+        "or command that executed it, oldest first. Times are the NATS server's, from when "
+        "it stored the entry.",
     )
     parser.add_argument(
         "--since",
