@@ -3,13 +3,16 @@ own series with who is failing: answers by status, target, worker, version tuple
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import aiohttp
 import msgspec
 import pytest
+from jetfleet.schemas.breaker import BreakerRecord, BreakerView
 from jetfleet.services.gateway import Gateway
+from jetfleet.services.gateway.metrics import FleetGauges, QueueDepths
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.auth.credentials import settings_for_role
@@ -23,7 +26,9 @@ from jetfleet.metrics import (
     MetricFamily,
     MetricsServer,
     ServiceMeters,
+    otlp_requested,
 )
+from jetfleet.ops.status import FleetStatus, TargetCounts
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for
@@ -78,6 +83,15 @@ def test_item10_a_label_value_over_the_length_cap_counts_as_other() -> None:
     family.inc(target="x" * 10_000, worker="w-1")
     assert family.get(target=OTHER, worker="w-1") == 1
     assert "x" * 200 not in ServiceMeters("test", [family]).render().decode()
+
+
+def test_otlp_export_is_off_unless_the_standard_variables_ask() -> None:
+    assert not otlp_requested({})
+    assert otlp_requested({"OTEL_METRICS_EXPORTER": "otlp"})
+    assert otlp_requested({"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1/v1/metrics"})
+    assert not otlp_requested(
+        {"OTEL_METRICS_EXPORTER": "none", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://x"}
+    )
 
 
 def test_two_services_in_one_process_each_show_only_their_own_counts() -> None:
@@ -245,3 +259,24 @@ async def test_every_service_and_the_worker_expose_the_named_series_after_a_know
     assert value(fleet, "jetfleet_ratelimit_ok") == 1
     assert value(fleet, "jetfleet_second_order_in_force") == 0
     assert "jetfleet_breaker_open" not in names(fleet)
+
+
+def test_the_gateway_gauges_show_queue_depth_by_tier_breakers_and_the_mismatch() -> None:
+    targets = {"demo": TargetCounts(submitted=5, queued=2, leased=1, committed=1)}
+    breaker = BreakerView(record=BreakerRecord(target="demo", cool_s=60.0, opens=2), state="open")
+    status = FleetStatus(
+        totals=TargetCounts(), targets=targets, unaccounted=1, conserved=False, breakers=[breaker]
+    )
+    queue: QueueDepths = Counter({("demo", "high"): 1, ("demo", "normal"): 2})
+    gauges = FleetGauges({"demo"})
+    text = gauges.render(status, queue).decode()
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="high") == 1
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="normal") == 2
+    assert value(text, "jetfleet_unaccounted_jobs") == 1
+    assert value(text, "jetfleet_breaker_open", target="demo", state="open", opens="2") == 1
+    # The next scrape replaces every series: a closed breaker and a drained tier are gone.
+    calm = FleetStatus(totals=TargetCounts(), targets=targets)
+    text = gauges.render(calm, Counter({("demo", "normal"): 1})).decode()
+    assert "jetfleet_breaker_open" not in names(text)
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="high") is None
+    assert value(text, "jetfleet_unaccounted_jobs") == 0
