@@ -60,6 +60,9 @@ class MetricFamily(Protocol):
     def bind(self, meter: Meter) -> None:
         """Create this family's instrument on ``meter`` (one per provider)."""
 
+    def unbind(self, meter: Meter) -> None:
+        """Stop recording into ``meter`` (its provider is shutting down)."""
+
 
 class _Bounded:
     """The label bound every family shares."""
@@ -69,6 +72,9 @@ class _Bounded:
         self.help_text = help_text
         self.max_series = max_series
         self._warned = False
+
+    def unbind(self, meter: Meter) -> None:
+        """Asynchronous instruments need nothing: their provider stops reading them."""
 
     def _labels(self, labels: Mapping[str, str]) -> Labels:
         return tuple(
@@ -176,7 +182,8 @@ class HistogramFamily(_Bounded):
         super().__init__(name, help_text, max_series)
         self.buckets = tuple(buckets)
         self.counts: Counter[Labels] = Counter()
-        self._instruments: list[Histogram] = []
+        self._instruments: dict[int, Histogram] = {}
+        """The histogram on each bound meter, by the meter's id."""
 
     def observe(self, value: float, **labels: str) -> None:
         """Record one observation (seconds, for a latency) in its series."""
@@ -184,7 +191,7 @@ class HistogramFamily(_Bounded):
         assert series is not None
         self.counts[series] += 1
         attributes = dict(series)
-        for histogram in self._instruments:
+        for histogram in list(self._instruments.values()):
             histogram.record(value, attributes)
 
     def count(self, **labels: str) -> int:
@@ -193,13 +200,15 @@ class HistogramFamily(_Bounded):
 
     def bind(self, meter: Meter) -> None:
         """A synchronous OpenTelemetry histogram with this family's bounds."""
-        self._instruments.append(
-            meter.create_histogram(
-                self.name,
-                description=self.help_text,
-                explicit_bucket_boundaries_advisory=list(self.buckets),
-            )
+        self._instruments[id(meter)] = meter.create_histogram(
+            self.name,
+            description=self.help_text,
+            explicit_bucket_boundaries_advisory=list(self.buckets),
         )
+
+    def unbind(self, meter: Meter) -> None:
+        """Record no more into ``meter``'s histogram."""
+        self._instruments.pop(id(meter), None)
 
 
 def otlp_requested(environ: Mapping[str, str]) -> bool:
@@ -240,16 +249,19 @@ class ServiceMeters:
             metric_readers=readers,
             resource=Resource.create({"service.name": f"jetfleet-{service}"}),
         )
-        meter = self.provider.get_meter("jetfleet")
-        for family in families:
-            family.bind(meter)
+        self.families = tuple(families)
+        self.meter = self.provider.get_meter("jetfleet")
+        for family in self.families:
+            family.bind(self.meter)
 
     def render(self) -> bytes:
         """What ``/metrics`` answers: the exposition text of this service only."""
         return generate_latest(self.registry)
 
     def shutdown(self) -> None:
-        """Flush (OTLP) and stop the readers."""
+        """Flush (OTLP) and stop the readers; the families stop recording into them."""
+        for family in self.families:
+            family.unbind(self.meter)
         self.provider.shutdown()
 
 

@@ -3,9 +3,12 @@ own series with who is failing: answers by status, target, worker, version tuple
 
 from __future__ import annotations
 
+import http.server
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import aiohttp
 import msgspec
@@ -14,6 +17,10 @@ from jetfleet.schemas.breaker import BreakerRecord, BreakerView
 from jetfleet.services.gateway import Gateway
 from jetfleet.services.gateway.metrics import FleetGauges, QueueDepths
 from nats.aio.client import Client as NatsClient
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 
 from jetfleet.auth.credentials import settings_for_role
 from jetfleet.client import jobs_for, submit_jobs
@@ -280,3 +287,60 @@ def test_the_gateway_gauges_show_queue_depth_by_tier_breakers_and_the_mismatch()
     assert "jetfleet_breaker_open" not in names(text)
     assert value(text, "jetfleet_queue_messages", target="demo", tier="high") is None
     assert value(text, "jetfleet_unaccounted_jobs") == 0
+
+
+class _OtlpReceiver(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP metrics receiver (protobuf), in a thread: the SDK's exporter posts
+    synchronously, so it cannot be answered by this test's event loop."""
+
+    got: ClassVar[list[ExportMetricsServiceRequest]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.got.append(ExportMetricsServiceRequest.FromString(body))
+        answer = ExportMetricsServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_with_the_otlp_variables_set_a_service_pushes_its_metrics_over_otlp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = http.server.HTTPServer(("127.0.0.1", 0), _OtlpReceiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}/v1/metrics"
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint)
+        family = CounterFamily("jetfleet_sink_answers_total", "answers")
+        family.inc(2, status="committed", target="demo")
+        meters = ServiceMeters("sink", [family], prometheus=False, otlp=True)
+        assert meters.provider.force_flush()
+        meters.shutdown()
+    finally:
+        server.shutdown()
+        thread.join()
+        server.server_close()
+    points = [
+        (metric.name, {a.key: a.value.string_value for a in p.attributes}, p.as_int or p.as_double)
+        for request in _OtlpReceiver.got
+        for rm in request.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for p in metric.sum.data_points
+    ]
+    assert ("jetfleet_sink_answers_total", {"status": "committed", "target": "demo"}, 2) in points
+    services = {
+        a.value.string_value
+        for request in _OtlpReceiver.got
+        for rm in request.resource_metrics
+        for a in rm.resource.attributes
+        if a.key == "service.name"
+    }
+    assert services == {"jetfleet-sink"}
