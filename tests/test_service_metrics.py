@@ -25,6 +25,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from jetfleet.auth.credentials import settings_for_role
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
+from jetfleet.lease_client import LeaseClient
 from jetfleet.metrics import (
     OTHER,
     CounterFamily,
@@ -39,6 +40,7 @@ from jetfleet.ops.status import FleetStatus, TargetCounts
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for
+from tests.leasing import ask, granted, order_for, refused
 from tests.prom_text import names, samples, value
 from tests.stack import InProcessStack
 
@@ -125,6 +127,8 @@ class Scrapes:
 
     before: dict[str, str]
     after: dict[str, str]
+    refused: str
+    """The reason the one lease refusal of the run was given."""
 
 
 @pytest.fixture
@@ -155,9 +159,9 @@ async def known_run(
     gateway: Gateway,
     simulator: TargetSimulator,
 ) -> tuple[Scrapes, int]:
-    """Two jobs committed, one dead-lettered (404), one rejected at admission; every
-    service's endpoint scraped before and after. Returns the scrapes and how many
-    requests the target counted."""
+    """Two jobs committed, one dead-lettered (404), one rejected at admission, one lease
+    refused (to worker ``w-other``); every service's endpoint scraped before and after.
+    Returns the scrapes and how many requests the target counted."""
     quarantine = await stack.add_quarantine()
     assert stack.sink and stack.leaser and stack.scheduler and stack.ratelimit
     families: dict[str, Sequence[MetricFamily]] = {
@@ -186,11 +190,16 @@ async def known_run(
                 return (totals.committed, totals.dead, totals.rejected, read) == (2, 1, 1, 3)
 
             await wait_for(settled, 30, "2 commits, 1 dead letter, 1 rejection, 3 events read")
+            # One lease refused: a job leased to one worker, asked for by another.
+            leases = LeaseClient(nc)
+            order = order_for(settings, "/page/9")
+            await granted(leases, ask(order, worker="w-probe"))
+            refusal = await refused(leases, ask(order, worker="w-other"))
             after = await _scrape(http, urls)
     finally:
         for server in servers.values():
             await server.stop()
-    return Scrapes(before, after), simulator.counts()["total"] - sent_before
+    return Scrapes(before, after, refusal.reason), simulator.counts()["total"] - sent_before
 
 
 async def test_every_service_and_the_worker_expose_the_named_series_after_a_known_run(
@@ -220,7 +229,16 @@ async def test_every_service_and_the_worker_expose_the_named_series_after_a_know
     granted = {"answer": "granted", "reason": "", "target": "demo", "worker": "w-0"}
     assert value(leaser, "jetfleet_lease_answers_total", **granted) == grants
     handled = value(leaser, "jetfleet_lease_handle_seconds_count", op="grant", answer="granted")
-    assert handled == grants
+    assert handled == grants + 1  # and w-probe's
+    refusal = {"answer": "refused", "reason": scrapes.refused, "target": "demo"}
+    assert value(leaser, "jetfleet_lease_answers_total", **refusal, worker="w-other") == 1
+    refusals = sum(
+        v
+        for (name, labels), v in samples(leaser).items()
+        if name == "jetfleet_lease_answers_total" and ("answer", "refused") in labels
+    )
+    timed = value(leaser, "jetfleet_lease_handle_seconds_count", op="grant", answer="refused")
+    assert timed == refusals >= 1
     assert "jetfleet_sink_answers_total" not in names(leaser)
 
     # Scheduler: three admitted, one rejected with its reason.
