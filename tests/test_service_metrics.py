@@ -362,3 +362,24 @@ def test_with_the_otlp_variables_set_a_service_pushes_its_metrics_over_otlp(
         if a.key == "service.name"
     }
     assert services == {"jetfleet-sink"}
+
+
+async def test_the_gateway_shows_queue_depth_per_target_and_tier_read_from_the_work_stream(
+    settings: Settings, nc: NatsClient, services: InProcessStack, gateway: Gateway
+) -> None:
+    # No worker: what is admitted stays queued.
+    js = nc.jetstream()
+    jobs = jobs_for("demo", settings, ["/page/1", "/page/2"])
+    jobs += jobs_for("demo", settings, ["/page/3"], tier="high")
+    await submit_jobs(js, settings, "demo", jobs)
+
+    async def queued() -> bool:
+        return (await services.status()).totals.queued == 3
+
+    await wait_for(queued, 30, "3 jobs queued")
+    async with aiohttp.ClientSession() as http:
+        [text] = (await _scrape(http, {"gateway": f"{gateway.url}/metrics"})).values()
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="normal") == 2
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="high") == 1
+    assert value(text, "jetfleet_queue_messages", target="demo", tier="bulk") is None
+    assert value(text, "jetfleet_jobs", target="demo", state="queued") == 3
