@@ -96,7 +96,16 @@ class _Bounded:
         return tuple((k, OTHER) for k, _ in series)
 
 
-class CounterFamily(_Bounded):
+class _Observed(_Bounded):
+    """A family read by an asynchronous instrument: its ``values`` at collection."""
+
+    values: Mapping[Labels, float]
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, dict(labels)) for labels, v in list(self.values.items())]
+
+
+class CounterFamily(_Observed):
     """One counter with labels, e.g. ``jetfleet_sink_answers_total{status,target}``.
 
     Label values such as target and worker names can come from any NATS client, so a
@@ -124,11 +133,8 @@ class CounterFamily(_Bounded):
             self.name, callbacks=[self._observe], description=self.help_text
         )
 
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, dict(labels)) for labels, v in list(self.values.items())]
 
-
-class GaugeFamily(_Bounded):
+class GaugeFamily(_Observed):
     """One gauge with labels: a value that is set, replaced and removed, not summed."""
 
     def __init__(self, name: str, help_text: str, max_series: int = MAX_SERIES) -> None:
@@ -160,9 +166,6 @@ class GaugeFamily(_Bounded):
         meter.create_observable_gauge(
             self.name, callbacks=[self._observe], description=self.help_text
         )
-
-    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
-        return [Observation(v, dict(labels)) for labels, v in list(self.values.items())]
 
 
 class HistogramFamily(_Bounded):
