@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from typing import Protocol
 
-from jetfleet.metrics import MetricFamily, MetricsServer
+from jetfleet.metrics import MetricFamily, MetricsServer, ServiceMeters, otlp_requested
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +39,32 @@ async def serve_until_signalled(
     """Start ``service`` and run it until SIGINT or SIGTERM (or until ``stop`` is set, by
     the service itself), then drain it.
 
-    With ``metrics_port`` (0 picks a free one) its counters are served on ``/metrics``.
+    With ``metrics_port`` (0 picks a free one) its metrics are served on ``/metrics``;
+    with the standard ``OTEL_METRICS_EXPORTER=otlp`` or
+    ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` they are also pushed over OTLP/HTTP.
     """
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await service.start()
+    # After start: some families are made there (the sink's backstop).
+    otlp = otlp_requested(os.environ)
     exporter = None
+    meters = None
     if metrics_port is not None:
-        exporter = MetricsServer(service.metrics, port=metrics_port)
+        exporter = MetricsServer(
+            service.metrics, port=metrics_port, service=service.name, otlp=otlp
+        )
         log.info("%s metrics on http://127.0.0.1:%d/metrics", service.name, await exporter.start())
+    elif otlp:
+        meters = ServiceMeters(service.name, service.metrics, prometheus=False, otlp=True)
     log.info("%s started", service.name)
     await stop.wait()
     log.info("%s draining", service.name)
     await service.drain(drain_timeout_s)
     if exporter is not None:
         await exporter.stop()
+    if meters is not None:
+        meters.shutdown()
     log.info("%s stopped", service.name)

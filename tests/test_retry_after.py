@@ -23,12 +23,14 @@ from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.errors import ConfigError
+from jetfleet.metrics import ServiceMeters
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.stream_reader import read_stream
 from jetfleet.worker import Worker
 from jetfleet.worker.retry_after import retry_after_s
 from tests.conftest import wait_for
+from tests.prom_text import value
 from tests.queueing.helpers import dead, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
@@ -91,11 +93,9 @@ async def test_item4_a_three_year_retry_after_is_cut_to_the_cap_and_shown_as_a_t
         holds = env.worker.holds
         assert holds.held("slow") == THREE_YEARS_S
         assert holds.count.get(worker=env.worker.worker_id, target="slow") >= 2
-        shown = "".join(family.render() for family in env.worker.metrics)
-        assert (
-            f'jetfleet_worker_target_hold_asked_seconds{{target="slow",worker="{env.worker.worker_id}"}}'
-            in shown
-        ), shown
+        shown = ServiceMeters("worker", env.worker.metrics).render().decode()
+        asked = "jetfleet_worker_target_hold_asked_seconds"
+        assert value(shown, asked, target="slow", worker=env.worker.worker_id), shown
         blocked = [o for o in await env.outcomes() if o.kind == "blocked"]
         assert blocked and all("max_retry_after_s" in o.detail for o in blocked), blocked
         assert await dead(env.js, "slow") == 0  # blocked attempts are refunded

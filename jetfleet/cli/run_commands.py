@@ -86,7 +86,7 @@ def register(commands: Any) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus counters on 127.0.0.1:PORT/metrics (0: any)",
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any; docs/metrics.md)",
     )
     serve.set_defaults(run=_run_serve)
 
@@ -130,7 +130,7 @@ def register(commands: Any) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus counters on 127.0.0.1:PORT/metrics (0: any)",
+        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any; docs/metrics.md)",
     )
     worker.set_defaults(run=_run_worker)
 

@@ -43,7 +43,7 @@ from jetfleet.identity_presence import IdentityClaim, IdentityPresence
 from jetfleet.js_errors import is_unavailable
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
-from jetfleet.metrics import CounterFamily, MetricFamily
+from jetfleet.metrics import CounterFamily, HistogramFamily, MetricFamily
 from jetfleet.permit_client import PermitClient
 from jetfleet.presence_writer import LeaserPresenceWriter
 from jetfleet.publish import publish_durably
@@ -224,7 +224,18 @@ class Worker:
         self.stats: Counter[str] = Counter()
         self.attempts = CounterFamily(
             "jetfleet_worker_attempts_total",
-            "Attempts by worker, identity, target, handler version, outcome and reason",
+            "Attempts by worker, identity, target, handler version, version tuple id, "
+            "outcome (ok, retryable, permanent, blocked, unrun) and reason",
+        )
+        self.lease_latency = HistogramFamily(
+            "jetfleet_worker_lease_seconds",
+            "Seconds a lease grant or renewal took, asked by this worker, by worker, target, "
+            "op (grant, renew) and answer (granted, refused, busy, unanswered)",
+        )
+        self.permit_waits = CounterFamily(
+            "jetfleet_worker_permit_waits_total",
+            "Permit asks answered wait (or refused) instead of allowed, by worker, target and "
+            "answer",
         )
         self.hand_backs = CounterFamily(
             "jetfleet_worker_hand_backs_total",
@@ -235,6 +246,8 @@ class Worker:
         self.metrics: list[MetricFamily] = [
             self.attempts,
             self.hand_backs,
+            self.lease_latency,
+            self.permit_waits,
             self.holds.asked,
             self.holds.count,
         ]
@@ -1016,6 +1029,13 @@ class Worker:
         while True:
             asked_at = time.monotonic()
             reply = await self.leases.grant(request)
+            self.lease_latency.observe(
+                time.monotonic() - asked_at,
+                worker=self.worker_id,
+                target=request.target,
+                op="grant",
+                answer=_lease_answer(reply),
+            )
             if reply is not None and not is_busy(reply):
                 return reply, asked_at
             self.stats["leaser-busy" if reply is not None else "leaser-unreachable"] += 1
@@ -1163,6 +1183,11 @@ class Worker:
             reply = await self.permits.permit(request)
             if isinstance(reply, PermitAllowed):
                 return None
+            self.permit_waits.inc(
+                worker=self.worker_id,
+                target=target,
+                answer="refused" if isinstance(reply, PermitRefused) else "wait",
+            )
             wait = max(MIN_RATE_WAIT_S, reply.retry_after_s)
             if isinstance(reply, PermitRefused):
                 if not through_refusals or wait > patience_s:
@@ -1333,7 +1358,15 @@ class Worker:
         if left_s <= 0:
             return None
         try:
+            asked_at = time.monotonic()
             renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
+            self.lease_latency.observe(
+                time.monotonic() - asked_at,
+                worker=self.worker_id,
+                target=order.target,
+                op="renew",
+                answer="granted" if renewed else "refused",
+            )
             if renewed:
                 await _keep_delivery(msg, held.timer)
         except Exception as exc:
@@ -1600,6 +1633,7 @@ class Worker:
             identity=self.identity,
             target=order.target,
             version=versions.handler,
+            tuple=versions.id,
             outcome=kind,
             reason=verdict.reason,
         )
@@ -1710,3 +1744,12 @@ async def _stop(task: asyncio.Task[None]) -> None:
 def _rate_reason(reply: PermitWait) -> str:
     """The hand-back reason of a permit that says wait."""
     return "target-held" if reply.limit == "hold" else "rate-limited"
+
+
+def _lease_answer(reply: LeaseReply | None) -> str:
+    """The ``answer`` label of a grant's round trip."""
+    if reply is None:
+        return "unanswered"
+    if is_busy(reply):
+        return "busy"
+    return "refused" if isinstance(reply, LeaseRefusal) else "granted"

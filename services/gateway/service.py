@@ -24,7 +24,7 @@ from jetfleet.services.gateway.batch import (
 )
 from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from jetfleet.services.gateway.metrics import render_metrics
+from jetfleet.services.gateway.metrics import FleetGauges, queue_depths
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -70,6 +70,7 @@ class Gateway:
     def __init__(self, settings: Settings, nc: NatsClient) -> None:
         # The gateway's numbers are the fleet's (GET /metrics on its own port).
         self.metrics: list[CounterFamily] = []
+        self.fleet_gauges = FleetGauges(settings.targets)
         self.settings = settings
         self.nc = nc
         self.js = nc.jetstream()
@@ -232,9 +233,11 @@ class Gateway:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self._require_read(request)
-        status = await fleet_status(self.js, self.settings)
-        text = render_metrics(status, self.settings.targets)
-        return web.Response(body=text.encode(), headers={"Content-Type": METRICS_CONTENT_TYPE})
+        status, queue = await asyncio.gather(
+            fleet_status(self.js, self.settings), queue_depths(self.js, self.settings.targets)
+        )
+        body = self.fleet_gauges.render(status, queue)
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
     async def _submit(self, request: web.Request) -> web.Response:
         _raise_denial(check_write(self.settings.gateway, request.headers.get("Authorization")))

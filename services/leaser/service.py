@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -68,7 +69,7 @@ from jetfleet import subjects
 from jetfleet.auth.credentials import without_secrets
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.lease_store import HistoryEntry, LeaseStore, LiveLease
-from jetfleet.metrics import CounterFamily
+from jetfleet.metrics import CounterFamily, HistogramFamily, MetricFamily
 from jetfleet.pause_book import PauseBook, covers
 from jetfleet.permit_client import PermitClient
 from jetfleet.responder import Refusals, Responder, Route
@@ -160,7 +161,12 @@ class Leaser:
             "jetfleet_lease_answers_total",
             "Grant answers by answer (granted, refused, already-done), reason, target, worker",
         )
-        self.metrics = [self.answers, self.responder.refused]
+        self.latency = HistogramFamily(
+            "jetfleet_lease_handle_seconds",
+            "Seconds the leaser took to answer a lease call, by op (grant, renew, release) "
+            "and answer (granted, refused)",
+        )
+        self.metrics: list[MetricFamily] = [self.answers, self.latency, self.responder.refused]
 
     async def start(self) -> None:
         """Bind to the buckets and start answering."""
@@ -289,7 +295,17 @@ class Leaser:
         await self.places.close()
 
     async def handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
-        """Answer one lease call."""
+        """Answer one lease call (timed into ``jetfleet_lease_handle_seconds``)."""
+        started = time.perf_counter()
+        reply = await self._handle(call)
+        self.latency.observe(
+            time.perf_counter() - started,
+            op=_OPS[type(call)],
+            answer="refused" if isinstance(reply, LeaseRefusal) else "granted",
+        )
+        return reply
+
+    async def _handle(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply:
         if isinstance(call, LeaseRequest):
             reply = await recorded(self.js, call, await self.grant(call))
             self._count(call, reply)
@@ -763,6 +779,9 @@ def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:
     if record.identity:
         return "identity", record.identity
     return "worker", record.worker
+
+
+_OPS: dict[type, str] = {LeaseRequest: "grant", LeaseRenew: "renew", LeaseRelease: "release"}
 
 
 async def _shielded(coro: Coroutine[Any, Any, None]) -> None:

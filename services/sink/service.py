@@ -64,7 +64,12 @@ class Sink:
         self.answers = CounterFamily(
             "jetfleet_sink_answers_total", "Sink answers to reports, by status and target"
         )
-        self.metrics = [self.answers, self.responder.refused]
+        self.dead_letters = CounterFamily(
+            "jetfleet_sink_dead_letters_total",
+            "Dead letters written for workers' failure reports, by target and reason (the "
+            "backstop's are jetfleet_sink_backstop_total)",
+        )
+        self.metrics = [self.answers, self.dead_letters, self.responder.refused]
         self.exhausted: ExhaustedJobs | None = None
 
     @property
@@ -112,7 +117,10 @@ class Sink:
             await self.exhausted.drain(timeout_s)
 
     async def _after(self, msg: Msg, report: Report | None, reply: SinkReply) -> None:
-        self.answers.inc(status=reply.status, target=msg.subject.rsplit(".", 1)[-1])
+        target = msg.subject.rsplit(".", 1)[-1]
+        self.answers.inc(status=reply.status, target=target)
+        if isinstance(report, Failure) and reply.status == "dead-lettered":
+            self.dead_letters.inc(target=target, reason=report.reason)
         if isinstance(report, Success | Failure) and reply.status in SETTLED:
             # The target's in-flight place frees now, not when the lease runs out. The
             # fence check confirmed the live lease, and a settled job is never granted
