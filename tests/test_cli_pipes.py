@@ -302,6 +302,36 @@ async def test_submitting_many_draws_progress_on_a_terminal_but_not_with_json(
     assert len(json.loads((tmp_path / "out.json").read_text())["submitted"]) == 300
 
 
+async def test_purging_draws_progress_on_a_terminal_but_not_with_json(
+    config: Path, nc: NatsClient, tmp_path: Path
+) -> None:
+    js = nc.jetstream()
+
+    async def letters(count: int) -> None:
+        # What the purge reads is the count on jf.dlq.<target>.<job id>, not the letter.
+        for n in range(count):
+            await publish_durably(js, f"jf.dlq.demo.job-{n}", b"{}", None)
+
+    await letters(5)
+    with (tmp_path / "out.txt").open("wb") as out:
+        code, drawn, _ = await asyncio.to_thread(
+            _run_with_terminal_stderr, _argv(config, "dlq", "purge", "--yes"), out.fileno()
+        )
+    assert code == exit_codes.OK, drawn
+    assert "purging [" in drawn and "5/5" in drawn
+    assert "purged 5 dead letter(s)" in (tmp_path / "out.txt").read_text()
+    await letters(3)
+    with (tmp_path / "out.json").open("wb") as out:
+        code, drawn, _ = await asyncio.to_thread(
+            _run_with_terminal_stderr,
+            _argv(config, "dlq", "purge", "--yes", "--json"),
+            out.fileno(),
+        )
+    assert code == exit_codes.OK, drawn
+    assert "purging" not in drawn
+    assert json.loads((tmp_path / "out.json").read_text()) == {"removed": 3, "target": None}
+
+
 # --- exit codes ------------------------------------------------------------------------
 
 
