@@ -66,6 +66,7 @@ class ProgressBar:
         self.label = label
         self.enabled = progress_wanted() if enabled is None else enabled
         self._last = 0.0
+        self._drawn = False
 
     def update(self, done: int, extra: str = "") -> None:
         """Show ``done`` of ``total``."""
@@ -73,6 +74,7 @@ class ProgressBar:
         if not self.enabled or (now - self._last < 0.1 and done < self.total):
             return
         self._last = now
+        self._drawn = True
         width = 30
         filled = int(width * min(done, self.total) / self.total)
         sys.stderr.write(
@@ -82,6 +84,6 @@ class ProgressBar:
         sys.stderr.flush()
 
     def close(self) -> None:
-        """End the line."""
-        if self.enabled:
+        """End the line (if one was drawn)."""
+        if self._drawn:
             sys.stderr.write("\n")
