@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from email.message import Message
 
 import msgspec
@@ -21,11 +22,15 @@ _decoder = msgspec.json.Decoder(CommittedResult)
 
 async def iter_results(
     js: JetStreamContext, target: str | None = None
-) -> AsyncIterator[CommittedResult]:
-    """Every committed result (of ``target``, or of all targets), oldest first."""
+) -> AsyncGenerator[CommittedResult, None]:
+    """Every committed result (of ``target``, or of all targets), oldest first (a
+    generator: a caller that stops early closes it, ``contextlib.aclosing``)."""
     filter_ = subjects.results(target) if target else "jf.results.>"
-    async for msg in read_stream(js, subjects.STREAM_RESULTS, filter_):
-        yield _decoder.decode(msg.data)
+    # aclosing: when our caller stops early, the reader's consumer is deleted now, while
+    # the connection is open, not by the loop's finaliser after it has closed.
+    async with contextlib.aclosing(read_stream(js, subjects.STREAM_RESULTS, filter_)) as msgs:
+        async for msg in msgs:
+            yield _decoder.decode(msg.data)
 
 
 async def committed_job(js: JetStreamContext, target: str, key: str) -> str | None:

@@ -4,7 +4,7 @@ durable consumer: for exports, listings and tests."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from datetime import datetime
 
 from nats.aio.msg import Msg
@@ -18,7 +18,7 @@ BATCH = 500
 
 async def read_stream(
     js: JetStreamContext, stream: str, filter_subject: str, since: datetime | None = None
-) -> AsyncIterator[Msg]:
+) -> AsyncGenerator[Msg, None]:
     """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order
     (only those the server stored at or after ``since``, when given).
 

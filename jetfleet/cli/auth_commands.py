@@ -9,7 +9,7 @@ from typing import Any
 
 from jetfleet.auth.bundle import GATEWAY_TOKEN_FILE, init_bundle
 from jetfleet.auth.credentials import CREDENTIALS_DIR
-from jetfleet.auth.roles import roles_markdown
+from jetfleet.auth.roles import ROLES, roles_markdown
 from jetfleet.cli.progress import print_json
 
 DEFAULT_AUTH_DIR = Path(".jetfleet-auth")
@@ -46,10 +46,16 @@ def register(commands: Any) -> None:
     roles = actions.add_parser(
         "roles", help="print every role's permissions (Markdown, as in docs/security.md)"
     )
+    roles.add_argument(
+        "--json", action="store_true", help="print every role's permissions as a JSON list"
+    )
     roles.set_defaults(run=_run_roles)
 
 
 def _run_roles(args: argparse.Namespace) -> int:
+    if args.json:
+        print_json(list(ROLES.values()))
+        return 0
     print(roles_markdown(), end="")
     return 0
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -15,7 +16,7 @@ import msgspec
 
 from jetfleet import subjects, tracing
 from jetfleet.auth.credentials import declares_topology
-from jetfleet.cli.progress import ProgressBar, print_json, print_table
+from jetfleet.cli.progress import ProgressBar, print_json, print_table, progress_wanted
 from jetfleet.cli.quarantine_commands import print_quarantines
 from jetfleet.client import new_job_id, submit_raw
 from jetfleet.connection import connect_nats
@@ -25,6 +26,7 @@ from jetfleet.ops.pause_status import pause_lines
 from jetfleet.ops.status import CONFIRM_GAP_S, FIELDS, FleetStatus, confirmed_status
 from jetfleet.results import iter_results, with_stored_body
 from jetfleet.settings import Settings
+from jetfleet.stream_reader import count_messages
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
 
@@ -91,6 +93,11 @@ def register(commands: Any) -> None:
         action="store_true",
         help="put bodies kept in the object store (too large for a message) back inline",
     )
+    export.add_argument(
+        "--json",
+        action="store_true",
+        help="accepted for symmetry: the export is always JSON lines, one result a line",
+    )
     export.set_defaults(run=_run_results_export)
 
     schemas = commands.add_parser("schemas", help="the wire contract's generated documents")
@@ -102,9 +109,13 @@ def register(commands: Any) -> None:
         default=None,
         help="folder (default: the schemas/ folder of this checkout)",
     )
+    s_export.add_argument("--json", action="store_true", help="print the files written as JSON")
     s_export.set_defaults(run=_run_schemas_export)
     s_check = schema_cmds.add_parser("check", help="fail if the generated files are stale")
     s_check.add_argument("--out", type=Path, default=None, help="folder to check")
+    s_check.add_argument(
+        "--json", action="store_true", help='print {"current": bool, "problems": [...]}'
+    )
     s_check.set_defaults(run=_run_schemas_check)
 
     topology = commands.add_parser(
@@ -115,7 +126,11 @@ def register(commands: Any) -> None:
         "carry which targets (from the configuration alone, no server needed).",
     )
     topology.add_argument("action", choices=("show", "apply", "lanes"))
-    topology.add_argument("--json", action="store_true", help="lanes: print JSON")
+    topology.add_argument(
+        "--json",
+        action="store_true",
+        help="print JSON (show/apply: the drifts found, or changed, as objects)",
+    )
     topology.set_defaults(run=_run_topology)
 
 
@@ -178,7 +193,9 @@ async def _submit(
         js = nc.jetstream()
         if declares_topology(settings):
             await declare(js, settings)
-        bar = ProgressBar(len(ids), "submitting", enabled=None if len(ids) > 100 else False)
+        bar = ProgressBar(
+            len(ids), "submitting", enabled=len(ids) > 100 and progress_wanted(args.json)
+        )
         results = await submit_raw(js, settings, args.target, payloads, ids, progress=bar.update)
         bar.close()
     finally:
@@ -269,36 +286,54 @@ def _run_results_export(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if args.target is not None:
         settings.target(args.target)
-    return asyncio.run(_results_export(settings, args.target, args.bodies))
+    return asyncio.run(_results_export(settings, args.target, args.bodies, args.json))
 
 
-async def _results_export(settings: Settings, target: str | None, bodies: bool) -> int:
+async def _results_export(
+    settings: Settings, target: str | None, bodies: bool, as_json: bool
+) -> int:
     nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     js = nc.jetstream()
     encoder = msgspec.json.Encoder()
     out = sys.stdout.buffer
     missing = 0
+    bar = ProgressBar(0, "exporting", enabled=progress_wanted(as_json, data_on_stdout=True))
     try:
-        async for record in iter_results(js, target):
-            if bodies:
-                try:
-                    record = await with_stored_body(js, record)
-                except JetfleetError as exc:
-                    # Written without its body (its reference stays), never left out.
-                    missing += 1
-                    print(f"jetfleet: result of job {record.job_id}: {exc}", file=sys.stderr)
-            out.write(encoder.encode(record) + b"\n")
-    finally:
-        await nc.close()
+        if bar.enabled:
+            filter_ = subjects.results(target) if target else "jf.results.>"
+            bar.total = max(await count_messages(js, subjects.STREAM_RESULTS, filter_), 1)
+        # aclosing: a reader gone mid-export (BrokenPipeError from the write) closes the
+        # stream reader here, deleting its consumer, instead of leaving the generator to
+        # be finalised by the loop at exit (which logged an asyncio traceback).
+        async with contextlib.aclosing(iter_results(js, target)) as records:
+            done = 0
+            async for record in records:
+                if bodies:
+                    try:
+                        record = await with_stored_body(js, record)
+                    except JetfleetError as exc:
+                        # Written without its body (its reference stays), never left out.
+                        missing += 1
+                        print(f"jetfleet: result of job {record.job_id}: {exc}", file=sys.stderr)
+                out.write(encoder.encode(record) + b"\n")
+                done += 1
+                bar.update(done)
         out.flush()
+    finally:
+        bar.close()
+        await nc.close()
     return 1 if missing else 0
 
 
 def _run_schemas_export(args: argparse.Namespace) -> int:
     from jetfleet.ops.schema_export import default_dir, export
 
-    written = export(args.out or default_dir())
-    print(f"wrote {len(written)} file(s) to {args.out or default_dir()}")
+    folder = args.out or default_dir()
+    written = export(folder)
+    if args.json:
+        print_json({"folder": str(folder), "written": [str(p) for p in written]})
+    else:
+        print(f"wrote {len(written)} file(s) to {folder}")
     return 0
 
 
@@ -306,6 +341,9 @@ def _run_schemas_check(args: argparse.Namespace) -> int:
     from jetfleet.ops.schema_export import check, default_dir
 
     problems = check(args.out or default_dir())
+    if args.json:
+        print_json({"current": not problems, "problems": problems})
+        return 1 if problems else 0
     for problem in problems:
         print(problem, file=sys.stderr)
     if not problems:
@@ -321,7 +359,7 @@ def _run_topology(args: argparse.Namespace) -> int:
     # Declaring streams is the admin role's (docs/security.md): its credentials file,
     # not the operator's, is the one a production `topology apply` is given.
     settings = settings_from(args, "admin")
-    return asyncio.run(_topology(settings, args.action == "apply"))
+    return asyncio.run(_topology(settings, args.action == "apply", args.json))
 
 
 def _print_lanes(settings: Settings, as_json: bool) -> int:
@@ -349,13 +387,20 @@ def _print_lanes(settings: Settings, as_json: bool) -> int:
     return 0
 
 
-async def _topology(settings: Settings, update: bool) -> int:
+async def _topology(settings: Settings, update: bool, as_json: bool) -> int:
     # Creating and changing streams is administration: only the admin role may.
     nc = await connect_nats(settings.nats, "jetfleet-topology", role="admin")
     try:
         drifts = await declare(nc.jetstream(), settings, update=update)
     finally:
         await nc.close()
+    if as_json:
+        fields = [
+            {"what": d.what, "field": d.field, "live": d.live, "declared": d.declared}
+            for d in drifts
+        ]
+        print_json({"updated": update, "drifts": fields})
+        return 0
     for drift in drifts:
         print(f"{'updated' if update else 'drift'}: {drift}")
     if not drifts:

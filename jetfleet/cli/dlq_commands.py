@@ -15,7 +15,7 @@ from nats.js import JetStreamContext
 
 from jetfleet.audit import record_action, record_raised
 from jetfleet.cli.actor import actor, add_actor_arguments, why
-from jetfleet.cli.progress import print_json, print_table
+from jetfleet.cli.progress import ProgressBar, print_json, print_table, progress_wanted
 from jetfleet.connection import connect_nats
 from jetfleet.errors import JetfleetError
 from jetfleet.ops.dead_letters import (
@@ -99,6 +99,9 @@ def register(commands: Any) -> None:
     )
     removal.add_argument("--target", default=None, help="only this target's letters")
     removal.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    removal.add_argument(
+        "--json", action="store_true", help='print {"removed": N, "target": ...} as JSON'
+    )
     add_actor_arguments(removal)
     removal.set_defaults(run=_run_purge)
 
@@ -253,7 +256,11 @@ def _run_replay(args: argparse.Namespace) -> int:
                 entries = await list_dead_letters(js, args.target, args.reason)
             if not entries:
                 return []
-            new_ids = await replay(js, settings, entries)
+            bar = ProgressBar(len(entries), "replaying", enabled=progress_wanted(args.json))
+            try:
+                new_ids = await replay(js, settings, entries, progress=bar.update)
+            finally:
+                bar.close()
         except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
             await record_raised(js, "dlq.replay", actor(args), what, why(args), exc)
             raise
@@ -300,22 +307,31 @@ def _run_purge(args: argparse.Namespace) -> int:
 
     pending: int = asyncio.run(_with_js(settings, count))
     if pending == 0:
-        print(f"no dead letters{scope} to purge")
+        if args.json:
+            print_json({"removed": 0, "target": args.target})
+        else:
+            print(f"no dead letters{scope} to purge")
         return 0
     if not args.yes and not _confirmed(pending, scope):
         return 1
 
     async def work(js: JetStreamContext) -> int:
         what = f"dead letters of {args.target}" if args.target else "every dead letter"
+        bar = ProgressBar(pending, "purging", enabled=progress_wanted(args.json))
         try:
-            removed = await purge(js, args.target)
+            removed = await purge(js, args.target, progress=bar.update)
         except Exception as exc:  # part may be gone: recorded failed (docs/audit.md)
             await record_raised(js, "dlq.purge", actor(args), what, why(args), exc)
             raise
+        finally:
+            bar.close()
         detail = f"removed {removed} letter(s)"
         await record_action(js, "dlq.purge", actor(args), what, why(args), detail)
         return removed
 
     removed: int = asyncio.run(_with_js(settings, work))
+    if args.json:
+        print_json({"removed": removed, "target": args.target})
+        return 0
     print(f"purged {removed} dead letter(s){scope}; the count is recorded in jf-control")
     return 0

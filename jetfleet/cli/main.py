@@ -16,6 +16,7 @@ from jetfleet.cli import (
     audit_command,
     auth_commands,
     breaker_commands,
+    completion_command,
     data_commands,
     dlq_commands,
     doctor_command,
@@ -27,8 +28,8 @@ from jetfleet.cli import (
     target_commands,
     version_commands,
 )
+from jetfleet.cli.exit_codes import run_guarded
 from jetfleet.dev.stack_env import effective_env
-from jetfleet.errors import JetfleetError
 from jetfleet.settings import Settings, load_settings
 
 DESCRIPTION = """\
@@ -77,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     audit_command.register(commands)
     runbook_command.register(commands)
     auth_commands.register(commands)
+    completion_command.register(commands)
     return parser
 
 
@@ -88,19 +90,17 @@ def settings_from(args: argparse.Namespace, role: Role = "operator") -> Settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the command line; returns the process exit code (docs/cli.md, "Exit codes":
+    jetfleet/cli/exit_codes.py maps what a command raises)."""
+    return run_guarded(lambda: _run(argv))
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    try:
-        code: int = args.run(args)
-        return code
-    except JetfleetError as exc:
-        print(f"jetfleet: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    code: int = args.run(args)
+    return code

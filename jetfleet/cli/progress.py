@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import sys
 import time
 from collections.abc import Sequence
@@ -29,14 +31,42 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> Non
             print("  ".join("-" * w for w in widths))
 
 
+def progress_wanted(as_json: bool = False, data_on_stdout: bool = False) -> bool:
+    """Whether a long operation draws a bar (docs/cli.md, "Progress"): only for a person
+    at a terminal. Never with ``--json`` (a program reads the output), never when stdout
+    is a pipe or socket (``| head``, ``| jq``: a script is reading), and, for a command
+    whose data is its stdout (``results export``), only when that goes to a file: on a
+    terminal the bar would be drawn into the data."""
+    if as_json or not _is_tty(sys.stderr):
+        return False
+    mode = _stdout_mode()
+    if mode is None or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return False
+    return not (data_on_stdout and _is_tty(sys.stdout))
+
+
+def _is_tty(stream: object) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def _stdout_mode() -> int | None:
+    try:
+        return os.fstat(sys.stdout.fileno()).st_mode
+    except (OSError, ValueError):  # no real descriptor (a test's captured stdout)
+        return None
+
+
 class ProgressBar:
-    """A one-line bar on stderr, redrawn at most 10 times a second; silent off a TTY."""
+    """A one-line bar on stderr, redrawn at most 10 times a second; silent unless
+    ``enabled`` (default: ``progress_wanted()``)."""
 
     def __init__(self, total: int, label: str, enabled: bool | None = None) -> None:
         self.total = max(total, 1)
         self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.enabled = progress_wanted() if enabled is None else enabled
         self._last = 0.0
+        self._drawn = False
 
     def update(self, done: int, extra: str = "") -> None:
         """Show ``done`` of ``total``."""
@@ -44,6 +74,7 @@ class ProgressBar:
         if not self.enabled or (now - self._last < 0.1 and done < self.total):
             return
         self._last = now
+        self._drawn = True
         width = 30
         filled = int(width * min(done, self.total) / self.total)
         sys.stderr.write(
@@ -53,6 +84,6 @@ class ProgressBar:
         sys.stderr.flush()
 
     def close(self) -> None:
-        """End the line."""
-        if self.enabled:
+        """End the line (if one was drawn)."""
+        if self._drawn:
             sys.stderr.write("\n")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 import msgspec
@@ -167,7 +167,10 @@ def replay_copy(entry: DeadLetterEntry) -> Job:
 
 
 async def replay(
-    js: JetStreamContext, settings: Settings, entries: Sequence[DeadLetterEntry]
+    js: JetStreamContext,
+    settings: Settings,
+    entries: Sequence[DeadLetterEntry],
+    progress: Callable[[int], None] | None = None,
 ) -> list[str]:
     """Submit each letter's original job again, through admission like any submission.
 
@@ -181,6 +184,7 @@ async def replay(
         js: A JetStream context.
         settings: The fleet's settings (admission checks the copies against them).
         entries: The dead letters to replay.
+        progress: Called with how many are published so far, after each one.
 
     Returns:
         The new job ids, in the order of ``entries``.
@@ -215,6 +219,8 @@ async def replay(
                 "dead letter %d was already replayed as %s: not submitted again", entry.id, job.id
             )
         new_ids.append(job.id)
+        if progress is not None:
+            progress(len(new_ids))
     return new_ids
 
 
@@ -314,7 +320,11 @@ def _letter_target(subject: str) -> str | None:
     return target
 
 
-async def purge(js: JetStreamContext, target: str | None = None) -> int:
+async def purge(
+    js: JetStreamContext,
+    target: str | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> int:
     """Remove the dead letters of ``target`` (or of every target) and record how many.
 
     Each target's subject is purged on its own, and the count the server reports as
@@ -323,7 +333,8 @@ async def purge(js: JetStreamContext, target: str | None = None) -> int:
 
     Without a target, a message on a subject no job's letter has (``jf.dlq.<target>``
     with no job id, or an unusable target token: anyone may publish there) is removed
-    too, but not recorded, since status never counted it as dead.
+    too, but not recorded, since status never counted it as dead. ``progress`` is called
+    with how many are removed so far, after each subject.
 
     Returns:
         How many messages were removed.
@@ -346,6 +357,8 @@ async def purge(js: JetStreamContext, target: str | None = None) -> int:
             )
         stalled = subject if n == 0 else None
         removed += n
+        if progress is not None:
+            progress(removed)
     return removed
 
 
