@@ -516,6 +516,10 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
                 raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
             elif section == "worker" and key == "version_fields":
                 raw.setdefault(section, {})[key] = _version_fields_from_env(name, value)
+            elif section == "worker" and key.startswith("browser__"):
+                # JETFLEET_WORKER__BROWSER__ENABLED=true: a key of [worker.browser].
+                key = "browser." + key.removeprefix("browser__")
+                raw.setdefault(section, {}).setdefault("browser", {})[key[8:]] = value
             else:
                 raw.setdefault(section, {})[key] = value
             origins[f"{section}.{key}"] = name

@@ -31,8 +31,9 @@ class PageSpec(msgspec.Struct, frozen=True, omit_defaults=True):
     wait_for: Selector | None = None
     """A selector the page must show before anything is read; one that never appears on
     a page that loaded (2xx) fails the job ``selector-removed``. None: read once loaded."""
-    wait_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=300)] | None = None
-    """How long to wait for ``wait_for``; None takes ``worker.browser.wait_timeout_s``."""
+    wait_timeout_s: Annotated[float, msgspec.Meta(ge=0, le=300)] = 0.0
+    """How long to wait for ``wait_for`` (a duration); 0 takes
+    ``worker.browser.wait_timeout_s``."""
     extract: Annotated[dict[FieldName, Extract], msgspec.Meta(max_length=MAX_EXTRACT_FIELDS)] = {}
     """Name -> what to read under that name."""
     screenshot: bool = False

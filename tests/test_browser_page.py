@@ -17,14 +17,16 @@ from jetfleet.schemas.browser import Extract, PageSpec, PageVisit
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import settings_for_role
 from jetfleet.client import submit_jobs
 from jetfleet.errors import ConfigError
 from jetfleet.results import iter_results, stored_bytes
-from jetfleet.settings import BrowserSettings, Settings, WorkerSettings
+from jetfleet.settings import BrowserSettings, Settings, WorkerSettings, load_settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.simulator.pages import THIRD_PARTY_PIXEL
 from jetfleet.stream_reader import read_stream
-from jetfleet.version_tuple import local_tuple
+from jetfleet.version_tuple import config_hash, local_tuple
+from jetfleet.worker import Worker
 from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 from jetfleet.worker.browser_executable import chromium_path
 from tests.conftest import make_settings, sim_target, wait_for
@@ -218,6 +220,81 @@ async def test_a_challenge_page_is_a_block_signal_never_solved_nor_committed(env
     assert env.asked("challenge") == 3
 
 
+async def test_a_challenge_kills_the_identitys_browser_session_never_the_job(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("s-1", "/session/1", PageSpec(wait_for="h1")))
+    await env.committed("s-1")
+    (token,) = env.sim.sessions_issued()
+    env.sim.challenge_session(token)  # the site flags the session
+
+    await env.submit(page_job("s-2", "/session/2", PageSpec(wait_for="h1")))
+    await env.committed("s-2")
+    presented = [sent for path, sent in env.sim.sessions_presented() if path == "/session/2"]
+    # Challenged with the old session, then back with none: a new one, never the old.
+    assert presented == [token, ""]
+    assert len(env.sim.sessions_issued()) == 2
+
+
+async def test_redirects_are_followed_hop_by_hop_on_the_target_only(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(
+        page_job("r-1", "/redirect/1?to=/shop/item/5"),
+        page_job("r-off", "/redirect/2?to=http://elsewhere.example.invalid/x"),
+    )
+    visit = (await env.committed("r-1"))["r-1"]
+    assert visit.final_url == env.sim.base_url + "/shop/item/5"
+    assert visit.title.startswith("Item 5: ")
+
+    async def lettered() -> bool:
+        return any(d.order.job.id == "r-off" for d in await env.letters())
+
+    await wait_for(lettered, 60, "the dead letter of r-off")
+    letter = next(d for d in await env.letters() if d.order.job.id == "r-off")
+    assert letter.reason == "redirect-off-target"
+    assert env.asked("redirect") == 2 and env.asked("shop-item") == 1
+
+
+async def test_a_page_slower_than_the_budget_is_retried_then_dead_lettered(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(
+        page_job("slow-1", "/shop/item/6?delay=5", timeout_s=1.0, max_attempts=2),
+        page_job("slow-ok", "/shop/item/7?delay=0.3", timeout_s=4.0),
+    )
+    assert (await env.committed("slow-ok"))["slow-ok"].status == 200
+
+    async def lettered() -> bool:
+        return any(d.order.job.id == "slow-1" for d in await env.letters())
+
+    await wait_for(lettered, 60, "the dead letter of slow-1")
+    letter = next(d for d in await env.letters() if d.order.job.id == "slow-1")
+    assert letter.reason == "attempts-exhausted"
+    assert len(letter.history) == 2
+    assert all("timeout" in a.reason or "deadline" in a.reason for a in letter.history), [
+        a.reason for a in letter.history
+    ]
+
+
+async def test_a_worker_without_a_browser_hands_browser_jobs_back_unsent(env: Env) -> None:
+    plain_settings = msgspec.structs.replace(
+        env.settings, worker=msgspec.structs.replace(env.settings.worker, browser=BrowserSettings())
+    )
+    nc = await env.stack._connect("w-plain", "worker")
+    plain = Worker(settings_for_role(plain_settings, "worker"), nc, "w-plain")
+    await plain.start()
+    env.stack.workers.append(plain)
+    await env.submit(page_job("nb-1", "/shop/item/8"))
+
+    async def handed_back() -> bool:
+        return plain.hand_backs.get(worker="w-plain", target=SHOP, reason="no-browser") >= 1
+
+    await wait_for(handed_back, 30, "a no-browser hand-back")
+    assert env.asked("shop-item") == 0
+    assert plain.version_tuple.browser == ""
+    await env.stack.add_worker("w-a", identity="alice")
+    assert (await env.committed("nb-1"))["nb-1"].status == 200
+    assert env.asked("shop-item") == 1
+
+
 async def test_robots_disallow_refuses_a_browser_job_without_navigating(robots_env: Env) -> None:
     env = robots_env
     env.sim.set_robots(text="User-agent: *\nDisallow: /shop/\n")
@@ -341,3 +418,27 @@ async def test_chromium_version_matches_what_the_running_browser_reports(tmp_pat
         await contexts.close()
     on = Settings(worker=WorkerSettings(browser=settings))
     assert local_tuple(on).browser == contexts.version
+
+
+def test_browser_settings_come_from_the_environment_and_bad_ones_name_the_key() -> None:
+    env = {
+        "JETFLEET_WORKER__BROWSER__ENABLED": "true",
+        "JETFLEET_WORKER__BROWSER__MAX_CONTEXTS": "3",
+    }
+    browser = load_settings(None, env=env).worker.browser
+    assert browser.enabled and browser.max_contexts == 3
+    with pytest.raises(ConfigError, match=r"worker\.browser\.max_contexts"):
+        load_settings(None, env={"JETFLEET_WORKER__BROWSER__MAX_CONTEXTS": "0"})
+    with pytest.raises(ConfigError, match=r"unknown key 'worker\.browser\.nope'"):
+        load_settings(None, env={"JETFLEET_WORKER__BROWSER__NOPE": "1"})
+
+
+def test_where_this_host_keeps_chromium_and_profiles_does_not_change_the_config_hash() -> None:
+    one = Settings(
+        worker=WorkerSettings(browser=BrowserSettings(executable="/a", profiles_dir="/p"))
+    )
+    two = Settings(
+        worker=WorkerSettings(browser=BrowserSettings(executable="/b", profiles_dir="/q"))
+    )
+    other = Settings(worker=WorkerSettings(browser=BrowserSettings(max_contexts=5)))
+    assert config_hash(one) == config_hash(two) != config_hash(other)
