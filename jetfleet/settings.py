@@ -136,7 +136,7 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Lease every job and fence every commit. False is the foundation's unfenced direct
     path, kept only as a benchmark baseline: never run production without leases."""
     handlers: tuple[str, ...] = ()
-    """Names of user handlers (beyond http.get and noop) that jobs may ask for."""
+    """Names of user handlers (beyond http.get, browser.page and noop) that jobs may ask for."""
     dedicated_targets: int = 100
     """How many targets get consumers of their own (the first ones declared). Targets
     beyond this count share ``target_partitions`` hashed partitions (docs/topology.md)."""

@@ -6,6 +6,8 @@ over real nats-server and redis-server (scheduler, ratelimit, leaser, sink in pr
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -442,3 +444,18 @@ def test_where_this_host_keeps_chromium_and_profiles_does_not_change_the_config_
     )
     other = Settings(worker=WorkerSettings(browser=BrowserSettings(max_contexts=5)))
     assert config_hash(one) == config_hash(two) != config_hash(other)
+
+
+def test_submit_page_refuses_an_invalid_page_spec_before_sending(tmp_path: Path) -> None:
+    config = tmp_path / "jetfleet.toml"
+    config.write_text('[targets.a]\nbase_url = "http://127.0.0.1:9/"\n')
+    command = [sys.executable, "-m", "jetfleet", "--config", str(config), "submit", "a", "/x"]
+    done = subprocess.run(
+        [*command, "--handler", "browser.page", "--page", '{"wait_for": 3}'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NATS_URL": "nats://127.0.0.1:1"},
+    )
+    assert done.returncode == 2
+    assert "--page is not a valid page spec" in done.stderr and "wait_for" in done.stderr

@@ -1,4 +1,5 @@
-"""The built-in handlers: ``http.get`` (aiohttp) and ``noop``."""
+"""The built-in handlers: ``http.get`` (aiohttp) and ``noop`` (``browser.page`` is in
+browser_page.py)."""
 
 from __future__ import annotations
 
