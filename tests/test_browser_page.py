@@ -6,6 +6,7 @@ over real nats-server and redis-server (scheduler, ratelimit, leaser, sink in pr
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -295,6 +296,43 @@ async def test_a_worker_without_a_browser_hands_browser_jobs_back_unsent(env: En
     await env.stack.add_worker("w-a", identity="alice")
     assert (await env.committed("nb-1"))["nb-1"].status == 200
     assert env.asked("shop-item") == 1
+
+
+async def test_a_browser_that_died_is_opened_again_for_the_next_job(env: Env) -> None:
+    worker = await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("d-1", "/shop/item/1"))
+    await env.committed("d-1")
+    assert worker.browser is not None and worker.browser.open_identities() == ("alice",)
+    folder = worker.browser.folder("alice")
+    main = _browser_pids(folder)
+    assert main, "no Chromium runs on alice's profile"
+    for pid in main:
+        os.kill(pid, signal.SIGKILL)  # the browser this test's worker started crashes
+
+    async def forgotten() -> bool:
+        return worker.browser is not None and worker.browser.open_identities() == ()
+
+    await wait_for(forgotten, 30, "the dead context to be forgotten")
+    await env.submit(page_job("d-2", "/shop/item/2"))
+    assert (await env.committed("d-2"))["d-2"].status == 200
+    assert _browser_pids(folder) and not set(_browser_pids(folder)) & set(main)
+
+
+def _browser_pids(folder: Path) -> list[int]:
+    """The Chromium browser processes (not renderers) running on profile ``folder``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"--user-data-dir={folder}".encode() in args and not any(
+            a.startswith(b"--type=") for a in args
+        ):
+            pids.append(int(entry.name))
+    return pids
 
 
 async def test_robots_disallow_refuses_a_browser_job_without_navigating(robots_env: Env) -> None:

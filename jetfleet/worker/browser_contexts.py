@@ -103,6 +103,11 @@ class BrowserContexts:
                 await self._playwright.stop()
                 self._playwright = None
 
+    def _forget(self, identity: str, context: BrowserContext) -> None:
+        held = self._open.get(identity)
+        if held is not None and held.context is context:
+            del self._open[identity]
+
     async def _make_room(self) -> None:
         while len(self._open) >= self.settings.max_contexts:
             idle = next((i for i, held in self._open.items() if held.users == 0), None)
@@ -135,6 +140,9 @@ class BrowserContexts:
         )
         if context.browser is not None:
             self.version = context.browser.version
+        # A browser that dies (crash, killed) closes its context: forget it, so the next
+        # job of the identity opens it again instead of failing on a dead one.
+        context.on("close", lambda closed: self._forget(identity, closed))
         log.info(
             "worker %s opened a browser context for identity %s (Chromium %s)",
             self.worker_id,

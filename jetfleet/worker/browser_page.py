@@ -25,7 +25,7 @@ from playwright.async_api import BrowserContext, Page, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
-from jetfleet.errors import Blocked, JetfleetError, PermanentFailure, RetryLater
+from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput
 from jetfleet.schemas.browser import MAX_VALUES_PER_FIELD, ExtractedValue, PageSpec, PageVisit
 from jetfleet.schemas.stored import StoredObject
@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 HANDLER = "browser.page"
 SELECTOR_REMOVED = "selector-removed"
 NO_BROWSER = "no-browser"
+BROWSER_UNAVAILABLE = "browser-unavailable"
 MAX_REDIRECTS = 10
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 _RETRYABLE_STATUS = frozenset({408, 500, 502, 504})
@@ -80,9 +81,10 @@ class _Visit:
         self.served = True
         try:
             await self._send(route)
-        except (JetfleetError, PlaywrightError) as exc:
+        except Exception as exc:  # raised by the handler once goto ends (a bug: a crash)
             self.failure = exc
-            await route.abort()
+            with contextlib.suppress(PlaywrightError):
+                await route.abort()
 
     async def _send(self, route: Route) -> None:
         ctx = self.ctx
@@ -134,10 +136,17 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
     if ctx.browser is None:
         raise RetryLater(NO_BROWSER, detail="this worker has no browser (worker.browser)")
     spec = ctx.order.job.page or PageSpec()
-    context = await ctx.browser.acquire(ctx.identity)
+    try:
+        context = await ctx.browser.acquire(ctx.identity)
+    except PlaywrightError as exc:
+        raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
     page: Page | None = None
     try:
-        page = await context.new_page()
+        try:
+            page = await context.new_page()
+        except PlaywrightError as exc:
+            # Its browser died: the pool forgets it (it closed), the next attempt opens anew.
+            raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
         visit = await _navigate(ctx, page)
         await _judge_answer(ctx, context, visit)
         await _wait_for(ctx, context, page, spec, visit)
@@ -162,6 +171,12 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
         ctx.browser.release(ctx.identity)
 
 
+def _first_line(exc: BaseException) -> str:
+    """Playwright's messages run to a call log of many lines: the first says what."""
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _budget_s(ctx: HandlerContext) -> float:
     return ctx.order.timeout_s or ctx.target.timeout_s
 
@@ -176,11 +191,11 @@ async def _navigate(ctx: HandlerContext, page: Page) -> _Visit:
             raise RetryLater("timeout", detail=f"no page within {_budget_s(ctx):g} s") from None
     except PlaywrightError as exc:
         if visit.failure is None:
-            raise RetryLater("network-error", detail=str(exc).splitlines()[0]) from None
-    if isinstance(visit.failure, JetfleetError):
-        raise visit.failure
+            raise RetryLater("network-error", detail=_first_line(exc)) from None
+    if visit.failure is not None and not isinstance(visit.failure, PlaywrightError):
+        raise visit.failure  # a manners verdict (robots, permit, redirect), or a crash
     if visit.failure is not None:
-        detail = str(visit.failure).splitlines()[0]
+        detail = _first_line(visit.failure)
         if "Timeout" in type(visit.failure).__name__ or "imeout" in detail:
             raise RetryLater("timeout", detail=detail)
         raise RetryLater("network-error", detail=detail)
@@ -235,7 +250,7 @@ async def _wait_for(
             detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s",
         ) from None
     except PlaywrightError as exc:
-        raise PermanentFailure("bad-selector", detail=str(exc).splitlines()[0]) from None
+        raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
 
 
 async def _read(page: Page, selector: str, attr: str, every: bool) -> ExtractedValue:
@@ -244,7 +259,7 @@ async def _read(page: Page, selector: str, attr: str, every: bool) -> ExtractedV
             selector, _READ_ALL, [attr, MAX_VALUES_PER_FIELD if every else 1]
         )
     except PlaywrightError as exc:
-        raise PermanentFailure("bad-selector", detail=str(exc).splitlines()[0]) from None
+        raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
     if every:
         return [value for value in found if value is not None]
     return found[0] if found else None
