@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from playwright.async_api import BrowserContext, Playwright, async_playwright
+from playwright.async_api import BrowserContext, Playwright, Route, async_playwright
 
 from jetfleet.settings import BrowserSettings
 
@@ -42,6 +42,10 @@ def profile_folder(profiles_dir: str, worker_id: str, identity: str) -> Path:
     """Where ``worker_id`` keeps ``identity``'s browser profile."""
     root = Path(profiles_dir).expanduser()
     return root / folder_name(worker_id) / folder_name(identity or NO_IDENTITY)
+
+
+async def _abort(route: Route) -> None:
+    await route.abort()
 
 
 @dataclass
@@ -138,6 +142,9 @@ class BrowserContexts:
             service_workers="block",
             accept_downloads=False,
         )
+        # Beneath every page's own route: a request no page route answers (a page
+        # closing, a popup, a frame of none of the jobs) is aborted, never sent.
+        await context.route("**/*", _abort)
         if context.browser is not None:
             self.version = context.browser.version
         # A browser that dies (crash, killed) closes its context: forget it, so the next

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -42,6 +43,7 @@ SELECTOR_REMOVED = "selector-removed"
 NO_BROWSER = "no-browser"
 BROWSER_UNAVAILABLE = "browser-unavailable"
 MAX_REDIRECTS = 10
+BUDGET_MARGIN_S = 0.25
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 _RETRYABLE_STATUS = frozenset({408, 500, 502, 504})
 # Reads every match's text (or attribute) in the page; null where an attribute is absent.
@@ -54,7 +56,8 @@ class _Visit:
     """One job's page: its document request, sent by the handler, and what came back."""
 
     ctx: HandlerContext
-    budget_ms: float
+    ends_at: float
+    """When (monotonic) the handler's own timeouts end: within the attempt's budget."""
     served: bool = False
     status: int = 0
     final_url: str = ""
@@ -100,7 +103,7 @@ class _Visit:
                 await ctx.another_request(url)
             self.hops.append(url)
             response = await route.fetch(
-                url=url, headers=headers, max_redirects=0, timeout=self.budget_ms
+                url=url, headers=headers, max_redirects=0, timeout=_left_ms(self.ends_at)
             )
             location = response.headers.get("location")
             if response.status in _REDIRECT_STATUS and location:
@@ -136,6 +139,9 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
     if ctx.browser is None:
         raise RetryLater(NO_BROWSER, detail="this worker has no browser (worker.browser)")
     spec = ctx.order.job.page or PageSpec()
+    # The handler's own timeouts end a little before the attempt's budget, so it says
+    # what ran out (the worker's deadline would only say handler-timeout).
+    ends_at = time.monotonic() + max(0.1, _budget_s(ctx) - BUDGET_MARGIN_S)
     try:
         context = await ctx.browser.acquire(ctx.identity)
     except PlaywrightError as exc:
@@ -147,9 +153,9 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
         except PlaywrightError as exc:
             # Its browser died: the pool forgets it (it closed), the next attempt opens anew.
             raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
-        visit = await _navigate(ctx, page)
+        visit = await _navigate(ctx, page, ends_at)
         await _judge_answer(ctx, context, visit)
-        await _wait_for(ctx, context, page, spec, visit)
+        await _wait_for(ctx, context, page, spec, visit, ends_at)
         values = {
             name: await _read(page, ex.selector, ex.attr, ex.all)
             for name, ex in spec.extract.items()
@@ -181,11 +187,17 @@ def _budget_s(ctx: HandlerContext) -> float:
     return ctx.order.timeout_s or ctx.target.timeout_s
 
 
-async def _navigate(ctx: HandlerContext, page: Page) -> _Visit:
-    visit = _Visit(ctx, budget_ms=_budget_s(ctx) * 1000)
+def _left_ms(ends_at: float) -> float:
+    """Milliseconds until ``ends_at``, as Playwright's timeouts take them (at least 1:
+    0 would mean no timeout at all)."""
+    return max(1.0, (ends_at - time.monotonic()) * 1000)
+
+
+async def _navigate(ctx: HandlerContext, page: Page, ends_at: float) -> _Visit:
+    visit = _Visit(ctx, ends_at)
     await page.route("**/*", visit.route)
     try:
-        await page.goto(ctx.order.job.url, wait_until="load", timeout=visit.budget_ms)
+        await page.goto(ctx.order.job.url, wait_until="load", timeout=_left_ms(ends_at))
     except PlaywrightTimeout:
         if visit.failure is None:
             raise RetryLater("timeout", detail=f"no page within {_budget_s(ctx):g} s") from None
@@ -231,20 +243,33 @@ async def _blocked(
 
 
 async def _wait_for(
-    ctx: HandlerContext, context: BrowserContext, page: Page, spec: PageSpec, visit: _Visit
+    ctx: HandlerContext,
+    context: BrowserContext,
+    page: Page,
+    spec: PageSpec,
+    visit: _Visit,
+    ends_at: float,
 ) -> None:
     if spec.wait_for is None:
         return
     assert ctx.browser is not None
     wait_s = spec.wait_timeout_s or ctx.browser.settings.wait_timeout_s
+    # Cut short by the attempt's budget, a wait proves nothing of the page.
+    whole = wait_s * 1000 <= _left_ms(ends_at)
     try:
-        await page.wait_for_selector(spec.wait_for, state="attached", timeout=wait_s * 1000)
+        await page.wait_for_selector(
+            spec.wait_for, state="attached", timeout=min(wait_s * 1000, _left_ms(ends_at))
+        )
     except PlaywrightTimeout:
         if is_challenge((await page.content()).encode()):
             # A challenge served as 200: still a block signal, never solved.
             await _blocked(
                 ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
             )
+        if not whole:
+            raise RetryLater(
+                "timeout", detail=f"the attempt's budget ran out waiting for {spec.wait_for!r}"
+            ) from None
         raise PermanentFailure(
             SELECTOR_REMOVED,
             detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s",

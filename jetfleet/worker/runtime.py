@@ -334,6 +334,11 @@ class Worker:
             self.identity,
             self.presence_writer,
         )
+        if self.browser is not None:
+            # Opened now, not by the first job after its permit: a launch (a second or
+            # more) must not eat into an attempt's budget with the target's permit spent.
+            await self.browser.acquire(self.identity)
+            self.browser.release(self.identity)
         for line in start_warnings(self.settings, self.targets):
             log.warning("worker %s: %s", self.worker_id, line)
         for lane in self.lanes:
