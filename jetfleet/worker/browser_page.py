@@ -5,9 +5,11 @@ Manners as ``http.get`` (docs/browser.md): the worker checked robots.txt and too
 first request's rate permit before the handler runs. The page's document request is sent
 by the handler itself (``route.fetch``), hop by hop, so each redirect is checked against
 the target (``redirect-off-target``) and clears robots.txt and a permit of its own, and
-it carries the target's identifying User-Agent. Every other request the page makes
-(images, scripts, styles, frames, later navigations), to the target or anywhere else, is
-aborted unsent: one permit is one request, as the target counts them.
+it carries the target's identifying User-Agent. Every other request the page would make
+(images, scripts, styles, frames, fetch, later navigations), to the target or anywhere
+else, is never sent: the document is served to Chromium with a policy forbidding them
+(``NO_SUBREQUESTS``), and its route aborts the rest. One permit is one request, as the
+target counts them.
 
 A block or challenge answer (403/429/503, a challenge page) is a ``Blocked`` signal: the
 page is left as it is, never interacted with, and a challenge discards the identity's
@@ -22,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from playwright.async_api import BrowserContext, Page, Route
+from playwright.async_api import BrowserContext, ConsoleMessage, Page, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
@@ -44,6 +46,16 @@ NO_BROWSER = "no-browser"
 BROWSER_UNAVAILABLE = "browser-unavailable"
 MAX_REDIRECTS = 10
 BUDGET_MARGIN_S = 0.25
+CSP_HEADER = "content-security-policy"
+NO_SUBREQUESTS = (
+    "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data:; font-src data:; form-action 'none'"
+)
+"""The policy the document is served to Chromium with: no request of any kind beyond the
+document (images, scripts, styles, fonts, frames, fetch/XHR, WebSockets, workers, form
+posts); inline scripts and styles and ``data:`` images still work. Chromium refuses
+these before any request exists, so none can slip past a route being torn down (a page
+closing at its deadline continues the requests still waiting in its routes)."""
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 _RETRYABLE_STATUS = frozenset({408, 500, 502, 504})
 # Reads every match's text (or attribute) in the page; null where an attribute is absent.
@@ -65,7 +77,10 @@ class _Visit:
     retry_after: str | None = None
     date: str | None = None
     aborted: int = 0
-    """Requests of the page not sent (sub-resources, other hosts, later navigations)."""
+    """Requests of the page aborted at its route (later navigations, anything the
+    policy let through)."""
+    refused: int = 0
+    """Requests Chromium refused by ``NO_SUBREQUESTS`` (as its console reports them)."""
     failure: BaseException | None = None
     """What stopped the document request (raised by the handler once ``goto`` ends)."""
     hops: list[str] = field(default_factory=list)
@@ -119,11 +134,25 @@ class _Visit:
                     detail=f"{url}: page over targets.{ctx.order.target}.max_body_bytes "
                     f"({ctx.target.max_body_bytes} bytes)",
                 )
-            await route.fulfill(response=response)
+            await route.fulfill(response=response, headers=_no_subrequests(response.headers))
             return
         raise PermanentFailure(
             "too-many-redirects", detail=f"more than {MAX_REDIRECTS} from {ctx.order.job.url}"
         )
+
+
+def _no_subrequests(headers: dict[str, str]) -> dict[str, str]:
+    """The document's headers with ``NO_SUBREQUESTS`` added to its own policy (if any):
+    policies combine, each can only forbid more."""
+    kept = {k: v for k, v in headers.items() if k.lower() != CSP_HEADER}
+    own = next((v for k, v in headers.items() if k.lower() == CSP_HEADER), "")
+    kept[CSP_HEADER] = f"{own}, {NO_SUBREQUESTS}" if own else NO_SUBREQUESTS
+    return kept
+
+
+def _count_refusal(visit: _Visit, message: ConsoleMessage) -> None:
+    if message.type == "error" and "Content Security Policy" in message.text:
+        visit.refused += 1
 
 
 @handler(HANDLER)
@@ -167,7 +196,7 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
             title=await page.title(),
             values=values,
             screenshot=shot,
-            blocked_requests=visit.aborted,
+            blocked_requests=visit.aborted + visit.refused,
         )
     finally:
         if page is not None:
@@ -195,6 +224,7 @@ def _left_ms(ends_at: float) -> float:
 
 async def _navigate(ctx: HandlerContext, page: Page, ends_at: float) -> _Visit:
     visit = _Visit(ctx, ends_at)
+    page.on("console", lambda message: _count_refusal(visit, message))
     await page.route("**/*", visit.route)
     try:
         await page.goto(ctx.order.job.url, wait_until="load", timeout=_left_ms(ends_at))
