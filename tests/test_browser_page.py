@@ -5,6 +5,7 @@ over real nats-server and redis-server (scheduler, ratelimit, leaser, sink in pr
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -410,9 +411,10 @@ async def test_two_identities_never_share_a_profile_folder_nor_its_state(env: En
     assert "w-a" in folder_a.parent.name and "w-b" in folder_b.parent.name
     assert folder_a.is_dir() and folder_b.is_dir()
     assert os.stat(folder_a).st_mode & 0o077 == 0
+    await asyncio.gather(alice.drain(5.0), bob.drain(5.0))  # closed: profiles written out
+    assert alice.browser.open_identities() == () == bob.browser.open_identities()
     # Each profile's stored state names its own visitor only.
     assert _profile_mentions(folder_a, b"alice") and not _profile_mentions(folder_a, b"bob")
-    await bob.drain(5.0)  # closed: its profile is written out
     assert _profile_mentions(folder_b, b"bob") and not _profile_mentions(folder_b, b"alice")
 
 
