@@ -257,6 +257,20 @@ async def test_a_challenge_page_is_a_block_signal_never_solved_nor_committed(env
     assert env.asked("challenge") == 3
 
 
+async def test_a_429_with_retry_after_is_a_block_and_the_page_is_asked_again_only_after_it(
+    env: Env,
+) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("rl-1", "/ratelimited/3?retry_after=2&times=1", PageSpec()))
+    visit = (await env.committed("rl-1"))["rl-1"]
+    assert visit.status == 200
+    blocked = [o for o in await env.outcomes() if o.job_id == "rl-1" and o.kind == "blocked"]
+    assert [o.reason for o in blocked] == ["rate-limited"]
+    assert env.asked("ratelimited") == 2
+    # The second request came no sooner than the target asked (2 s).
+    assert env.sim.max_in_any_window(1.7) <= 1, env.sim.counts()
+
+
 async def test_a_challenge_kills_the_identitys_browser_session_never_the_job(env: Env) -> None:
     await env.stack.add_worker("w-a", identity="alice")
     await env.submit(page_job("s-1", "/session/1", PageSpec(wait_for="h1")))
