@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from playwright.async_api import BrowserContext, ConsoleMessage, Page, Route
@@ -83,7 +83,6 @@ class _Visit:
     """Requests Chromium refused by ``NO_SUBREQUESTS`` (as its console reports them)."""
     failure: BaseException | None = None
     """What stopped the document request (raised by the handler once ``goto`` ends)."""
-    hops: list[str] = field(default_factory=list)
 
     async def route(self, route: Route) -> None:
         """Send the job's document request; abort every other request of the page."""
@@ -94,12 +93,15 @@ class _Visit:
             or not request.is_navigation_request()
         ):
             self.aborted += 1
-            await route.abort()
+            with contextlib.suppress(PlaywrightError):  # the page may be closing
+                await route.abort()
             return
         self.served = True
         try:
             await self._send(route)
-        except Exception as exc:  # raised by the handler once goto ends (a bug: a crash)
+        except Exception as exc:
+            # Kept for the handler, which raises it once goto ends: a verdict of manners
+            # (robots, permit, redirect, size), Playwright's error, or a bug (a crash).
             self.failure = exc
             with contextlib.suppress(PlaywrightError):
                 await route.abort()
@@ -116,7 +118,6 @@ class _Visit:
             if hop and ctx.another_request is not None:
                 # Each hop is a request: robots.txt must allow it, and it takes a permit.
                 await ctx.another_request(url)
-            self.hops.append(url)
             response = await route.fetch(
                 url=url, headers=headers, max_redirects=0, timeout=_left_ms(self.ends_at)
             )
