@@ -21,7 +21,7 @@ from jetfleet.schemas import Job, Rejection, WorkOrder
 from jetfleet.schemas.job import MAX_URL_CHARS
 from jetfleet.settings import Settings
 
-BUILTIN_HANDLERS = ("http.get", "noop")
+BUILTIN_HANDLERS = ("http.get", "noop", "browser.page")
 
 _decoder = msgspec.json.Decoder(Job)
 _fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])

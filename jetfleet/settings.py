@@ -136,7 +136,7 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Lease every job and fence every commit. False is the foundation's unfenced direct
     path, kept only as a benchmark baseline: never run production without leases."""
     handlers: tuple[str, ...] = ()
-    """Names of user handlers (beyond http.get and noop) that jobs may ask for."""
+    """Names of user handlers (beyond http.get, browser.page and noop) that jobs may ask for."""
     dedicated_targets: int = 100
     """How many targets get consumers of their own (the first ones declared). Targets
     beyond this count share ``target_partitions`` hashed partitions (docs/topology.md)."""
@@ -197,6 +197,30 @@ class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     """Longest a request may run before it is answered 504."""
 
 
+class BrowserSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The ``browser.page`` handler of a worker: headless Chromium through Playwright
+    (docs/browser.md)."""
+
+    enabled: bool = False
+    """Whether this worker runs ``browser.page`` jobs (a worker without it hands them
+    back for one that has). Enabled, a worker refuses to start without a Chromium."""
+    executable: str = ""
+    """The Chromium to drive (such as ``/usr/bin/chromium``); empty: the first of
+    ``chromium``, ``chromium-browser``, ``google-chrome`` on PATH."""
+    profiles_dir: str = "~/.local/share/jetfleet/browser-profiles"
+    """The worker's own folder of browser profiles: each identity's persistent profile is
+    ``<profiles_dir>/<worker id>/<identity>``, and never leaves this host."""
+    max_contexts: int = 2
+    """Browser contexts (one per identity, each a Chromium process) kept open at once;
+    the least recently used idle one is closed beyond it."""
+    max_screenshot_bytes: int = 2_000_000
+    """The largest screenshot kept as a result attachment; a larger one fails the job
+    ``result-too-large``."""
+    wait_timeout_s: float = 10.0
+    """How long a job's ``wait_for`` selector is waited for when the job sets no
+    ``wait_timeout_s`` (always within the attempt's own time budget)."""
+
+
 class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One worker process."""
 
@@ -237,6 +261,8 @@ class WorkerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     """Operator-declared fields of this worker's version tuple (such as a deployment or
     image tag): part of the tuple and its id (docs/versions.md). Keys are lowercase
     names; from the environment, ``JETFLEET_WORKER__VERSION_FIELDS="image=v42,ring=canary"``."""
+    browser: BrowserSettings = BrowserSettings()
+    """``[worker.browser]``: the ``browser.page`` handler (off by default)."""
 
 
 QUARANTINE_REASONS = ("challenged", "blocked", "rate-limited")
@@ -490,6 +516,10 @@ def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
                 raw.setdefault(section, {})[key] = [t for t in value.split(",") if t]
             elif section == "worker" and key == "version_fields":
                 raw.setdefault(section, {})[key] = _version_fields_from_env(name, value)
+            elif section == "worker" and key.startswith("browser__"):
+                # JETFLEET_WORKER__BROWSER__ENABLED=true: a key of [worker.browser].
+                key = "browser." + key.removeprefix("browser__")
+                raw.setdefault(section, {}).setdefault("browser", {})[key[8:]] = value
             else:
                 raw.setdefault(section, {})[key] = value
             origins[f"{section}.{key}"] = name
@@ -668,6 +698,27 @@ def validate(settings: Settings) -> None:
     _validate_quarantine(settings.quarantine)
     _validate_version_fields(settings.worker.version_fields)
     _validate_versions(settings.versions)
+    _validate_browser(settings.worker.browser)
+
+
+def _validate_browser(browser: BrowserSettings) -> None:
+    key = "worker.browser"
+    _require(1 <= browser.max_contexts <= 64, f"{key}.max_contexts", "a whole number from 1 to 64")
+    _require(
+        browser.max_screenshot_bytes >= 1024,
+        f"{key}.max_screenshot_bytes",
+        "a byte count of at least 1024",
+    )
+    _require(
+        0 < browser.wait_timeout_s <= 300,
+        f"{key}.wait_timeout_s",
+        "a number of seconds above 0, at most 300",
+    )
+    _require(
+        not browser.enabled or bool(browser.profiles_dir.strip()),
+        f"{key}.profiles_dir",
+        "a folder this worker alone uses for its browser profiles",
+    )
 
 
 _CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")

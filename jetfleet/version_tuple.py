@@ -34,6 +34,8 @@ PER_PROCESS_WORKER_KEYS = frozenset(
     {"id", "identity", "region", "egress", "subnet", "targets", "standby_targets", "version_fields"}
 )
 
+PER_HOST_BROWSER_KEYS = ("executable", "profiles_dir")
+
 
 class CodeRevision(msgspec.Struct, frozen=True):
     """What code this process runs, and whether it is pinned."""
@@ -87,6 +89,10 @@ def config_hash(settings: Settings) -> str:
         for k, v in msgspec.to_builtins(settings.worker).items()
         if k not in PER_PROCESS_WORKER_KEYS
     }
+    # Where this host keeps its browser and profiles is not behaviour (the browser's
+    # version is a field of its own).
+    for key in PER_HOST_BROWSER_KEYS:
+        worker.get("browser", {}).pop(key, None)
     behaviour: dict[str, Any] = {
         "targets": msgspec.to_builtins(settings.targets),
         "fleet": msgspec.to_builtins(settings.fleet),
@@ -114,12 +120,20 @@ def _numbers_alike(value: Any) -> Any:
 
 
 def browser_version(settings: Settings) -> str:
-    """The browser's version, for the tuple. Empty: no browser handler exists yet. The
-    hook for it: once the Playwright handler lands, return the configured Chromium's
-    ``browser.version`` here (read once at start; launching a browser only to ask is too
-    dear for a worker that runs HTTP jobs only)."""
-    del settings
-    return ""
+    """The Chromium version of a worker with ``browser.page`` enabled (``chromium
+    --version``, read once per process: launching a browser only to ask would be too
+    dear); empty for one without.
+
+    Raises:
+        ConfigError: enabled, but no Chromium is found or it prints no version.
+    """
+    browser = settings.worker.browser
+    if not browser.enabled:
+        return ""
+    # Imported here: the tuple module serves processes that never drive a browser.
+    from jetfleet.worker.browser_executable import chromium_path, chromium_version
+
+    return chromium_version(chromium_path(browser))
 
 
 @functools.cache

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 import msgspec
+from jetfleet.schemas.browser import PageSpec
 
 Tier = Literal["high", "normal", "bulk"]
 
@@ -48,6 +49,8 @@ class Job(msgspec.Struct, frozen=True, omit_defaults=True):
     timeout_s: Seconds = 0.0
     """Per-attempt time budget; 0 takes the target's."""
     args: dict[ShortText, str] = {}
+    page: PageSpec | None = None
+    """What a ``browser.page`` job waits for, reads and keeps of its page (docs/browser.md)."""
 
 
 class WorkOrder(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import msgspec
+from jetfleet.schemas.browser import PageVisit
+from jetfleet.schemas.stored import StoredObject
 
-
-class StoredObject(msgspec.Struct, frozen=True, omit_defaults=True):
-    """Bytes too large for a message, kept in a JetStream object store bucket as long as
-    the result that refers to them (a body, later a screenshot)."""
-
-    bucket: str
-    name: str
-    size: int
-    sha256: str
-    """SHA-256 of the stored bytes, hex: what a reader checks them against."""
+__all__ = ["DataOutput", "HandlerOutput", "HttpFetch", "NoopOutput", "PageVisit", "StoredObject"]
 
 
 class HttpFetch(msgspec.Struct, frozen=True, tag="http", omit_defaults=True):
@@ -45,4 +38,4 @@ class DataOutput(msgspec.Struct, frozen=True, tag="data"):
     data: dict[str, str | int | float | bool | None] = {}
 
 
-HandlerOutput = HttpFetch | NoopOutput | DataOutput
+HandlerOutput = HttpFetch | NoopOutput | DataOutput | PageVisit

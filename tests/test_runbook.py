@@ -82,5 +82,5 @@ async def test_the_runbook_follows_a_changed_config(
     assert facts["quarantine"]["breaker"]["enabled"] is False
     assert facts["dedupe"]["check_holds"] is True
     assert facts["dedupe"]["needed_s"] == facts["dedupe"]["retry_horizon_s"] + 20.0
-    assert set(facts["dedupe"]["handlers"]) == {"http.get", "noop"}
+    assert set(facts["dedupe"]["handlers"]) == {"http.get", "noop", "browser.page"}
     assert facts["escape_hatch"]["role"] == "operator"

@@ -53,6 +53,14 @@ def register(commands: Any) -> None:
         "('-' for stdin; blank lines and # comments skipped)",
     )
     submit.add_argument("--handler", default="http.get", help="handler name (default http.get)")
+    submit.add_argument(
+        "--page",
+        default="",
+        metavar="JSON",
+        help="for --handler browser.page: what to wait for and read on each page, as JSON, "
+        'e.g. \'{"wait_for": "h1.title", "extract": {"price": {"selector": ".price"}}, '
+        '"screenshot": true}\' (docs/browser.md)',
+    )
     submit.add_argument("--tier", default="normal", choices=("high", "normal", "bulk"))
     submit.add_argument("--store-body", action="store_true", help="keep response bodies")
     submit.add_argument(
@@ -163,11 +171,13 @@ def _run_submit(args: argparse.Namespace) -> int:
     urls = _read_urls(args)
     ids = [new_job_id() for _ in urls]
     # Pins only when given: the JSON stays what any client sends without them.
-    pins = {
+    pins: dict[str, object] = {
         name: value
         for name, value in (("pin_identity", args.pin_identity), ("pin_region", args.pin_region))
         if value
     }
+    if args.page:
+        pins["page"] = _page_spec(args.page)
     payloads = [
         msgspec.json.encode(
             {
@@ -183,6 +193,18 @@ def _run_submit(args: argparse.Namespace) -> int:
     ]
     with tracing.traced_process(CLI_SERVICE_NAME, os.environ):
         return asyncio.run(_submit(settings, args, ids, payloads))
+
+
+def _page_spec(text: str) -> object:
+    """``--page`` as the JSON a job carries, refused here (naming the flag) if invalid."""
+    from jetfleet.schemas.browser import PageSpec
+
+    try:
+        return msgspec.to_builtins(msgspec.json.decode(text, type=PageSpec))
+    except msgspec.MsgspecError as exc:
+        raise JetfleetError(
+            f"--page is not a valid page spec ({exc}): see docs/browser.md"
+        ) from None
 
 
 async def _submit(

@@ -280,6 +280,10 @@ def _run_worker(args: argparse.Namespace) -> int:
     lanes = LaneMap(settings)  # a standby target it serves anyway: an error before connecting
     served = lanes.lanes_for(targets or list(settings.targets))
     standby_lanes(lanes, served, settings.worker.standby_targets, every=not targets)
+    if settings.worker.browser.enabled:
+        from jetfleet.version_tuple import browser_version
+
+        browser_version(settings)  # no Chromium: a clear error before connecting
     worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
     identity = args.identity or settings.worker.identity
     described = {tracing.WORKER_ID: worker_id, tracing.IDENTITY: identity}

@@ -98,3 +98,42 @@ def big_html(n: int, size: int) -> bytes:
     room = max(0, size - len(head) - len(tail))
     body = (filler * (room // len(filler) + 1))[:room]
     return (head + body + tail).encode()
+
+
+THIRD_PARTY_PIXEL = "http://tracker.example.invalid/pixel.gif"
+"""A third-party resource every shop page asks for (a browser worker never fetches it)."""
+
+
+def shop_item_html(n: int, pages: int, *, removed: bool = False) -> str:
+    """Renders product ``n`` of the shop: stable selectors for a browser job.
+
+    ``h1.title`` (the name), ``.price`` (absent when ``removed``: the site dropped the
+    element a job waits for), ``ul.related a`` (links with ``href``), ``#visitor`` (what
+    this browser's localStorage and cookies held before the visit: ``new`` or the name
+    its first visit stored from ``?visitor=``), an image of the site and a third-party
+    pixel (sub-resources), and an inline script that fills ``#visitor``.
+    """
+    rng = random.Random(10_000 + n)
+    name = f"Item {n}: {_sentence(rng, 2)[:-1]}"
+    price = f"{rng.randint(1, 499)}.{rng.randint(0, 99):02d}"
+    related = "".join(f'<li><a href="/shop/item/{k}">Item {k}</a></li>\n' for k in _links(n, pages))
+    price_html = "" if removed else f'<p class="price" data-currency="EUR">{price}</p>\n'
+    body = (
+        f'<h1 class="title">{escape(name)}</h1>\n{price_html}'
+        f'<img class="photo" src="/shop/img/{n}.png" alt="">\n'
+        f'<img class="pixel" src="{THIRD_PARTY_PIXEL}" alt="">\n'
+        f'<ul class="related">\n{related}</ul>\n'
+        '<p id="visitor"></p>\n'
+        "<script>\n"
+        'const seen = localStorage.getItem("shop_visitor");\n'
+        'const cookie = document.cookie.split("; ").find(c => c.startsWith("shop_visitor="));\n'
+        'document.getElementById("visitor").textContent = '
+        '(seen || "new") + " " + (cookie ? cookie.split("=")[1] : "new");\n'
+        'const asked = new URLSearchParams(location.search).get("visitor");\n'
+        "if (asked && !seen) {\n"
+        '  localStorage.setItem("shop_visitor", asked);\n'
+        '  document.cookie = "shop_visitor=" + asked + "; path=/; max-age=86400";\n'
+        "}\n"
+        "</script>\n"
+    )
+    return _document(name, body)

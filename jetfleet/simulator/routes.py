@@ -23,6 +23,7 @@ from jetfleet.simulator.pages import (
     error_html,
     missing_html,
     page_html,
+    shop_item_html,
 )
 
 WORKER_HEADER = "X-Jetfleet-Worker"
@@ -274,6 +275,8 @@ class TargetRoutes:
         app.router.add_get("/redirect/{n:\\d+}", self._redirect, name="redirect")
         app.router.add_get("/big/{n:\\d+}", self._big, name="big")
         app.router.add_get("/session/{n:\\d+}", self._session, name="session")
+        app.router.add_get("/shop/item/{n:\\d+}", self._shop_item, name="shop-item")
+        app.router.add_get("/shop/img/{n:\\d+}.png", self._shop_img, name="shop-img")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -332,6 +335,25 @@ class TargetRoutes:
             self.sessions_issued.append(token)
             response.set_cookie(SESSION_COOKIE, token, path="/", httponly=True)
         return response
+
+    async def _shop_item(self, request: web.Request) -> web.Response:
+        """A product page for browser jobs (``removed=1``: without ``.price``;
+        ``delay=S``: answered S seconds late, at most 60)."""
+        n = _page_number(request)
+        try:
+            delay = parse_delay(request.query.get("delay", "0"))
+        except ValueError as exc:
+            return _bad_request(str(exc))
+        if delay:
+            await asyncio.sleep(delay)
+        if n >= self._config.pages:
+            return _html(missing_html(request.path), status=404)
+        removed = request.query.get("removed", "") not in ("", "0")
+        return _html(shop_item_html(n, self._config.pages, removed=removed))
+
+    async def _shop_img(self, request: web.Request) -> web.Response:
+        # A tiny image: a browser worker never asks for it (sub-resources are not sent).
+        return web.Response(body=b"\x89PNG\r\n\x1a\n", content_type="image/png")
 
     async def _missing(self, request: web.Request) -> web.Response:
         return _html(missing_html(request.path), status=404)

@@ -1,4 +1,5 @@
-"""The built-in handlers: ``http.get`` (aiohttp) and ``noop``."""
+"""The built-in handlers: ``http.get`` (aiohttp) and ``noop`` (``browser.page`` is in
+browser_page.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import msgspec
 
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput, HttpFetch, NoopOutput
+from jetfleet.worker.block_signal import BLOCK_STATUS, block_kind
 from jetfleet.worker.handlers import HandlerContext, handler
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE
 from jetfleet.worker.retry_after import retry_after_s
@@ -28,7 +30,6 @@ _RETRYABLE_STATUS = {500, 502, 504, 408}
 _REDIRECT_STATUS = {301, 302, 303, 307, 308}
 # As many hops as aiohttp would follow by itself.
 MAX_REDIRECTS = 10
-_BLOCK_STATUS = {403, 429, 503}
 
 
 @handler("noop", requests_target=False)
@@ -96,11 +97,9 @@ def _classify(
     retry_after = retry_after_s(response.headers.get("Retry-After"), response.headers.get("Date"))
     if status in (404, 410):
         raise PermanentFailure(f"http-{status}", detail=f"{ctx.order.job.url} answered {status}")
-    if status in _BLOCK_STATUS:
+    if status in BLOCK_STATUS:
         # Blocks and challenges are signals to back off (docs/scope.md).
-        raise Blocked(
-            _block_kind(status, body), retry_after, detail=f"HTTP {status}", status=status
-        )
+        raise Blocked(block_kind(status, body), retry_after, detail=f"HTTP {status}", status=status)
     if status in _RETRYABLE_STATUS or status >= 500:
         raise RetryLater(f"http-{status}", delay_s=retry_after)
     if over_cap:
@@ -138,11 +137,3 @@ async def _with_body(
         return msgspec.structs.replace(fetch, body=text)
     stored = await ctx.objects.put(ctx.order, "body", body)
     return msgspec.structs.replace(fetch, body_object=stored)
-
-
-def _block_kind(status: int, body: bytes) -> str:
-    if status == 429:
-        return "rate-limited"
-    if b'id="challenge"' in body or b"challenge" in body[:4096].lower():
-        return "challenged"
-    return "blocked" if status == 403 else "rate-limited"

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from jetfleet.schemas import HandlerOutput, WorkOrder
 from jetfleet.settings import TargetSettings
 from jetfleet.worker.result_objects import ResultObjects
+
+if TYPE_CHECKING:
+    from jetfleet.worker.browser_contexts import BrowserContexts
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,9 @@ class HandlerContext:
     and takes a rate permit, waiting for one if the target's limit says so. The worker
     took the first request's permit just before the handler started. None outside a
     worker."""
+    browser: BrowserContexts | None = None
+    """The worker's browser contexts, one per identity (``browser.page``); None when the
+    worker has no browser (``worker.browser.enabled`` is false)."""
 
 
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]

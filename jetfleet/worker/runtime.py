@@ -83,6 +83,10 @@ from jetfleet.worker import attempt_spans
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
+from jetfleet.worker.browser_contexts import BrowserContexts
+from jetfleet.worker.browser_executable import chromium_path
+from jetfleet.worker.browser_page import HANDLER as BROWSER_HANDLER
+from jetfleet.worker.browser_page import NO_BROWSER
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler, requests_target
@@ -294,6 +298,16 @@ class Worker:
         self._session: aiohttp.ClientSession | None = None
         self._objects: ResultObjects | None = None
         self._robots: RobotsBook | None = None
+        self.browser: BrowserContexts | None = None
+        """Its browser contexts when it runs ``browser.page`` (``worker.browser``)."""
+        if settings.worker.browser.enabled:
+            # The tuple above found (and asked) it already: a missing one refused there.
+            self.browser = BrowserContexts(
+                settings.worker.browser,
+                chromium_path(settings.worker.browser),
+                worker_id,
+                settings.fleet.user_agent,
+            )
 
     async def start(self) -> None:
         """Check the result caps against the server, bind to each lane's durable
@@ -337,6 +351,11 @@ class Worker:
             self.identity,
             self.presence_writer,
         )
+        if self.browser is not None:
+            # Opened now, not by the first job after its permit: a launch (a second or
+            # more) must not eat into an attempt's budget with the target's permit spent.
+            await self.browser.acquire(self.identity)
+            self.browser.release(self.identity)
         for line in start_warnings(self.settings, self.targets):
             log.warning("worker %s: %s", self.worker_id, line)
         for lane in self.lanes:
@@ -422,6 +441,9 @@ class Worker:
         if self.claim is not None:
             # Released once nothing uses the identity any more: a successor may start now.
             await self.identities.release(self.claim)
+        if self.browser is not None:
+            # After the jobs: no page is closed under a running one.
+            await self.browser.close()
         if self._session is not None:
             await self._session.close()
 
@@ -1119,6 +1141,15 @@ class Worker:
                 detail=f"no handler {order.job.handler!r} in this worker",
                 called=False,
             )
+        if order.job.handler == BROWSER_HANDLER and self.browser is None:
+            # A worker of the fleet with a browser runs it: handed back unrun, unpermitted.
+            return Verdict(
+                "unrun",
+                reason=NO_BROWSER,
+                detail="worker.browser.enabled is false on this worker",
+                delay_s=self._elsewhere_delay(msg, order.target),
+                called=False,
+            )
         return None
 
     async def _first_permit(self, msg: Msg, order: WorkOrder, held: Held) -> Verdict | None:
@@ -1232,6 +1263,7 @@ class Worker:
             session=self._session,
             objects=self._objects,
             another_request=lambda url: self._another_request(order.target, url),
+            browser=self.browser,
         )
         # The budget of every attempt (the order carries the target's when the job set
         # none): a handler that never returns must not hold its lease for ever.

@@ -1,0 +1,27 @@
+"""Which answers of a target are block signals, and of what kind: one verdict for every
+handler (``http.get`` reads it from the response, ``browser.page`` from the page).
+
+Blocks and challenges are signals to back off and contain, never obstacles to get
+around (docs/scope.md).
+"""
+
+from __future__ import annotations
+
+BLOCK_STATUS = frozenset({403, 429, 503})
+CHALLENGE_MARKER = b'id="challenge"'
+
+
+def block_kind(status: int, body: bytes) -> str:
+    """The kind of block a ``status`` in ``BLOCK_STATUS`` answered with ``body`` is:
+    ``rate-limited`` (429, or a 503 without challenge markers), ``challenged`` (a page
+    with challenge markers) or ``blocked`` (403)."""
+    if status == 429:
+        return "rate-limited"
+    if is_challenge(body):
+        return "challenged"
+    return "blocked" if status == 403 else "rate-limited"
+
+
+def is_challenge(body: bytes) -> bool:
+    """Whether ``body`` carries a challenge page's markers."""
+    return CHALLENGE_MARKER in body or b"challenge" in body[:4096].lower()
