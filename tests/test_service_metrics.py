@@ -40,7 +40,7 @@ from jetfleet.ops.status import FleetStatus, TargetCounts
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
 from tests.conftest import wait_for
-from tests.leasing import ask, granted, order_for, refused
+from tests.leasing import ask, granted, order_for, refused, report_failure
 from tests.prom_text import names, samples, value
 from tests.stack import InProcessStack
 
@@ -383,3 +383,19 @@ async def test_the_gateway_shows_queue_depth_per_target_and_tier_read_from_the_w
     assert value(text, "jetfleet_queue_messages", target="demo", tier="high") == 1
     assert value(text, "jetfleet_queue_messages", target="demo", tier="bulk") is None
     assert value(text, "jetfleet_jobs", target="demo", state="queued") == 3
+
+
+async def test_a_failure_report_sent_again_counts_one_dead_letter(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """A worker whose sink answer was lost sends its report again, and the sink answers
+    ``dead-lettered`` again from the seal; the letter was written once, so
+    ``jetfleet_sink_dead_letters_total`` counts one (its answers count both)."""
+    order = order_for(settings, "/page/dead-twice")
+    fence = (await granted(LeaseClient(nc), ask(order, worker="w-a"))).fence
+    first = await report_failure(nc, order, fence, "w-a", reason="http-404")
+    again = await report_failure(nc, order, fence, "w-a", reason="http-404")
+    assert (first.status, again.status) == ("dead-lettered", "dead-lettered")
+    assert services.sink is not None
+    assert services.sink.answers.get(status="dead-lettered", target="demo") == 2
+    assert services.sink.dead_letters.get(target="demo", reason="http-404") == 1
