@@ -3,10 +3,11 @@ own series with who is failing: answers by status, target, worker, version tuple
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import threading
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -17,6 +18,7 @@ from jetfleet.schemas.breaker import BreakerRecord, BreakerView
 from jetfleet.services.gateway import Gateway
 from jetfleet.services.gateway.metrics import FleetGauges, QueueDepths
 from nats.aio.client import Client as NatsClient
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -399,3 +401,36 @@ async def test_a_failure_report_sent_again_counts_one_dead_letter(
     assert services.sink is not None
     assert services.sink.answers.get(status="dead-lettered", target="demo") == 2
     assert services.sink.dead_letters.get(target="demo", reason="http-404") == 1
+
+
+class _LoopWatch(GaugeFamily):
+    """A gauge whose collection waits (up to a deadline) for the event loop to run a
+    step of its own: it reads 1 if the loop ran meanwhile, 0 if it was stuck."""
+
+    def __init__(self) -> None:
+        super().__init__("jetfleet_loop_ran", "Whether the loop ran during a scrape.")
+        self.collecting = threading.Event()
+        self.loop_ran = threading.Event()
+
+    def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        self.collecting.set()
+        return [Observation(1 if self.loop_ran.wait(10.0) else 0)]
+
+
+async def test_a_scrape_runs_off_the_event_loop_so_commits_go_on_meanwhile() -> None:
+    """Collecting 1000 series takes tens of milliseconds of OpenTelemetry's Python; on the
+    loop it would stall every lease and commit of the service for that long."""
+    watch = _LoopWatch()
+    server = MetricsServer([watch], service="test")
+    port = await server.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            scrape = asyncio.ensure_future(http.get(f"http://127.0.0.1:{port}/metrics"))
+            while not watch.collecting.is_set():
+                await asyncio.sleep(0.01)
+            watch.loop_ran.set()  # runs only if the loop is free while collecting
+            async with await scrape as response:
+                text = await response.text()
+    finally:
+        await server.stop()
+    assert value(text, "jetfleet_loop_ran") == 1
