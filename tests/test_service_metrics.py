@@ -26,6 +26,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 import jetfleet.ops.status as status_module
+from jetfleet import subjects
 from jetfleet.auth.credentials import settings_for_role
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
@@ -43,6 +44,8 @@ from jetfleet.metrics import (
 from jetfleet.ops.status import FleetStatus, TargetCounts
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
+from jetfleet.worker import Worker
+from jetfleet.worker.verdict import Held
 from tests.conftest import wait_for
 from tests.leasing import ask, granted, order_for, refused, report_failure
 from tests.prom_text import names, samples, value
@@ -461,3 +464,23 @@ async def test_the_gateways_conservation_gauge_reads_again_while_a_read_does_not
         text = (await _scrape(http, {"gateway": f"{gateway.url}/metrics"}))["gateway"]
     assert value(text, "jetfleet_unaccounted_jobs") == 0
     assert calls == 2
+
+
+async def test_a_renewal_nobody_answers_is_timed_as_unanswered_not_refused(
+    settings: Settings, nc: NatsClient
+) -> None:
+    """No leaser running: the renewal gets no responders (the lease client says
+    unknown); then a leaser that hangs: the renewal runs out of the lease's time left.
+    Both are the leaser's trouble, not a lost lease, and both are timed."""
+    worker = Worker(settings_for_role(settings, "worker"), nc, "w-renew")
+    order = order_for(settings, "/page/renew")
+    held = Held(fence=1, ttl_s=10.0, attempt=1)
+    labels = {"worker": "w-renew", "target": "demo", "op": "renew"}
+    assert await worker._renew_within(None, order, held, 5.0) is None  # type: ignore[arg-type]
+    hung = await nc.subscribe(subjects.LEASE)  # takes the call, never answers
+    try:
+        assert await worker._renew_within(None, order, held, 0.3) is None  # type: ignore[arg-type]
+    finally:
+        await hung.unsubscribe()
+    assert worker.lease_latency.count(**labels, answer="refused") == 0
+    assert worker.lease_latency.count(**labels, answer="unanswered") == 2
