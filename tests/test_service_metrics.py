@@ -42,6 +42,7 @@ from jetfleet.metrics import (
     otlp_requested,
 )
 from jetfleet.ops.status import FleetStatus, TargetCounts
+from jetfleet.service import serve_until_signalled
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker import Worker
@@ -484,3 +485,42 @@ async def test_a_renewal_nobody_answers_is_timed_as_unanswered_not_refused(
         await hung.unsubscribe()
     assert worker.lease_latency.count(**labels, answer="refused") == 0
     assert worker.lease_latency.count(**labels, answer="unanswered") == 2
+
+
+class _FailingDrain:
+    """A service whose drain fails (a store gone mid-drain, say)."""
+
+    name = "failing"
+
+    def __init__(self) -> None:
+        self.metrics = [CounterFamily("jetfleet_failing_total", "a count")]
+
+    async def start(self) -> None:
+        self.metrics[0].inc()
+
+    async def drain(self, timeout_s: float = 30.0) -> None:
+        raise RuntimeError("drain failed")
+
+
+@pytest.mark.parametrize("port", [None, 0])
+async def test_a_failed_drain_still_shuts_the_metrics_down(
+    monkeypatch: pytest.MonkeyPatch, port: int | None
+) -> None:
+    """No OTLP export thread (nor /metrics listener) outlives its service, whatever
+    its drain did."""
+    receiver = http.server.HTTPServer(("127.0.0.1", 0), _OtlpReceiver)
+    serving = threading.Thread(target=receiver.serve_forever, daemon=True)
+    serving.start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/metrics"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", endpoint)
+    before = set(threading.enumerate())
+    stop = asyncio.Event()
+    stop.set()
+    try:
+        with pytest.raises(RuntimeError, match="drain failed"):
+            await serve_until_signalled(_FailingDrain(), metrics_port=port, stop=stop)  # type: ignore[arg-type]
+    finally:
+        receiver.shutdown()
+        receiver.server_close()
+    left = [t.name for t in set(threading.enumerate()) - before if t.is_alive()]
+    assert not [name for name in left if "Otel" in name], left
