@@ -518,7 +518,7 @@ async def test_a_failed_drain_still_shuts_the_metrics_down(
     stop.set()
     try:
         with pytest.raises(RuntimeError, match="drain failed"):
-            await serve_until_signalled(_FailingDrain(), metrics_port=port, stop=stop)  # type: ignore[arg-type]
+            await serve_until_signalled(_FailingDrain(), metrics_port=port, stop=stop)
     finally:
         receiver.shutdown()
         receiver.server_close()
