@@ -60,11 +60,14 @@ async def serve_until_signalled(
     elif otlp:
         meters = ServiceMeters(service.name, service.metrics, prometheus=False, otlp=True)
     log.info("%s started", service.name)
-    await stop.wait()
-    log.info("%s draining", service.name)
-    await service.drain(drain_timeout_s)
-    if exporter is not None:
-        await exporter.stop()
-    if meters is not None:
-        meters.shutdown()
+    try:
+        await stop.wait()
+        log.info("%s draining", service.name)
+        await service.drain(drain_timeout_s)
+    finally:
+        # Whatever the drain did: no listener nor OTLP export thread outlives it.
+        if exporter is not None:
+            await exporter.stop()
+        if meters is not None:
+            meters.shutdown()
     log.info("%s stopped", service.name)

@@ -12,6 +12,7 @@ strands nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 from nats.js import JetStreamContext
@@ -30,14 +31,21 @@ _encoder = msgspec.json.Encoder()
 _IF_ABSENT = {"Nats-Expected-Last-Subject-Sequence": "0"}
 
 
-async def land(js: JetStreamContext, sealed: Sealed, dedupe: bool = True) -> SinkReply:
+async def land(
+    js: JetStreamContext,
+    sealed: Sealed,
+    dedupe: bool = True,
+    on_letter_written: Callable[[], None] | None = None,
+) -> SinkReply:
     """Write the record ``sealed`` carries; the sink's answer for it.
 
     ``dedupe=False`` writes a result without its guards (only ``jetfleet scenario``, to
-    show why they exist).
+    show why they exist). ``on_letter_written`` is called when this call stored a dead
+    letter, not when the letter was there already (a seal landed again answers
+    ``dead-lettered`` too): what counts letters, not answers.
     """
     if isinstance(sealed, SealedDeath):
-        return await _land_letter(js, sealed)
+        return await _land_letter(js, sealed, on_letter_written)
     return await _land_result(js, sealed, dedupe)
 
 
@@ -69,12 +77,14 @@ async def _suppressed(js: JetStreamContext, target: str, key: str) -> SinkReply:
     return SinkReply(status="suppressed:duplicate-key", detail=key, committed_by=holder or "")
 
 
-async def _land_letter(js: JetStreamContext, sealed: SealedDeath) -> SinkReply:
+async def _land_letter(
+    js: JetStreamContext, sealed: SealedDeath, on_written: Callable[[], None] | None
+) -> SinkReply:
     letter = sealed.letter
     order = letter.order
     try:
         # Acked by the stream BEFORE the worker terminates the message.
-        await publish_durably(
+        ack = await publish_durably(
             js,
             subjects.dead_letter(order.target, order.job.id),
             _encoder.encode(letter),
@@ -85,5 +95,8 @@ async def _land_letter(js: JetStreamContext, sealed: SealedDeath) -> SinkReply:
         if not is_wrong_last_sequence(exc):
             raise
         # The letter is there already: this seal was landed before.
+    else:
+        if not ack.duplicate and on_written is not None:
+            on_written()
     log.info("dead-lettered %s: %s", order.job.id, letter.reason)
     return SinkReply(status="dead-lettered", detail=letter.reason)

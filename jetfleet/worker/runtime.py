@@ -1389,18 +1389,27 @@ class Worker:
         """Renew (and send +WPI) if answered within ``left_s``; None if unanswered."""
         if left_s <= 0:
             return None
+        asked_at = time.monotonic()
         try:
-            asked_at = time.monotonic()
             renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
-            self.lease_latency.observe(
-                time.monotonic() - asked_at,
-                worker=self.worker_id,
-                target=order.target,
-                op="renew",
-                answer="granted" if renewed else "refused",
-            )
-            if renewed:
-                await _keep_delivery(msg, held.timer)
+        except Exception as exc:  # no answer in the time left, among others
+            log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
+            renewed = None
+        # Unknown (no answer, or none in the time left) is the leaser's trouble, not a
+        # lost lease: timed apart, timed out ones too, or a slow leaser would show as
+        # lost leases and its worst round trips not at all.
+        answer = "unanswered" if renewed is None else "granted" if renewed else "refused"
+        self.lease_latency.observe(
+            time.monotonic() - asked_at,
+            worker=self.worker_id,
+            target=order.target,
+            op="renew",
+            answer=answer,
+        )
+        if not renewed:
+            return renewed
+        try:
+            await _keep_delivery(msg, held.timer)
         except Exception as exc:
             log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
             return None

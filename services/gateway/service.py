@@ -31,7 +31,7 @@ from jetfleet import subjects
 from jetfleet.client import SubmitResult, submit_raw
 from jetfleet.js_errors import UNAVAILABLE
 from jetfleet.metrics import CounterFamily
-from jetfleet.ops.status import confirmed_status, fleet_status
+from jetfleet.ops.status import confirmed_status
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -233,8 +233,11 @@ class Gateway:
 
     async def _metrics(self, request: web.Request) -> web.Response:
         self._require_read(request)
+        # Read again while the counts do not add up, as `jetfleet status` does: under a
+        # steady flow most single reads catch a job between two counts, and the
+        # conservation gauge must not be non-zero scrape after scrape for that.
         status, queue = await asyncio.gather(
-            fleet_status(self.js, self.settings), queue_depths(self.js, self.settings.targets)
+            confirmed_status(self.js, self.settings), queue_depths(self.js, self.settings.targets)
         )
         body = self.fleet_gauges.render(status, queue)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})

@@ -9,6 +9,7 @@ this holder's earlier report) lands that seal: a job is never both committed and
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from jetfleet.schemas import DeadLetter, Failure, SinkReply
 from jetfleet.schemas.lease import Sealed, SealedDeath
@@ -22,10 +23,15 @@ from jetfleet.settlement import land
 
 
 async def dead_letter(
-    nc: NatsClient, store: LeaseStore, failure: Failure, policy: CommitPolicy
+    nc: NatsClient,
+    store: LeaseStore,
+    failure: Failure,
+    policy: CommitPolicy,
+    on_written: Callable[[], None] | None = None,
 ) -> SinkReply:
     """Seal and write ``failure``'s dead letter if its fence holds the live lease; the
-    answer."""
+    answer. ``on_written`` is called if this call stored the letter (a report sent again
+    is answered from the seal, and its letter is there already)."""
     order = failure.order
     # Every read at once: the seal follows one round trip after the fence was read.
     read, holder, history = await asyncio.gather(
@@ -36,7 +42,7 @@ async def dead_letter(
     if read is not None:
         verdict = judge(read, failure.fence, order, failure.versions)
         if verdict is not None:
-            return await _answer(nc, verdict)
+            return await _answer(nc, verdict, on_written)
     if holder is not None:
         # The work is already done (a lost ack or term, then a failing rerun): the job
         # is settled as a duplicate, never both committed and dead.
@@ -44,15 +50,17 @@ async def dead_letter(
     letter = DeadLetter(order=order, reason=failure.reason, history=history, detail=failure.detail)
     death = SealedDeath(fence=failure.fence, letter=letter)
     if read is None:
-        return await land(nc.jetstream(), death)
-    return await _answer(nc, await seal(store, order, death, read, failure.versions))
+        return await land(nc.jetstream(), death, on_letter_written=on_written)
+    return await _answer(nc, await seal(store, order, death, read, failure.versions), on_written)
 
 
-async def _answer(nc: NatsClient, verdict: Sealed | SinkReply) -> SinkReply:
+async def _answer(
+    nc: NatsClient, verdict: Sealed | SinkReply, on_written: Callable[[], None] | None
+) -> SinkReply:
     """A rejection as it is; a seal, landed."""
     if isinstance(verdict, SinkReply):
         return verdict
-    return await land(nc.jetstream(), verdict)
+    return await land(nc.jetstream(), verdict, on_letter_written=on_written)
 
 
 async def _unfenced() -> FenceRead | None:

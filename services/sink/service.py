@@ -119,8 +119,6 @@ class Sink:
     async def _after(self, msg: Msg, report: Report | None, reply: SinkReply) -> None:
         target = msg.subject.rsplit(".", 1)[-1]
         self.answers.inc(status=reply.status, target=target)
-        if isinstance(report, Failure) and reply.status == "dead-lettered":
-            self.dead_letters.inc(target=target, reason=report.reason)
         if isinstance(report, Success | Failure) and reply.status in SETTLED:
             # The target's in-flight place frees now, not when the lease runs out. The
             # fence check confirmed the live lease, and a settled job is never granted
@@ -134,7 +132,16 @@ class Sink:
         if isinstance(report, Success):
             reply = await commit(self.js, self.store, report, self.policy)
         else:
-            reply = await dead_letter(self.nc, self.store, report, self.policy)
+            # Letters are counted as written, not as answered: a report sent again
+            # after a lost answer is answered ``dead-lettered`` from the seal again.
+            order = report.order
+            reply = await dead_letter(
+                self.nc,
+                self.store,
+                report,
+                self.policy,
+                on_written=lambda: self.dead_letters.inc(target=order.target, reason=report.reason),
+            )
         return await self._recorded(report, reply)
 
     async def _recorded(self, report: Success | Failure, reply: SinkReply) -> SinkReply:
