@@ -1,0 +1,184 @@
+"""The gateway's dashboard endpoints over a real stack: the reads add up after a known
+run, the control POSTs need the token, refuse bad input with a clear message, and do
+what the CLI does (recorded in the audit log as the dashboard)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from jetfleet.services.gateway.access import check_write
+from nats.aio.client import Client as NatsClient
+
+from jetfleet.ops.pause_status import pauses_in_force
+from jetfleet.ops.status import fleet_status
+from jetfleet.settings import GatewaySettings, Settings
+from tests.conftest import wait_for
+from tests.dashboard_stack import (
+    DEAD_JOBS,
+    IDENTITY,
+    OK_JOBS,
+    WORKER,
+    DashboardStack,
+    dashboard_stack,
+)
+
+
+@pytest.fixture
+async def dash(settings: Settings, nc: NatsClient) -> AsyncIterator[DashboardStack]:
+    async with dashboard_stack(settings, nc) as running:
+        yield running
+
+
+CONTROLS = [
+    "/v1/pause",
+    "/v1/resume",
+    "/v1/proposals/0123456789abcdef/approve",
+    "/v1/proposals/0123456789abcdef/reject",
+    "/v1/dead-letters/1/replay",
+]
+
+
+async def test_every_control_route_is_refused_without_the_token_and_changes_nothing(
+    dash: DashboardStack,
+) -> None:
+    for path in CONTROLS:
+        status, answer = await dash.post(path, token=False)
+        assert status == 401, (path, answer)
+        assert "Authorization: Bearer" in answer["error"]
+    assert await pauses_in_force(dash.nc) == []
+    assert await dash.audit() == []
+
+
+def test_control_routes_are_forbidden_beyond_loopback_when_no_token_is_set() -> None:
+    # The control routes share the submit route's check (a gateway cannot be bound to
+    # a non-loopback address here to ask it over HTTP).
+    denial = check_write(GatewaySettings(host="0.0.0.0"), None)
+    assert denial is not None and denial.status == 403
+    assert "set gateway.token" in denial.message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/v1/pause", {"scope": "galaxy"}, "$.scope"),
+        ("/v1/pause", {"for": "soon"}, "is not a duration"),
+        ("/v1/pause", {"scope": "target", "name": "Not A Target"}, "is not a target name"),
+        ("/v1/pause", {"name": "x"}, "a fleet pause names nothing"),
+        ("/v1/pause", {"colour": "red"}, "unknown field"),
+        ("/v1/proposals/zz/approve", {}, "is not a proposal id"),
+        ("/v1/dead-letters/abc/replay", {}, "is not a dead letter id"),
+    ],
+)
+async def test_bad_input_is_answered_400_saying_what_is_wrong(
+    dash: DashboardStack, path: str, body: dict[str, str], expected: str
+) -> None:
+    status, answer = await dash.post(path, body)
+    assert status == 400, answer
+    assert expected in answer["error"]
+
+
+async def test_a_body_that_is_not_json_is_answered_400(dash: DashboardStack) -> None:
+    status, answer = await dash.post("/v1/pause", raw=b"{not json")
+    assert status == 400
+    assert answer["error"].startswith("bad request body")
+
+
+async def test_a_dead_letter_that_does_not_exist_is_answered_404(dash: DashboardStack) -> None:
+    status, answer = await dash.post("/v1/dead-letters/999/replay")
+    assert status == 404
+    assert "no dead letter 999" in answer["error"]
+    [entry] = await dash.audit()  # refused, and recorded as the CLI records it
+    assert (entry.entry.action, entry.entry.who, entry.entry.outcome) == (
+        "dlq.replay",
+        "dashboard",
+        "refused",
+    )
+
+
+async def test_the_reads_show_the_known_run(dash: DashboardStack) -> None:
+    await dash.known_run()
+    status, targets = await dash.get("/v1/targets")
+    assert status == 200
+    [demo] = targets["targets"]
+    assert demo["target"] == "demo" and demo["rate_cap"] == 1000 and demo["breaker"] == "closed"
+
+    async def tallied() -> bool:
+        _, doc = await dash.get("/v1/workers")
+        rows = {w["name"]: w for w in doc["workers"]}
+        row = rows.get(WORKER)
+        return row is not None and (row["ok"], row["failed"]) == (OK_JOBS, DEAD_JOBS)
+
+    await wait_for(tallied, 20, "the gateway to tally the run's outcome events")
+    _, actors = await dash.get("/v1/workers")
+    [worker] = actors["workers"]
+    assert worker["identities"] == [IDENTITY]
+    [identity] = actors["identities"]
+    assert (identity["name"], identity["owner"], identity["ok"]) == (IDENTITY, WORKER, OK_JOBS)
+
+    _, versions = await dash.get("/v1/versions/series")
+    [version] = versions["versions"]
+    assert sum(p["total"] for p in version["points"]) == OK_JOBS + DEAD_JOBS
+    assert sum(p["ok"] for p in version["points"]) == OK_JOBS
+
+    _, letters = await dash.get("/v1/dead-letters")
+    assert letters["total"] == DEAD_JOBS
+    assert sorted(letter["job"] for letter in letters["letters"]) == ["gone-0", "gone-1"]
+    status, answer = await dash.get("/v1/dead-letters?limit=0")
+    assert status == 400 and "limit" in answer["error"]
+
+
+async def test_pause_and_resume_reach_the_leaser_and_are_audited_as_the_dashboard(
+    dash: DashboardStack,
+) -> None:
+    status, answer = await dash.post("/v1/pause", {"for": "10m", "why": "maintenance"})
+    assert status == 200 and answer["ok"], answer
+    [pause] = await pauses_in_force(dash.nc)
+    assert (pause.record.scope, pause.record.by, pause.record.why) == (
+        "fleet",
+        "dashboard",
+        "maintenance",
+    )
+    status, answer = await dash.post("/v1/resume", {})
+    assert status == 200, answer
+    assert await pauses_in_force(dash.nc) == []
+    actions = [(r.entry.action, r.entry.who) for r in await dash.audit()]
+    assert actions == [("pause", "dashboard"), ("resume", "dashboard")]
+
+
+async def test_a_pause_the_leaser_refuses_is_answered_409_with_its_reason(
+    dash: DashboardStack,
+) -> None:
+    status, answer = await dash.post("/v1/pause", {"scope": "target", "name": "nowhere"})
+    assert status == 409
+    assert answer["error"].startswith("the leaser refused: not paused")
+
+
+async def test_a_proposal_is_approved_or_rejected_and_a_letter_replayed(
+    dash: DashboardStack,
+) -> None:
+    approve = await dash.propose("10.9.1.0/24")
+    reject = await dash.propose("10.9.2.0/24")
+    status, answer = await dash.post(f"/v1/proposals/{approve}/approve", {"why": "seen it"})
+    assert status == 200, answer
+    status, answer = await dash.post(f"/v1/proposals/{reject}/reject", {"reason": "a CDN"})
+    assert status == 200, answer
+    state = await fleet_status(dash.js, dash.settings)
+    assert [(q.scope, q.name) for q in state.quarantines] == [("egress", "10.9.1.0/24")]
+    [rejected] = state.proposals
+    assert (rejected.id, rejected.state) == (reject, "rejected")
+    status, answer = await dash.post(f"/v1/proposals/{approve}/approve")
+    assert status == 409 and "no egress proposal" in answer["error"]
+
+    await dash.known_run()
+    _, letters = await dash.get("/v1/dead-letters")
+    letter = letters["letters"][0]
+    status, answer = await dash.post(f"/v1/dead-letters/{letter['id']}/replay")
+    assert status == 200
+    assert answer["replayed"] == [f"{letter['job']}.r{letter['id']}"]
+    totals = (await fleet_status(dash.js, dash.settings)).totals
+    assert totals.submitted == OK_JOBS + DEAD_JOBS + 1
+    actions = [(r.entry.action, r.entry.who, r.entry.outcome) for r in await dash.audit()]
+    assert ("quarantine.approve", "dashboard", "done") in actions
+    assert ("quarantine.reject", "dashboard", "done") in actions
+    assert ("dlq.replay", "dashboard", "done") in actions
