@@ -1,4 +1,4 @@
-"""The gateway service: HTTP API, dashboard page and Prometheus ``/metrics``.
+"""The gateway service: HTTP API, the dashboard and its routes, Prometheus ``/metrics``.
 
 It keeps no state of its own: submissions are published to ``jf.submit.<target>`` by
 the same code the CLI uses, and every count is read from JetStream when asked, so any
