@@ -96,6 +96,38 @@ async def test_the_page_shows_the_counts_tables_and_chart_of_a_known_run(
     await expect(letters).to_have_count(DEAD_JOBS)
 
 
+async def test_the_chart_draws_a_line_through_a_versions_buckets(
+    dash: DashboardStack, page: Page
+) -> None:
+    await dash.known_run()
+    _, series = await dash.get("/v1/versions/series")
+    earlier = series["versions"][0]["points"]  # one bucket, or two if the run straddled
+    last = max(p["t"] for p in earlier)
+
+    async def next_bucket() -> bool:  # by the server's clock, which buckets the events
+        _, doc = await dash.get("/v1/versions/series")
+        return bool(doc["now_s"] >= last + doc["bucket_s"])
+
+    await wait_for(next_bucket, 30, "the server's clock to reach the next bucket")
+    status, answer = await dash.post("/v1/targets/demo/jobs", [{"id": "later", "url": "/page/50"}])
+    assert status == 202, answer
+    buckets = len(earlier) + 1
+
+    async def one_more_bucket() -> bool:
+        _, doc = await dash.get("/v1/versions/series")
+        return len(doc["versions"][0]["points"]) == buckets
+
+    await wait_for(one_more_bucket, 20, "the later job's outcome in a bucket of its own")
+    await expect(page.locator("#chart circle.point")).to_have_count(buckets, timeout=WAIT_MS)
+    line = page.locator("#chart polyline.series")
+    await expect(line).to_have_count(1)
+    ys = [float(p.split(",")[1]) for p in (await line.get_attribute("points") or "").split()]
+    assert len(ys) == buckets
+    # The run's buckets hold its 2 failures (below 100 %), the later one succeeded: the
+    # line ends higher (SVG y grows downwards) than it was.
+    assert ys[-1] < max(ys[:-1])
+
+
 async def test_pause_and_resume_from_the_page_need_the_token(
     dash: DashboardStack, page: Page, settings: Settings
 ) -> None:
