@@ -49,7 +49,7 @@ class DashboardStack:
         self, path: str, body: Any = None, token: bool = True, raw: bytes | None = None
     ) -> tuple[int, Any]:
         data = raw if raw is not None else msgspec.json.encode(body if body is not None else {})
-        headers = AUTH if token else {}
+        headers = {"Content-Type": "application/json", **(AUTH if token else {})}
         async with self.http.post(self.gateway.url + path, data=data, headers=headers) as r:
             return r.status, await r.json()
 

@@ -15,6 +15,7 @@ from jetfleet.ops.status import fleet_status
 from jetfleet.settings import GatewaySettings, Settings
 from tests.conftest import wait_for
 from tests.dashboard_stack import (
+    AUTH,
     DEAD_JOBS,
     IDENTITY,
     OK_JOBS,
@@ -182,3 +183,22 @@ async def test_a_proposal_is_approved_or_rejected_and_a_letter_replayed(
     assert ("quarantine.approve", "dashboard", "done") in actions
     assert ("quarantine.reject", "dashboard", "done") in actions
     assert ("dlq.replay", "dashboard", "done") in actions
+
+
+async def test_a_control_request_another_web_page_could_send_is_refused(
+    dash: DashboardStack,
+) -> None:
+    url = dash.gateway.url + "/v1/pause"
+    cross = {**AUTH, "Content-Type": "application/json", "Origin": "http://evil.example"}
+    async with dash.http.post(url, data=b"{}", headers=cross) as response:
+        assert response.status == 403
+        assert "another origin" in (await response.json())["error"]
+    # A form post (no preflight) cannot carry a JSON content type.
+    form = {**AUTH, "Content-Type": "text/plain"}
+    async with dash.http.post(url, data=b"{}", headers=form) as response:
+        assert response.status == 415
+        assert "application/json" in (await response.json())["error"]
+    same = {**AUTH, "Content-Type": "application/json", "Origin": dash.gateway.url}
+    async with dash.http.post(url, data=b"{}", headers=same) as response:
+        assert response.status == 200
+    assert [p.record.by for p in await pauses_in_force(dash.nc)] == ["dashboard"]

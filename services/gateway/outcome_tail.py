@@ -42,25 +42,34 @@ class OutcomeTail:
         self.window_s = BUCKET_S * BUCKETS
         self._last_seq = 0
         self._task: asyncio.Task[None] | None = None
+        self._stopped = False
         self.skipped = 0
         """Events ``read_outcome`` refused (logged at debug)."""
 
     def start(self) -> None:
         """Start following in the background."""
         if self._task is None:
+            self._stopped = False
             self._task = asyncio.create_task(self._follow(), name="gateway-outcome-tail")
 
     async def stop(self) -> None:
         """Stop following."""
         task, self._task = self._task, None
-        if task is not None:
+        if task is None:
+            return
+        self._stopped = True
+        # Python 3.11's wait_for (inside nats-py's fetch) can swallow a cancellation that
+        # lands as its inner wait ends; the flag ends the loops then, and the cancel is
+        # sent again until the task is done.
+        while not task.done():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await asyncio.wait({task}, timeout=1.0)
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
 
     async def _follow(self) -> None:
         failing = False
-        while True:
+        while not self._stopped:
             try:
                 await self._read_from(await self._config())
             except asyncio.CancelledError:
@@ -93,7 +102,7 @@ class OutcomeTail:
         info = await self.js.add_consumer(subjects.STREAM_OUTCOMES, config)
         sub = await self.js.pull_subscribe_bind(info.name, stream=subjects.STREAM_OUTCOMES)
         try:
-            while True:
+            while not self._stopped:
                 try:
                     msgs = await sub.fetch(BATCH, timeout=FETCH_WAIT_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):

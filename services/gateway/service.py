@@ -275,13 +275,18 @@ class Gateway:
     async def _resume(self, request: web.Request) -> web.Response:
         return await self._pause_or_resume(request, resume=True)
 
-    async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
+    def _require_control(self, request: web.Request) -> None:
+        """A control action: the write check, then the browser checks in ``controls``."""
         self._require_write(request)
+        controls.require_same_origin_json(request)
+
+    async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
+        self._require_control(request)
         body = controls.decode_body(await self._read_body(request), controls.PauseBody)
         return _json(await controls.pause(self.nc, body, resume))
 
     async def _proposal(self, request: web.Request) -> web.Response:
-        self._require_write(request)
+        self._require_control(request)
         action = request.match_info["action"]
         if action not in ("approve", "reject"):
             raise _Refused(404, f"no action {action!r} on a proposal: approve or reject")
@@ -293,7 +298,7 @@ class Gateway:
         return _json(await answer)
 
     async def _replay(self, request: web.Request) -> web.Response:
-        self._require_write(request)
+        self._require_control(request)
         body = controls.decode_body(await self._read_body(request), controls.ReplayBody)
         letter = request.match_info["id"]
         return _json(await controls.replay_letter(self.nc, self.settings, letter, body))
