@@ -10,8 +10,11 @@ import pytest
 from jetfleet.services.gateway.access import check_write
 from nats.aio.client import Client as NatsClient
 
+from jetfleet import subjects
 from jetfleet.ops.pause_status import pauses_in_force
 from jetfleet.ops.status import fleet_status
+from jetfleet.presence_writer import DirectPresenceWriter
+from jetfleet.region_presence import region_key
 from jetfleet.settings import GatewaySettings, Settings
 from tests.conftest import wait_for
 from tests.dashboard_stack import (
@@ -202,3 +205,13 @@ async def test_a_control_request_another_web_page_could_send_is_refused(
     async with dash.http.post(url, data=b"{}", headers=same) as response:
         assert response.status == 200
     assert [p.record.by for p in await pauses_in_force(dash.nc)] == ["dashboard"]
+
+
+async def test_the_regions_a_running_worker_announces_are_listed(dash: DashboardStack) -> None:
+    _, before = await dash.get("/v1/workers")
+    assert before["regions"] == []
+    # As a worker of region eu-west announces it (scripted: its writer, not its loop).
+    writer = DirectPresenceWriter(dash.js)
+    await writer.put(subjects.BUCKET_WORKERS, region_key("eu-west"), b"eu-west", ttl_s=60)
+    _, after = await dash.get("/v1/workers")
+    assert after["regions"] == ["eu-west"]

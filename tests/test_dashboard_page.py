@@ -74,6 +74,7 @@ async def test_the_page_shows_the_counts_tables_and_chart_of_a_known_run(
     await expect(worker.nth(2)).to_have_text(str(OK_JOBS), timeout=WAIT_MS)
     await expect(worker.nth(1)).to_have_text(IDENTITY)
     await expect(worker.nth(4)).to_have_text(str(DEAD_JOBS))
+    await expect(page.locator("#regions")).to_have_text("none announced")
     identity = page.locator(f'#identities tr[data-name="{IDENTITY}"] td')
     await expect(identity.nth(1)).to_have_text(WORKER)
 

@@ -91,6 +91,7 @@ DASHBOARD_HTML = """<!doctype html>
 </table>
 
 <h2>Workers</h2>
+<p class="meta">regions with a running worker: <span id="regions">-</span></p>
 <table><thead><tr><th>worker</th><th>identities</th><th class="n">successes</th>
   <th class="n">blocks</th><th class="n">failures</th><th class="n">success rate</th>
   <th class="n">seen</th></tr></thead><tbody id="workers"></tbody></table>
@@ -302,6 +303,7 @@ function actorRows(rows, extra) {
 }
 
 function renderActors(doc) {
+  text("regions", doc.regions.length ? doc.regions.join(", ") : "none announced");
   fill("workers", actorRows(doc.workers, (r) => r.identities.join(", ")), 7,
     "no outcome in the last " + Math.round(doc.window_s / 60) + " min");
   fill("identities", actorRows(doc.identities, (r) => r.owner || "(unclaimed)"), 7,

@@ -24,6 +24,7 @@ from jetfleet.ops.breaker_status import open_breakers
 from jetfleet.ops.dead_letters import dead_letter_total, list_dead_letters
 from jetfleet.ops.target_view import target_listing
 from jetfleet.ops.version_view import version_view
+from jetfleet.region_presence import regions_present
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 
@@ -79,7 +80,8 @@ async def actors_doc(
     js: JetStreamContext, series: OutcomeSeries, clock: ServerClock
 ) -> dict[str, Any]:
     """Per worker and per identity: outcomes over the tallies' window, and the identity
-    claims live in ``jf-workers`` (who holds which identity now)."""
+    claims live in ``jf-workers`` (who holds which identity now); and the regions some
+    running worker announces."""
     now = await clock.now()
     now_s = None if now is None else now.timestamp()
     owners = await _owners(js)
@@ -101,6 +103,7 @@ async def actors_doc(
         "window_s": BUCKET_S * BUCKETS,
         "workers": [workers[k] for k in sorted(workers)],
         "identities": [identities[k] for k in sorted(identities)],
+        "regions": await regions_present(js),
     }
 
 
