@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
+from jetfleet.services.gateway import Gateway
 from jetfleet.services.gateway.access import check_write
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.auth.credentials import settings_for_role
+from jetfleet.connection import connect_nats
 from jetfleet.ops.pause_status import pauses_in_force
 from jetfleet.ops.status import fleet_status
 from jetfleet.presence_writer import DirectPresenceWriter
@@ -22,6 +26,7 @@ from tests.dashboard_stack import (
     DEAD_JOBS,
     IDENTITY,
     OK_JOBS,
+    TOKEN,
     WORKER,
     DashboardStack,
     dashboard_stack,
@@ -72,6 +77,7 @@ def test_control_routes_are_forbidden_beyond_loopback_when_no_token_is_set() -> 
         ("/v1/pause", {"colour": "red"}, "unknown field"),
         ("/v1/proposals/zz/approve", {}, "is not a proposal id"),
         ("/v1/dead-letters/abc/replay", {}, "is not a dead letter id"),
+        ("/v1/dead-letters/0/replay", {}, "is not a dead letter id"),
     ],
 )
 async def test_bad_input_is_answered_400_saying_what_is_wrong(
@@ -215,3 +221,30 @@ async def test_the_regions_a_running_worker_announces_are_listed(dash: Dashboard
     await writer.put(subjects.BUCKET_WORKERS, region_key("eu-west"), b"eu-west", ttl_s=60)
     _, after = await dash.get("/v1/workers")
     assert after["regions"] == ["eu-west"]
+
+
+READS = ["/v1/targets", "/v1/workers", "/v1/versions/series", "/v1/dead-letters"]
+
+
+async def test_the_dashboard_reads_need_the_token_unless_reads_are_open(
+    dash: DashboardStack,
+) -> None:
+    for path in READS:  # this gateway has open_reads
+        status, _ = await dash.get(path)
+        assert status == 200, path
+    own = msgspec.structs.replace(
+        dash.settings, gateway=GatewaySettings(port=0, token=TOKEN, open_reads=False)
+    )
+    conn = await connect_nats(dash.settings.nats, "gateway-closed", role="gateway")
+    closed = Gateway(settings_for_role(own, "gateway"), conn)
+    await closed.start()
+    try:
+        for path in READS:
+            async with dash.http.get(closed.url + path) as response:
+                assert response.status == 401, path
+                assert "gateway token" in (await response.json())["error"]
+            async with dash.http.get(closed.url + path, headers=AUTH) as response:
+                assert response.status == 200, path
+    finally:
+        await closed.drain(5.0)
+        await conn.close()

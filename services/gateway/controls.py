@@ -1,5 +1,5 @@
 """The dashboard's control actions: pause and resume, approve or reject an egress
-proposal, replay a dead letter (docs/dashboard.md#control-actions).
+proposal, replay a dead letter (docs/dashboard.md#the-token-and-the-control-actions).
 
 Each builds its command with the CLI's own code (``command_of`` for pause, the quarantine
 command builder, ``replay_recorded``), so the checks, messages and audit entries are the
@@ -157,16 +157,19 @@ async def replay_letter(
     """Replay dead letter ``letter`` (its id), recorded as ``dlq.replay`` by ``ACTOR``.
 
     Raises:
-        Refused: 400 not an id; 404 no such letter, or admission refuses the replay.
+        Refused: 400 not an id; 404 no such letter; 409 admission would refuse the replay
+            (or it would lose the letter's idempotency key).
     """
-    if not letter.isdigit():
+    if not letter.isdigit() or int(letter) < 1:
         raise Refused(400, f"{letter!r} is not a dead letter id (a positive stream sequence)")
     try:
         new_ids = await replay_recorded(
             nc.jetstream(), settings, int(letter), None, None, ACTOR, body.why[:256]
         )
     except JetfleetError as exc:
-        raise Refused(404 if "no dead letter" in str(exc) else 409, str(exc)) from None
+        # get_dead_letter's refusal of a missing letter starts so (jetfleet/ops/dead_letters.py).
+        missing = str(exc).startswith("no dead letter")
+        raise Refused(404 if missing else 409, str(exc)) from None
     return {"ok": True, "replayed": new_ids}
 
 
