@@ -28,6 +28,7 @@ from jetfleet import subjects
 from jetfleet.leader_reads import replica_bucket
 from jetfleet.lease_store import ttl_whole_seconds
 from jetfleet.presence_writer import DirectPresenceWriter, PresenceWriter
+from jetfleet.stream_reader import read_stream
 
 log = logging.getLogger(__name__)
 
@@ -86,3 +87,16 @@ class RegionPresence:
             self._answers.clear()
         self._answers[region] = (answer, time.monotonic())
         return answer
+
+
+async def regions_present(js: JetStreamContext) -> list[str]:
+    """The regions some running worker announces now, by name (for the dashboard): read
+    from the bucket's stream, where a key whose TTL ran out is gone."""
+    latest: dict[str, str] = {}
+    stream = f"KV_{subjects.BUCKET_WORKERS}"
+    async for msg in read_stream(js, stream, f"$KV.{subjects.BUCKET_WORKERS}.region.>"):
+        if not msg.data or (msg.headers or {}).get("KV-Operation"):
+            latest.pop(msg.subject, None)  # deleted or purged
+        else:
+            latest[msg.subject] = msg.data.decode(errors="replace")
+    return sorted(set(latest.values()))

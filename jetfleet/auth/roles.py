@@ -61,9 +61,11 @@ PAUSE = f"{subjects.PREFIX}.pause"  # operator -> leaser: pause and resume scope
 PRESENCE = f"{subjects.PREFIX}.presence"  # worker -> leaser: the worker's own KV records
 AUDIT = f"{subjects.PREFIX}.audit.>"  # control actions, kept in stream JF_AUDIT
 # Written by the leaser (the commands it serves, the quarantine service's and the rollout
-# guard's included) and the operator's CLI (its own actions) only: another role holding it
-# could forge an entry of the log operators trust.
+# guard's included) and the operator's CLI (its own actions) only, but for the gateway's
+# dlq.replay entries (AUDIT_REPLAY): another role holding it could forge an entry of the
+# log operators trust.
 STREAM_AUDIT = "JF_AUDIT"
+AUDIT_REPLAY = f"{subjects.PREFIX}.audit.dlq.replay"  # the gateway's one audit action
 
 _API = "$JS.API"
 
@@ -427,11 +429,17 @@ ROLES: dict[Role, RolePermissions] = {
         ),
         RolePermissions(
             role="gateway",
-            purpose="the HTTP API: submissions and status reads",
-            publish=(SUBMIT, *_READ_EVERYTHING),
+            purpose="the HTTP API and dashboard: submissions, status reads, and the "
+            "dashboard's control actions behind the gateway token (pause, proposal "
+            "answers, dead-letter replay)",
+            # The dashboard asks the leaser on jf.pause and jf.quarantine as the CLI does
+            # (the leaser records those), and records its own replays in the audit log:
+            # that one action only, so it cannot forge any other entry.
+            publish=(SUBMIT, PAUSE, subjects.QUARANTINE, AUDIT_REPLAY, *_READ_EVERYTHING),
             publish_deny=_NOT_WORK_OR_RESULTS,
             redis=True,
-            cannot="commit results, pull work, write any bucket",
+            cannot="commit results, pull work, write any bucket, open breakers, approve "
+            "versions, set target limits, write audit entries but its dead-letter replays",
         ),
         RolePermissions(
             role="worker",

@@ -237,6 +237,46 @@ def _run_show(args: argparse.Namespace) -> int:
     return 0
 
 
+async def replay_recorded(
+    js: JetStreamContext,
+    settings: Settings,
+    id: int | None,
+    target: str | None,
+    reason: str | None,
+    who: str,
+    why_: str,
+    bar: ProgressBar | None = None,
+) -> list[str]:
+    """Replay dead letter ``id`` (or ``target``'s, with ``reason``) and record it in the
+    audit log as ``dlq.replay`` by ``who``: done, refused or failed (docs/audit.md).
+
+    Returns:
+        The new job ids (empty when no letter matched).
+
+    Raises:
+        JetfleetError: no such letter, or admission would refuse a replay.
+    """
+    what = f"dead letter {id}" if id is not None else f"dead letters of {target}"
+    if reason is not None:
+        what += f" with reason {reason}"
+    try:
+        if id is not None:
+            entries = [await get_dead_letter(js, id)]
+        else:
+            entries = await list_dead_letters(js, target, reason)
+        if not entries:
+            return []
+        if bar is not None:
+            bar.total = max(len(entries), 1)
+        new_ids = await replay(js, settings, entries, progress=bar.update if bar else None)
+    except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
+        await record_raised(js, "dlq.replay", who, what, why_, exc)
+        raise
+    detail = f"replayed {len(new_ids)} letter(s) as {', '.join(new_ids)}"[:1024]
+    await record_action(js, "dlq.replay", who, what, why_, detail)
+    return new_ids
+
+
 def _run_replay(args: argparse.Namespace) -> int:
     if (args.id is None) == (args.target is None):
         raise JetfleetError("dlq replay: give exactly one of ID or --target")
@@ -244,29 +284,15 @@ def _run_replay(args: argparse.Namespace) -> int:
         raise JetfleetError("dlq replay: --reason goes with --target")
     settings = _settings(args)
 
-    what = f"dead letter {args.id}" if args.id is not None else f"dead letters of {args.target}"
-    if args.reason is not None:
-        what += f" with reason {args.reason}"
-
     async def work(js: JetStreamContext) -> list[str]:
+        # The bar's total is set once the letters are read (replay_recorded).
+        bar = ProgressBar(0, "replaying", enabled=progress_wanted(args.json))
         try:
-            if args.id is not None:
-                entries = [await get_dead_letter(js, args.id)]
-            else:
-                entries = await list_dead_letters(js, args.target, args.reason)
-            if not entries:
-                return []
-            bar = ProgressBar(len(entries), "replaying", enabled=progress_wanted(args.json))
-            try:
-                new_ids = await replay(js, settings, entries, progress=bar.update)
-            finally:
-                bar.close()
-        except Exception as exc:  # refused or failed: recorded too (docs/audit.md)
-            await record_raised(js, "dlq.replay", actor(args), what, why(args), exc)
-            raise
-        detail = f"replayed {len(new_ids)} letter(s) as {', '.join(new_ids)}"[:1024]
-        await record_action(js, "dlq.replay", actor(args), what, why(args), detail)
-        return new_ids
+            return await replay_recorded(
+                js, settings, args.id, args.target, args.reason, actor(args), why(args), bar
+            )
+        finally:
+            bar.close()
 
     new_ids: list[str] = asyncio.run(_with_js(settings, work))
     if args.json:

@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off, why
@@ -191,12 +192,22 @@ async def send_pause(settings: Settings, command: PauseCommand) -> PauseReply:
     """Send one pause command to the leaser and return its answer."""
     nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
+        return await ask_pause(nc, command)
+    finally:
+        await nc.close()
+
+
+async def ask_pause(nc: NatsClient, command: PauseCommand) -> PauseReply:
+    """Send one pause command to the leaser over ``nc`` (the CLI's or the gateway's).
+
+    Raises:
+        JetfleetError: no leaser answered.
+    """
+    try:
         answer = await nc.request(subjects.PAUSE, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:
         raise JetfleetError(
             f"no leaser answered on {subjects.PAUSE}: {exc}; is `jetfleet serve leaser` "
             "running (a leaser from before the pause switch does not answer there)?"
         ) from exc
-    finally:
-        await nc.close()
     return _decoder.decode(answer.data)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.cli.actor import actor, add_actor_arguments, audit_note_off, why
@@ -256,12 +257,22 @@ async def send(settings: Settings, command: QuarantineCommand) -> QuarantineRepl
     """Send one quarantine command to the leaser and return its answer."""
     nc = await connect_nats(settings.nats, "jetfleet-cli", role="operator")
     try:
+        return await ask_quarantine(nc, command)
+    finally:
+        await nc.close()
+
+
+async def ask_quarantine(nc: NatsClient, command: QuarantineCommand) -> QuarantineReply:
+    """Send one quarantine command to the leaser over ``nc`` (the CLI's or the gateway's).
+
+    Raises:
+        JetfleetError: no leaser answered.
+    """
+    try:
         answer = await nc.request(subjects.QUARANTINE, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:
         raise JetfleetError(
             f"no leaser answered on {subjects.QUARANTINE}: {exc}; is "
             "`jetfleet serve leaser` running?"
         ) from exc
-    finally:
-        await nc.close()
     return _decoder.decode(answer.data)

@@ -2,9 +2,9 @@
 
 Writes (POST) need the bearer token from ``gateway.token``; with no token configured they
 are allowed only on a loopback listener, where every caller is already on the machine.
-Reads beyond health (``/v1/status``, ``/metrics``) need the token too once one is set,
-unless ``gateway.open_reads``; ``/healthz`` and the dashboard page (static, no data) are
-always open.
+Reads beyond health (``/v1/status``, ``/metrics``, the dashboard's ``/v1/...`` reads)
+need the token too once one is set, unless ``gateway.open_reads``; ``/healthz`` and the
+dashboard page (static, no data) are always open.
 """
 
 from __future__ import annotations

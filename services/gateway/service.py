@@ -1,4 +1,4 @@
-"""The gateway service: HTTP API, dashboard page and Prometheus ``/metrics``.
+"""The gateway service: HTTP API, the dashboard and its routes, Prometheus ``/metrics``.
 
 It keeps no state of its own: submissions are published to ``jf.submit.<target>`` by
 the same code the CLI uses, and every count is read from JetStream when asked, so any
@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from jetfleet.services.gateway import controls, fleet_reads
 from jetfleet.services.gateway.access import Denial, check_read, check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
@@ -25,6 +26,8 @@ from jetfleet.services.gateway.batch import (
 from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from jetfleet.services.gateway.metrics import FleetGauges, queue_depths
+from jetfleet.services.gateway.outcome_tail import OutcomeTail
+from jetfleet.services.gateway.refusal import Refused as _Refused
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -32,6 +35,7 @@ from jetfleet.client import SubmitResult, submit_raw
 from jetfleet.js_errors import UNAVAILABLE
 from jetfleet.metrics import CounterFamily
 from jetfleet.ops.status import confirmed_status
+from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -42,19 +46,6 @@ _CLOSE_GRACE_S = 1.0
 # Failures that mean "NATS is unreachable or busy right now", not a bug: answered 503 so
 # a client or load balancer retries instead of reporting a gateway fault.
 _NATS_UNAVAILABLE = UNAVAILABLE
-
-
-class _Refused(Exception):
-    """An expected refusal a handler raises; the middleware answers it as JSON."""
-
-    def __init__(
-        self, status: int, message: str, headers: dict[str, str] | None = None, **extra: Any
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
-        self.extra = extra
 
 
 class Gateway:
@@ -80,6 +71,9 @@ class Gateway:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        # The dashboard's outcome tallies: a cache of JF_OUTCOMES, read again at start.
+        self.clock = ServerClock(nc)
+        self.outcomes = OutcomeTail(self.js, self.clock)
 
     @property
     def url(self) -> str:
@@ -115,6 +109,7 @@ class Gateway:
         shown = f"[{host}]" if ":" in host else host
         self._runner = runner
         self._url = f"http://{shown}:{port}"
+        self.outcomes.start()
         log.info("gateway serving on %s", self._url)
 
     async def drain(self, timeout_s: float = 30.0) -> None:
@@ -127,6 +122,7 @@ class Gateway:
         if runner is None:
             return
         self._draining = True
+        await self.outcomes.stop()
         for site in list(runner.sites):
             await site.stop()  # no new connections from here on
         try:
@@ -151,6 +147,15 @@ class Gateway:
         app.router.add_get("/v1/status", self._status)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/targets/{target}/jobs", self._submit)
+        # The dashboard's reads and control actions (docs/dashboard.md).
+        app.router.add_get("/v1/targets", self._targets)
+        app.router.add_get("/v1/workers", self._workers)
+        app.router.add_get("/v1/versions/series", self._versions)
+        app.router.add_get("/v1/dead-letters", self._dead_letters)
+        app.router.add_post("/v1/pause", self._pause)
+        app.router.add_post("/v1/resume", self._resume)
+        app.router.add_post("/v1/proposals/{id}/{action}", self._proposal)
+        app.router.add_post("/v1/dead-letters/{id}/replay", self._replay)
         return app
 
     @web.middleware
@@ -242,8 +247,70 @@ class Gateway:
         body = self.fleet_gauges.render(status, queue)
         return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
-    async def _submit(self, request: web.Request) -> web.Response:
+    async def _targets(self, request: web.Request) -> web.Response:
+        self._require_read(request)
+        series = self.outcomes.series
+        return _json(await fleet_reads.targets_doc(self.js, self.settings, series, self.clock))
+
+    async def _workers(self, request: web.Request) -> web.Response:
+        self._require_read(request)
+        return _json(await fleet_reads.actors_doc(self.js, self.outcomes.series, self.clock))
+
+    async def _versions(self, request: web.Request) -> web.Response:
+        self._require_read(request)
+        return _json(await fleet_reads.versions_doc(self.js, self.outcomes.series, self.clock))
+
+    async def _dead_letters(self, request: web.Request) -> web.Response:
+        self._require_read(request)
+        query = request.query
+        target = query.get("target") or None
+        if target is not None and not subjects.TARGET_NAME_RE.match(target):
+            raise _Refused(400, f"target {target!r} is not a target name")
+        text = query.get("limit", str(fleet_reads.DEFAULT_LETTERS))
+        if not text.isdigit() or not 1 <= int(text) <= fleet_reads.MAX_LETTERS:
+            raise _Refused(400, f"limit {text!r}: give 1 to {fleet_reads.MAX_LETTERS}")
+        reason = query.get("reason") or None
+        return _json(await fleet_reads.dead_letters_doc(self.js, target, reason, int(text)))
+
+    def _require_write(self, request: web.Request) -> None:
         _raise_denial(check_write(self.settings.gateway, request.headers.get("Authorization")))
+
+    async def _pause(self, request: web.Request) -> web.Response:
+        return await self._pause_or_resume(request, resume=False)
+
+    async def _resume(self, request: web.Request) -> web.Response:
+        return await self._pause_or_resume(request, resume=True)
+
+    def _require_control(self, request: web.Request) -> None:
+        """A control action: the write check, then the browser checks in ``controls``."""
+        self._require_write(request)
+        controls.require_same_origin_json(request)
+
+    async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
+        self._require_control(request)
+        body = controls.decode_body(await self._read_body(request), controls.PauseBody)
+        return _json(await controls.pause(self.nc, body, resume))
+
+    async def _proposal(self, request: web.Request) -> web.Response:
+        self._require_control(request)
+        action = request.match_info["action"]
+        if action not in ("approve", "reject"):
+            raise _Refused(404, f"no action {action!r} on a proposal: approve or reject")
+        body = controls.decode_body(await self._read_body(request), controls.ProposalBody)
+        proposal = request.match_info["id"]
+        answer = controls.answer_proposal(
+            self.nc, self.settings, proposal, "approve" if action == "approve" else "reject", body
+        )
+        return _json(await answer)
+
+    async def _replay(self, request: web.Request) -> web.Response:
+        self._require_control(request)
+        body = controls.decode_body(await self._read_body(request), controls.ReplayBody)
+        letter = request.match_info["id"]
+        return _json(await controls.replay_letter(self.nc, self.settings, letter, body))
+
+    async def _submit(self, request: web.Request) -> web.Response:
+        self._require_write(request)
         target = request.match_info["target"]
         body = await self._read_body(request)
         if not subjects.TARGET_NAME_RE.match(target):

@@ -1,0 +1,250 @@
+"""The gateway's dashboard endpoints over a real stack: the reads add up after a known
+run, the control POSTs need the token, refuse bad input with a clear message, and do
+what the CLI does (recorded in the audit log as the dashboard)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import msgspec
+import pytest
+from jetfleet.services.gateway import Gateway
+from jetfleet.services.gateway.access import check_write
+from nats.aio.client import Client as NatsClient
+
+from jetfleet import subjects
+from jetfleet.auth.credentials import settings_for_role
+from jetfleet.connection import connect_nats
+from jetfleet.ops.pause_status import pauses_in_force
+from jetfleet.ops.status import fleet_status
+from jetfleet.presence_writer import DirectPresenceWriter
+from jetfleet.region_presence import region_key
+from jetfleet.settings import GatewaySettings, Settings
+from tests.conftest import wait_for
+from tests.dashboard_stack import (
+    AUTH,
+    DEAD_JOBS,
+    IDENTITY,
+    OK_JOBS,
+    TOKEN,
+    WORKER,
+    DashboardStack,
+    dashboard_stack,
+)
+
+
+@pytest.fixture
+async def dash(settings: Settings, nc: NatsClient) -> AsyncIterator[DashboardStack]:
+    async with dashboard_stack(settings, nc) as running:
+        yield running
+
+
+CONTROLS = [
+    "/v1/pause",
+    "/v1/resume",
+    "/v1/proposals/0123456789abcdef/approve",
+    "/v1/proposals/0123456789abcdef/reject",
+    "/v1/dead-letters/1/replay",
+]
+
+
+async def test_every_control_route_is_refused_without_the_token_and_changes_nothing(
+    dash: DashboardStack,
+) -> None:
+    for path in CONTROLS:
+        status, answer = await dash.post(path, token=False)
+        assert status == 401, (path, answer)
+        assert "Authorization: Bearer" in answer["error"]
+    assert await pauses_in_force(dash.nc) == []
+    assert await dash.audit() == []
+
+
+def test_control_routes_are_forbidden_beyond_loopback_when_no_token_is_set() -> None:
+    # The control routes share the submit route's check (a gateway cannot be bound to
+    # a non-loopback address here to ask it over HTTP).
+    denial = check_write(GatewaySettings(host="0.0.0.0"), None)
+    assert denial is not None and denial.status == 403
+    assert "set gateway.token" in denial.message
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "expected"),
+    [
+        ("/v1/pause", {"scope": "galaxy"}, "$.scope"),
+        ("/v1/pause", {"for": "soon"}, "is not a duration"),
+        ("/v1/pause", {"scope": "target", "name": "Not A Target"}, "is not a target name"),
+        ("/v1/pause", {"name": "x"}, "a fleet pause names nothing"),
+        ("/v1/pause", {"colour": "red"}, "unknown field"),
+        ("/v1/proposals/zz/approve", {}, "is not a proposal id"),
+        ("/v1/dead-letters/abc/replay", {}, "is not a dead letter id"),
+        ("/v1/dead-letters/0/replay", {}, "is not a dead letter id"),
+    ],
+)
+async def test_bad_input_is_answered_400_saying_what_is_wrong(
+    dash: DashboardStack, path: str, body: dict[str, str], expected: str
+) -> None:
+    status, answer = await dash.post(path, body)
+    assert status == 400, answer
+    assert expected in answer["error"]
+
+
+async def test_a_body_that_is_not_json_is_answered_400(dash: DashboardStack) -> None:
+    status, answer = await dash.post("/v1/pause", raw=b"{not json")
+    assert status == 400
+    assert answer["error"].startswith("bad request body")
+
+
+async def test_a_dead_letter_that_does_not_exist_is_answered_404(dash: DashboardStack) -> None:
+    status, answer = await dash.post("/v1/dead-letters/999/replay")
+    assert status == 404
+    assert "no dead letter 999" in answer["error"]
+    [entry] = await dash.audit()  # refused, and recorded as the CLI records it
+    assert (entry.entry.action, entry.entry.who, entry.entry.outcome) == (
+        "dlq.replay",
+        "dashboard",
+        "refused",
+    )
+
+
+async def test_the_reads_show_the_known_run(dash: DashboardStack) -> None:
+    await dash.known_run()
+    status, targets = await dash.get("/v1/targets")
+    assert status == 200
+    [demo] = targets["targets"]
+    assert demo["target"] == "demo" and demo["rate_cap"] == 1000 and demo["breaker"] == "closed"
+
+    async def tallied() -> bool:
+        _, doc = await dash.get("/v1/workers")
+        rows = {w["name"]: w for w in doc["workers"]}
+        row = rows.get(WORKER)
+        return row is not None and (row["ok"], row["failed"]) == (OK_JOBS, DEAD_JOBS)
+
+    await wait_for(tallied, 20, "the gateway to tally the run's outcome events")
+    _, actors = await dash.get("/v1/workers")
+    [worker] = actors["workers"]
+    assert worker["identities"] == [IDENTITY]
+    [identity] = actors["identities"]
+    assert (identity["name"], identity["owner"], identity["ok"]) == (IDENTITY, WORKER, OK_JOBS)
+
+    _, versions = await dash.get("/v1/versions/series")
+    [version] = versions["versions"]
+    assert sum(p["total"] for p in version["points"]) == OK_JOBS + DEAD_JOBS
+    assert sum(p["ok"] for p in version["points"]) == OK_JOBS
+
+    _, letters = await dash.get("/v1/dead-letters")
+    assert letters["total"] == DEAD_JOBS
+    assert sorted(letter["job"] for letter in letters["letters"]) == ["gone-0", "gone-1"]
+    status, answer = await dash.get("/v1/dead-letters?limit=0")
+    assert status == 400 and "limit" in answer["error"]
+
+
+async def test_pause_and_resume_reach_the_leaser_and_are_audited_as_the_dashboard(
+    dash: DashboardStack,
+) -> None:
+    status, answer = await dash.post("/v1/pause", {"for": "10m", "why": "maintenance"})
+    assert status == 200 and answer["ok"], answer
+    [pause] = await pauses_in_force(dash.nc)
+    assert (pause.record.scope, pause.record.by, pause.record.why) == (
+        "fleet",
+        "dashboard",
+        "maintenance",
+    )
+    status, answer = await dash.post("/v1/resume", {})
+    assert status == 200, answer
+    assert await pauses_in_force(dash.nc) == []
+    actions = [(r.entry.action, r.entry.who) for r in await dash.audit()]
+    assert actions == [("pause", "dashboard"), ("resume", "dashboard")]
+
+
+async def test_a_pause_the_leaser_refuses_is_answered_409_with_its_reason(
+    dash: DashboardStack,
+) -> None:
+    status, answer = await dash.post("/v1/pause", {"scope": "target", "name": "nowhere"})
+    assert status == 409
+    assert answer["error"].startswith("the leaser refused: not paused")
+
+
+async def test_a_proposal_is_approved_or_rejected_and_a_letter_replayed(
+    dash: DashboardStack,
+) -> None:
+    approve = await dash.propose("10.9.1.0/24")
+    reject = await dash.propose("10.9.2.0/24")
+    status, answer = await dash.post(f"/v1/proposals/{approve}/approve", {"why": "seen it"})
+    assert status == 200, answer
+    status, answer = await dash.post(f"/v1/proposals/{reject}/reject", {"reason": "a CDN"})
+    assert status == 200, answer
+    state = await fleet_status(dash.js, dash.settings)
+    assert [(q.scope, q.name) for q in state.quarantines] == [("egress", "10.9.1.0/24")]
+    [rejected] = state.proposals
+    assert (rejected.id, rejected.state) == (reject, "rejected")
+    status, answer = await dash.post(f"/v1/proposals/{approve}/approve")
+    assert status == 409 and "no egress proposal" in answer["error"]
+
+    await dash.known_run()
+    _, letters = await dash.get("/v1/dead-letters")
+    letter = letters["letters"][0]
+    status, answer = await dash.post(f"/v1/dead-letters/{letter['id']}/replay")
+    assert status == 200
+    assert answer["replayed"] == [f"{letter['job']}.r{letter['id']}"]
+    totals = (await fleet_status(dash.js, dash.settings)).totals
+    assert totals.submitted == OK_JOBS + DEAD_JOBS + 1
+    actions = [(r.entry.action, r.entry.who, r.entry.outcome) for r in await dash.audit()]
+    assert ("quarantine.approve", "dashboard", "done") in actions
+    assert ("quarantine.reject", "dashboard", "done") in actions
+    assert ("dlq.replay", "dashboard", "done") in actions
+
+
+async def test_a_control_request_another_web_page_could_send_is_refused(
+    dash: DashboardStack,
+) -> None:
+    url = dash.gateway.url + "/v1/pause"
+    cross = {**AUTH, "Content-Type": "application/json", "Origin": "http://evil.example"}
+    async with dash.http.post(url, data=b"{}", headers=cross) as response:
+        assert response.status == 403
+        assert "another origin" in (await response.json())["error"]
+    # A form post (no preflight) cannot carry a JSON content type.
+    form = {**AUTH, "Content-Type": "text/plain"}
+    async with dash.http.post(url, data=b"{}", headers=form) as response:
+        assert response.status == 415
+        assert "application/json" in (await response.json())["error"]
+    same = {**AUTH, "Content-Type": "application/json", "Origin": dash.gateway.url}
+    async with dash.http.post(url, data=b"{}", headers=same) as response:
+        assert response.status == 200
+    assert [p.record.by for p in await pauses_in_force(dash.nc)] == ["dashboard"]
+
+
+async def test_the_regions_a_running_worker_announces_are_listed(dash: DashboardStack) -> None:
+    _, before = await dash.get("/v1/workers")
+    assert before["regions"] == []
+    # As a worker of region eu-west announces it (scripted: its writer, not its loop).
+    writer = DirectPresenceWriter(dash.js)
+    await writer.put(subjects.BUCKET_WORKERS, region_key("eu-west"), b"eu-west", ttl_s=60)
+    _, after = await dash.get("/v1/workers")
+    assert after["regions"] == ["eu-west"]
+
+
+READS = ["/v1/targets", "/v1/workers", "/v1/versions/series", "/v1/dead-letters"]
+
+
+async def test_the_dashboard_reads_need_the_token_unless_reads_are_open(
+    dash: DashboardStack,
+) -> None:
+    for path in READS:  # this gateway has open_reads
+        status, _ = await dash.get(path)
+        assert status == 200, path
+    own = msgspec.structs.replace(
+        dash.settings, gateway=GatewaySettings(port=0, token=TOKEN, open_reads=False)
+    )
+    conn = await connect_nats(dash.settings.nats, "gateway-closed", role="gateway")
+    closed = Gateway(settings_for_role(own, "gateway"), conn)
+    await closed.start()
+    try:
+        for path in READS:
+            async with dash.http.get(closed.url + path) as response:
+                assert response.status == 401, path
+                assert "gateway token" in (await response.json())["error"]
+            async with dash.http.get(closed.url + path, headers=AUTH) as response:
+                assert response.status == 200, path
+    finally:
+        await closed.drain(5.0)
+        await conn.close()
