@@ -3,6 +3,11 @@ nothing (no exporter, no provider, no headers); bad values are refused with the 
 
 from __future__ import annotations
 
+import os
+import socket
+import time
+from collections.abc import Iterator
+
 import pytest
 from opentelemetry import trace
 
@@ -66,4 +71,42 @@ def test_an_exporter_jetfleet_does_not_ship_is_refused_with_the_fix(
     env: dict[str, str], fix: str
 ) -> None:
     with pytest.raises(ConfigError, match=fix.replace("(", r"\(").replace(")", r"\)")):
+        TraceExport.from_env(env)
+
+
+@pytest.fixture
+def unanswering_collector() -> Iterator[str]:
+    """An OTLP endpoint that takes connections and never answers (a hung collector)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+
+def test_a_hung_collector_holds_the_exit_no_longer_than_the_exporter_timeout(
+    unanswering_collector: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Several batches queued, each export waiting out its timeout: without a bound on the
+    # shutdown as a whole, the SDK's own join waits 30 s (docs/tracing.md promises the
+    # exporter's timeout).
+    timeout_s = 2.0
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", unanswering_collector)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", str(timeout_s))
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    assert tracing.setup_tracing("worker", os.environ) is not None
+    try:
+        for _ in range(2048):
+            with tracing.span("queued"):
+                pass
+    finally:
+        started = time.monotonic()
+        tracing.shutdown_tracing()
+        took_s = time.monotonic() - started
+    assert not tracing.tracing_on()
+    assert took_s < timeout_s + 2.0, f"shutdown held the exit {took_s:.1f} s"
+
+
+def test_an_exporter_timeout_that_is_no_number_is_refused_with_the_fix() -> None:
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "10s"}
+    with pytest.raises(ConfigError, match="seconds, such as 10"):
         TraceExport.from_env(env)
