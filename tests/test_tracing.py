@@ -28,11 +28,13 @@ class TracedStack:
         self.stack = stack
         self.receiver = receiver
 
-    async def submit(self, path: str) -> str:
-        """``jetfleet submit demo PATH`` from another process; the job id."""
+    async def submit(self, path: str, traced: bool = True) -> str:
+        """``jetfleet submit demo PATH`` from another process (exporting spans unless not
+        ``traced``); the job id."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETFLEET_")}
         env.update(read_env(self.stack.data_dir / "env"))
-        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.receiver.endpoint
+        if traced:
+            env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.receiver.endpoint
         proc = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "jetfleet", "submit", "demo", path, "--json"),
             env=env,
@@ -44,29 +46,35 @@ class TracedStack:
         job_ids: list[str] = json.loads(out)["submitted"]
         return job_ids[0]
 
-    def submit_span(self, job_id: str) -> ReceivedSpan | None:
+    def submit_span(self, job_id: str, service: str = "jetfleet-cli") -> ReceivedSpan | None:
+        """The span of ``service`` that started job ``job_id``'s trace (the submitter's,
+        or the scheduler's admission when the submitter traced nothing)."""
         return next(
             (
                 s
                 for s in self.receiver.spans
-                if s.service == "jetfleet-cli" and s.attribute("jetfleet.job.id") == job_id
+                if s.service == service
+                and s.attribute("jetfleet.job.id") == job_id
+                and (service != "scheduler" or s.name.startswith("process "))
             ),
             None,
         )
 
-    async def settled_trace(self, job_id: str) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
-        """The job's submit span and its trace, once the sink's commit and the worker's
-        ack have been exported."""
+    async def settled_trace(
+        self, job_id: str, root_service: str = "jetfleet-cli"
+    ) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
+        """The job's submit span (``root_service``'s) and its trace, once the sink's
+        commit and the worker's ack have been exported."""
 
         async def settled() -> bool:
-            root = self.submit_span(job_id)
+            root = self.submit_span(job_id, root_service)
             if root is None:
                 return False
             names = {(s.service, s.name) for s in self.receiver.trace(root.trace_id)}
             return ("sink", "commit") in names and ("worker", "ack jf.work.demo.normal") in names
 
         await wait_for(settled, SPANS_TIMEOUT_S, f"job {job_id}'s commit and ack spans")
-        root = self.submit_span(job_id)
+        root = self.submit_span(job_id, root_service)
         assert root is not None
         return root, self.receiver.trace(root.trace_id)
 
@@ -180,3 +188,20 @@ async def test_a_retried_jobs_attempts_are_siblings_in_its_trace(traced: TracedS
     assert not any(e.name == "exception" for e in failed_handler.span.events), (
         "a signal, not a crash"
     )
+
+
+async def test_a_job_submitted_untraced_is_one_trace_from_its_admission(
+    traced: TracedStack,
+) -> None:
+    # A submitter that traces nothing (a replayed dead letter, a client without tracing):
+    # the admission is the trace's root, and the work order must carry its context, or
+    # each delivery would start a trace of its own.
+    job_id = await traced.submit("/page/2", traced=False)
+    root, spans = await traced.settled_trace(job_id, root_service="scheduler")
+
+    assert not root.parent_id and root.span.kind == CONSUMER
+    assert [s for s in spans if not s.parent_id] == [root]
+    delivery = one(spans, "worker", "process jf.work.demo.normal")
+    assert delivery.parent_id == root.span_id
+    assert delivery.attribute("jetfleet.job.id") == job_id
+    assert one(spans, "sink", "commit").attribute("jetfleet.job.id") == job_id
