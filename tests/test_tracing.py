@@ -12,6 +12,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from jetfleet.dev.devstack import DevStack
@@ -55,7 +56,7 @@ class TracedStack:
                 for s in self.receiver.spans
                 if s.service == service
                 and s.attribute("jetfleet.job.id") == job_id
-                and (service != "scheduler" or s.name.startswith("process "))
+                and s.name.startswith("process " if service == "scheduler" else "send ")
             ),
             None,
         )
@@ -205,3 +206,60 @@ async def test_a_job_submitted_untraced_is_one_trace_from_its_admission(
     assert delivery.parent_id == root.span_id
     assert delivery.attribute("jetfleet.job.id") == job_id
     assert one(spans, "sink", "commit").attribute("jetfleet.job.id") == job_id
+
+
+async def gateway_post(
+    stack: DevStack, paths: list[str], headers: dict[str, str] | None = None
+) -> list[str]:
+    """POST the jobs of ``paths`` to the stack's gateway as one batch; their ids."""
+    url = f"{stack.gateway_url}/v1/targets/demo/jobs"
+    sent = {"Authorization": f"Bearer {stack.gateway_token}", **(headers or {})}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(url, json=[{"url": p} for p in paths], headers=sent) as response,
+    ):
+        answer = await response.json()
+        assert response.status == 202, answer
+    accepted: list[str] = answer["accepted"]
+    return accepted
+
+
+async def test_each_job_of_a_gateway_batch_is_a_trace_of_its_own(traced: TracedStack) -> None:
+    job_ids = await gateway_post(traced.stack, ["/page/3", "/page/4"])
+    assert len(job_ids) == 2
+
+    traces = [await traced.settled_trace(job_id, root_service="gateway") for job_id in job_ids]
+    roots = [root for root, _ in traces]
+    assert len({r.trace_id for r in roots}) == 2, "one job, one trace"
+    posts = [
+        s
+        for s in traced.receiver.spans
+        if s.service == "gateway" and s.name == "POST /v1/targets/{target}/jobs"
+    ]
+    [post] = [p for p in posts if any(ln.span_id.hex() == p.span_id for ln in roots[0].span.links)]
+    assert post.span.kind == SERVER and not post.parent_id
+    assert post.attribute("http.response.status_code") == 202
+    assert post.attribute("jetfleet.jobs") == 2
+    for (root, spans), job_id in zip(traces, job_ids, strict=True):
+        assert root.name == "send jf.submit.demo" and root.span.kind == PRODUCER
+        assert not root.parent_id and [s for s in spans if not s.parent_id] == [root]
+        assert [ln.span_id.hex() for ln in root.span.links] == [post.span_id]
+        delivery = one(spans, "worker", "process jf.work.demo.normal")
+        assert delivery.parent_id == root.span_id
+        assert one(spans, "sink", "commit").attribute("jetfleet.job.id") == job_id
+
+
+async def test_a_gateway_post_carrying_trace_context_joins_the_callers_trace(
+    traced: TracedStack,
+) -> None:
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    headers = {"traceparent": f"00-{caller_trace}-{caller_span}-01"}
+    [job_id] = await gateway_post(traced.stack, ["/page/5"], headers)
+
+    root, spans = await traced.settled_trace(job_id, root_service="gateway")
+    assert root.trace_id == caller_trace
+    post = one(spans, "gateway", "POST /v1/targets/{target}/jobs")
+    assert post.parent_id == caller_span and post.span.kind == SERVER
+    assert root.parent_id == post.span_id and not root.span.links
+    delivery = one(spans, "worker", "process jf.work.demo.normal")
+    assert delivery.parent_id == root.span_id

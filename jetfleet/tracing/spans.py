@@ -9,12 +9,12 @@ status with a reason; only exceptions are recorded as exceptions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from jetfleet.tracing.export_setup import tracer
@@ -40,6 +40,7 @@ def span(
     kind: SpanKind = SpanKind.INTERNAL,
     parent: Context | None = None,
     attributes: Attributes | None = None,
+    links: Sequence[Link] | None = None,
 ) -> AbstractContextManager[Span]:
     """A span made current for the ``with`` block; ``parent`` None: the current context.
 
@@ -49,7 +50,18 @@ def span(
     active = tracer()
     if active is None:
         return _OFF
-    return active.start_as_current_span(name, context=parent, kind=kind, attributes=attributes)
+    return active.start_as_current_span(
+        name, context=parent, kind=kind, attributes=attributes, links=links
+    )
+
+
+def own_trace() -> tuple[Context | None, list[Link] | None]:
+    """The ``parent`` and ``links`` of a span that starts a trace of its own, linked to
+    the current span (a batch request's, whose jobs are each one trace); off: neither."""
+    if tracer() is None:
+        return None, None
+    current = trace.get_current_span().get_span_context()
+    return Context(), [Link(current)] if current.is_valid else None
 
 
 def messaging(subject: str, operation: str) -> dict[str, AttributeValue]:
