@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.trace import StatusCode
 
 from jetfleet import tracing
 from jetfleet.errors import ConfigError
@@ -26,6 +28,21 @@ def test_with_no_otel_variables_setup_installs_no_exporter() -> None:
     with tracing.span("anything") as span:
         assert not span.is_recording()
     tracing.shutdown_tracing()  # a no-op when off
+
+
+def test_while_off_the_helpers_touch_no_span_not_even_another_providers() -> None:
+    # A span some other tracer made current (a library user's own provider): jetfleet's
+    # notes must not reach it while jetfleet's tracing is off (docs/tracing.md: off, no
+    # helper touches the OpenTelemetry API).
+    assert not tracing.tracing_on()
+    theirs = TracerProvider().get_tracer("theirs").start_span("theirs")
+    with trace.use_span(theirs, end_on_exit=True):
+        tracing.note("ok", "why", error=True)
+        tracing.annotate({tracing.JOB_ID: "j-1"})
+        tracing.record_error(RuntimeError("boom"))
+    assert isinstance(theirs, ReadableSpan)
+    assert not theirs.attributes and not theirs.events
+    assert theirs.status.status_code == StatusCode.UNSET
 
 
 def test_trace_context_passes_through_while_off() -> None:

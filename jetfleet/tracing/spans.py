@@ -76,6 +76,8 @@ def messaging(subject: str, operation: str) -> dict[str, AttributeValue]:
 def note(outcome: str, reason: str = "", error: bool = False, target: Span | None = None) -> None:
     """Set ``jetfleet.outcome`` (and ``jetfleet.reason``) on ``target`` (default: the
     current span); ``error`` sets status ERROR with the reason, not an exception."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = target if target is not None else trace.get_current_span()
     if not current.is_recording():
         return
@@ -88,6 +90,8 @@ def note(outcome: str, reason: str = "", error: bool = False, target: Span | Non
 
 def annotate(attributes: Attributes, target: Span | None = None) -> None:
     """Add ``attributes`` to ``target`` (default: the current span), learnt mid-way."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = target if target is not None else trace.get_current_span()
     if current.is_recording():
         current.set_attributes(attributes)
@@ -95,6 +99,8 @@ def annotate(attributes: Attributes, target: Span | None = None) -> None:
 
 def record_error(exc: BaseException) -> None:
     """Record ``exc`` on the current span with status ERROR (a failure, not a signal)."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = trace.get_current_span()
     if current.is_recording():
         current.record_exception(exc)

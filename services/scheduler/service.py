@@ -85,7 +85,7 @@ class Scheduler:
             f"process {msg.subject}",
             SpanKind.CONSUMER,
             tracing.extract(msg.headers),
-            tracing.messaging(msg.subject, "process"),
+            tracing.messaging(msg.subject, "process") if tracing.tracing_on() else None,
         ):
             await self._admit_traced(store, msg)
 
