@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -127,3 +129,25 @@ def test_an_exporter_timeout_that_is_no_number_is_refused_with_the_fix() -> None
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318", "OTEL_EXPORTER_OTLP_TIMEOUT": "10s"}
     with pytest.raises(ConfigError, match="seconds, such as 10"):
         TraceExport.from_env(env)
+
+
+def test_a_propagator_named_in_otel_propagators_does_not_stop_jetfleet() -> None:
+    # jetfleet carries W3C trace context only (docs/tracing.md); the SDK's global
+    # propagator, read from OTEL_PROPAGATORS at import, raised on a name not installed
+    # and so broke every command, tracing on or off.
+    env = {**os.environ, "OTEL_PROPAGATORS": "b3", "OTEL_TRACES_EXPORTER": "console"}
+    script = (
+        "import os\n"
+        "from jetfleet import tracing\n"
+        "tracing.setup_tracing('worker', os.environ)\n"
+        "with tracing.span('s'):\n"
+        "    headers = tracing.inject()\n"
+        "assert headers is not None and 'traceparent' in headers, headers\n"
+        "assert tracing.extract(headers) is not None\n"
+        "print('carried')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "carried" in done.stdout
