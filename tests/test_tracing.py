@@ -29,21 +29,26 @@ class TracedStack:
         self.stack = stack
         self.receiver = receiver
 
-    async def submit(self, path: str, traced: bool = True) -> str:
-        """``jetfleet submit demo PATH`` from another process (exporting spans unless not
-        ``traced``); the job id."""
+    async def cli(self, *args: str, traced: bool = True) -> str:
+        """``jetfleet ARGS`` from another process (exporting spans unless not ``traced``);
+        its output."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("JETFLEET_")}
         env.update(read_env(self.stack.data_dir / "env"))
         if traced:
             env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.receiver.endpoint
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "jetfleet", "submit", "demo", path, "--json"),
+            *(sys.executable, "-m", "jetfleet", *args),
             env=env,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await proc.communicate()
         assert proc.returncode == 0, err.decode()
+        return out.decode()
+
+    async def submit(self, path: str, traced: bool = True) -> str:
+        """``jetfleet submit demo PATH`` from another process; the job id."""
+        out = await self.cli("submit", "demo", path, "--json", traced=traced)
         job_ids: list[str] = json.loads(out)["submitted"]
         return job_ids[0]
 
@@ -263,3 +268,37 @@ async def test_a_gateway_post_carrying_trace_context_joins_the_callers_trace(
     assert root.parent_id == post.span_id and not root.span.links
     delivery = one(spans, "worker", "process jf.work.demo.normal")
     assert delivery.parent_id == root.span_id
+
+
+async def test_a_replayed_dead_letter_is_one_trace_from_its_admission(
+    traced: TracedStack,
+) -> None:
+    job_id = await traced.submit("/missing/1")  # 404: dead on its first attempt
+
+    async def letter_id() -> int | None:
+        letters = json.loads(await traced.cli("dlq", "list", "--json", traced=False))
+        return next((int(e["id"]) for e in letters if e["job"] == job_id), None)
+
+    async def dead() -> bool:
+        return await letter_id() is not None
+
+    await wait_for(dead, SPANS_TIMEOUT_S, f"job {job_id}'s dead letter")
+    replay = await traced.cli("dlq", "replay", str(await letter_id()), "--json", "--why", "t")
+    [copy_id] = json.loads(replay)["replayed"]
+
+    def copy_spans() -> list[ReceivedSpan]:
+        root = traced.submit_span(copy_id, "scheduler")
+        return [] if root is None else traced.receiver.trace(root.trace_id)
+
+    async def copy_dead() -> bool:
+        names = {(s.service, s.name) for s in copy_spans()}
+        return {("sink", "dead letter"), ("worker", "process jf.work.demo.normal")} <= names
+
+    await wait_for(copy_dead, SPANS_TIMEOUT_S, f"the replayed copy {copy_id}'s dead letter span")
+    spans = copy_spans()
+    admission = one(spans, "scheduler", "process jf.submit.demo")
+    assert not admission.parent_id, "the replay traces nothing: its admission is the root"
+    assert [s for s in spans if not s.parent_id] == [admission]
+    delivery = one(spans, "worker", "process jf.work.demo.normal")
+    assert delivery.parent_id == admission.span_id
+    assert one(spans, "sink", "dead letter").attribute("jetfleet.job.id") == copy_id
