@@ -79,8 +79,13 @@ async def submit_raw(
     payloads: Sequence[bytes],
     job_ids: Sequence[str] | None = None,
     progress: Callable[[int], None] | None = None,
+    own_traces: bool = False,
 ) -> list[SubmitResult]:
-    """Publish raw payloads to ``jf.submit.<target>`` (the bytes are not re-encoded)."""
+    """Publish raw payloads to ``jf.submit.<target>`` (the bytes are not re-encoded).
+
+    Each job's submit span is a child of the current span, or with ``own_traces`` the
+    root of a trace of its own, linked to the current span (one job, one trace, however
+    many a request brings)."""
     subject = subjects.submit(target)
     gate = asyncio.Semaphore(IN_FLIGHT)
     done = 0
@@ -91,8 +96,9 @@ async def submit_raw(
         verdict = admit(subject, payload, settings)
         async with gate:
             # The job's root span: each of its attempts is a child of it, siblings.
+            parent, links = tracing.own_trace() if own_traces else (None, None)
             with tracing.span(
-                f"send {subject}", SpanKind.PRODUCER, attributes=_sent(subject, job_id)
+                f"send {subject}", SpanKind.PRODUCER, parent, _sent(subject, job_id), links
             ):
                 # The job id as message id: a retried or repeated submission is one job.
                 ack = await publish_durably(

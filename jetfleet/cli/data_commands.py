@@ -31,9 +31,9 @@ from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
 
 MAX_QUARANTINES_SHOWN = 50
+"""Rows of quarantines and of proposals ``jetfleet status`` prints (``--json``: all)."""
 CLI_SERVICE_NAME = "jetfleet-cli"
 """The ``service.name`` of ``jetfleet submit``'s spans (each job's root span)."""
-"""Rows of quarantines and of proposals ``jetfleet status`` prints (``--json``: all)."""
 
 
 def register(commands: Any) -> None:

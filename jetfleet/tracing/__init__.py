@@ -29,6 +29,7 @@ from jetfleet.tracing.spans import (
     annotate,
     messaging,
     note,
+    own_trace,
     record_error,
     span,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "messaging",
     "note",
     "note_reply",
+    "own_trace",
     "record_error",
     "setup_tracing",
     "shutdown_tracing",

@@ -9,6 +9,7 @@ touches the OpenTelemetry API (no span, no header, no exporter thread).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,9 @@ log = logging.getLogger(__name__)
 ExporterName = Literal["none", "otlp", "console"]
 _ENDPOINT_KEYS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 _PROTOCOL_KEYS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_TIMEOUT_KEYS = ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT")
+DEFAULT_EXPORT_TIMEOUT_S = 10.0
+"""The OTLP exporter's own default (seconds), and so the longest a stop waits for it."""
 TRACER_NAME = "jetfleet"
 
 
@@ -36,6 +40,9 @@ class TraceExport:
     exporter: ExporterName
     service_name: str = ""
     """``OTEL_SERVICE_NAME`` when set: it wins over the jetfleet service's own name."""
+    export_timeout_s: float = DEFAULT_EXPORT_TIMEOUT_S
+    """``OTEL_EXPORTER_OTLP_(TRACES_)TIMEOUT``: the exporter's per-export timeout, and the
+    longest ``shutdown_tracing`` holds the exit for a collector that does not answer."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> TraceExport:
@@ -61,7 +68,22 @@ class TraceExport:
         exporter: ExporterName = names[0]  # type: ignore[assignment]
         if exporter == "otlp":
             _refuse_grpc(env)
-        return cls(exporter, service_name)
+        return cls(exporter, service_name, _export_timeout_s(env))
+
+
+def _export_timeout_s(env: Mapping[str, str]) -> float:
+    for key in _TIMEOUT_KEYS:
+        raw = env.get(key, "").strip()
+        if not raw:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            value = -1.0
+        if not value > 0:
+            raise ConfigError(f"{key}={raw!r}: give the OTLP export timeout in seconds, such as 10")
+        return value
+    return DEFAULT_EXPORT_TIMEOUT_S
 
 
 def _refuse_grpc(env: Mapping[str, str]) -> None:
@@ -76,6 +98,8 @@ def _refuse_grpc(env: Mapping[str, str]) -> None:
 
 _provider: TracerProvider | None = None
 _tracer: trace.Tracer | None = None
+_exporter_in_use: SpanExporter | None = None
+_stop_within_s = DEFAULT_EXPORT_TIMEOUT_S
 
 
 def setup_tracing(
@@ -93,7 +117,7 @@ def setup_tracing(
     Raises:
         ConfigError: an exporter or protocol jetfleet does not ship.
     """
-    global _provider, _tracer
+    global _provider, _tracer, _exporter_in_use, _stop_within_s
     config = TraceExport.from_env(env)
     if config.exporter == "none":
         return None
@@ -107,9 +131,11 @@ def setup_tracing(
             SERVICE_INSTANCE_ID, resource_attributes["jetfleet.worker.id"]
         )
     provider = TracerProvider(resource=Resource.create(resource_attributes))
-    provider.add_span_processor(BatchSpanProcessor(_exporter(config.exporter)))
+    exporter = _exporter(config.exporter)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     _provider, _tracer = provider, provider.get_tracer(TRACER_NAME)
+    _exporter_in_use, _stop_within_s = exporter, config.export_timeout_s
     log.info("tracing on: %s spans exported (%s)", service, config.exporter)
     return provider
 
@@ -150,9 +176,20 @@ def shutdown_tracing() -> None:
     """Export the spans still queued, then stop the exporter (a no-op when off).
 
     Blocks for at most the exporter's timeout (``OTEL_EXPORTER_OTLP_TIMEOUT``, 10 s) when
-    the collector does not answer."""
-    global _provider, _tracer
+    the collector does not answer: the spans still queued then are dropped."""
+    global _provider, _tracer, _exporter_in_use
     if _provider is None:
         return
     provider, _provider, _tracer = _provider, None, None
-    provider.shutdown()
+    exporter, _exporter_in_use = _exporter_in_use, None
+    # The SDK's shutdown exports batch after batch, each waiting out the timeout when the
+    # collector hangs, and joins for up to 30 s: run it aside and wait only so long.
+    stopping = threading.Thread(target=provider.shutdown, name="trace-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(_stop_within_s)
+    if stopping.is_alive() and exporter is not None:
+        log.warning(
+            "the trace collector took no spans within %g s; dropping those still queued",
+            _stop_within_s,
+        )
+        exporter.shutdown()  # ends its retries; an export in flight dies with the process

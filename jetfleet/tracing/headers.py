@@ -1,15 +1,21 @@
-"""W3C trace context (``traceparent``, ``tracestate``) in NATS message headers."""
+"""W3C trace context (``traceparent``, ``tracestate``) in NATS message headers.
+
+Always W3C trace context, whatever ``OTEL_PROPAGATORS`` says: every hop checks for
+``traceparent``, and the SDK's global propagator, read from that variable at import,
+raises on a name not installed (which would stop every command, tracing on or off).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from opentelemetry import propagate
 from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from jetfleet.tracing.export_setup import tracing_on
 
 TRACE_HEADERS = ("traceparent", "tracestate")
+_W3C = TraceContextTextMapPropagator()
 
 
 def inject(headers: dict[str, str] | None = None) -> dict[str, str] | None:
@@ -20,7 +26,7 @@ def inject(headers: dict[str, str] | None = None) -> dict[str, str] | None:
     if not tracing_on():
         return headers
     carrier = {} if headers is None else headers
-    propagate.inject(carrier)
+    _W3C.inject(carrier)
     return carrier or headers
 
 
@@ -29,7 +35,7 @@ def extract(headers: Mapping[str, str] | None) -> Context | None:
     when off or when it carries none (the span is then a root)."""
     if not headers or not tracing_on() or "traceparent" not in headers:
         return None
-    return propagate.extract(headers)
+    return _W3C.extract(headers)
 
 
 def trace_headers(headers: Mapping[str, str] | None) -> dict[str, str]:

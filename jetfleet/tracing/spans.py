@@ -9,12 +9,12 @@ status with a reason; only exceptions are recorded as exceptions.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from jetfleet.tracing.export_setup import tracer
@@ -40,6 +40,7 @@ def span(
     kind: SpanKind = SpanKind.INTERNAL,
     parent: Context | None = None,
     attributes: Attributes | None = None,
+    links: Sequence[Link] | None = None,
 ) -> AbstractContextManager[Span]:
     """A span made current for the ``with`` block; ``parent`` None: the current context.
 
@@ -49,7 +50,18 @@ def span(
     active = tracer()
     if active is None:
         return _OFF
-    return active.start_as_current_span(name, context=parent, kind=kind, attributes=attributes)
+    return active.start_as_current_span(
+        name, context=parent, kind=kind, attributes=attributes, links=links
+    )
+
+
+def own_trace() -> tuple[Context | None, list[Link] | None]:
+    """The ``parent`` and ``links`` of a span that starts a trace of its own, linked to
+    the current span (a batch request's, whose jobs are each one trace); off: neither."""
+    if tracer() is None:
+        return None, None
+    current = trace.get_current_span().get_span_context()
+    return Context(), [Link(current)] if current.is_valid else None
 
 
 def messaging(subject: str, operation: str) -> dict[str, AttributeValue]:
@@ -64,6 +76,8 @@ def messaging(subject: str, operation: str) -> dict[str, AttributeValue]:
 def note(outcome: str, reason: str = "", error: bool = False, target: Span | None = None) -> None:
     """Set ``jetfleet.outcome`` (and ``jetfleet.reason``) on ``target`` (default: the
     current span); ``error`` sets status ERROR with the reason, not an exception."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = target if target is not None else trace.get_current_span()
     if not current.is_recording():
         return
@@ -76,6 +90,8 @@ def note(outcome: str, reason: str = "", error: bool = False, target: Span | Non
 
 def annotate(attributes: Attributes, target: Span | None = None) -> None:
     """Add ``attributes`` to ``target`` (default: the current span), learnt mid-way."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = target if target is not None else trace.get_current_span()
     if current.is_recording():
         current.set_attributes(attributes)
@@ -83,6 +99,8 @@ def annotate(attributes: Attributes, target: Span | None = None) -> None:
 
 def record_error(exc: BaseException) -> None:
     """Record ``exc`` on the current span with status ERROR (a failure, not a signal)."""
+    if tracer() is None:
+        return  # off: not even the API's context lookup
     current = trace.get_current_span()
     if current.is_recording():
         current.record_exception(exc)

@@ -29,8 +29,9 @@ from jetfleet.services.gateway.metrics import FleetGauges, queue_depths
 from jetfleet.services.gateway.outcome_tail import OutcomeTail
 from jetfleet.services.gateway.refusal import Refused as _Refused
 from nats.aio.client import Client as NatsClient
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.client import SubmitResult, submit_raw
 from jetfleet.js_errors import UNAVAILABLE
 from jetfleet.metrics import CounterFamily
@@ -160,6 +161,22 @@ class Gateway:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Trace a submission (a SERVER span), then ``_guarded``."""
+        if request.method != "POST" or not tracing.tracing_on():
+            return await self._guarded(request, handler)
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else request.path
+        attributes = {"http.request.method": "POST", "http.route": route, "url.path": request.path}
+        with tracing.span(
+            f"POST {route}", SpanKind.SERVER, tracing.extract(request.headers), attributes
+        ) as span:
+            response = await self._guarded(request, handler)
+            span.set_attribute("http.response.status_code", response.status)
+            if response.status >= 500:
+                span.set_status(Status(StatusCode.ERROR, str(response.status)))
+            return response
+
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Count in-flight requests for drain, and turn every failure into JSON."""
         if self._draining:
             return _json(
@@ -331,7 +348,18 @@ class Gateway:
             # Bad input loses nothing: the scheduler files the raw body on jf.rejected.
             kept = await self._keep(target, body)
             raise _Refused(400, str(exc), reason=_reason(kept)) from None
-        results = await submit_raw(self.js, self.settings, target, batch.payloads, batch.msg_ids)
+        # A caller that sent its trace context gets its jobs in its trace; else each job
+        # is a trace of its own, linked to this request's span.
+        tracing.annotate({tracing.TARGET: target, "jetfleet.jobs": len(batch.payloads)})
+        joined = tracing.extract(request.headers) is not None
+        results = await submit_raw(
+            self.js,
+            self.settings,
+            target,
+            batch.payloads,
+            batch.msg_ids,
+            own_traces=not joined,
+        )
         answer = batch.answer(results)
         # Every item was published either way; 400 says some need fixing by the client.
         return web.Response(

@@ -79,12 +79,13 @@ class Scheduler:
 
     async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
         # A sibling of the job's attempts: the work order carries the submit span's
-        # context on (``_passthrough``), not this one's.
+        # context on (``_passthrough``), not this one's (unless there is none: then this
+        # is the job's root).
         with tracing.span(
             f"process {msg.subject}",
             SpanKind.CONSUMER,
             tracing.extract(msg.headers),
-            tracing.messaging(msg.subject, "process"),
+            tracing.messaging(msg.subject, "process") if tracing.tracing_on() else None,
         ):
             await self._admit_traced(store, msg)
 
@@ -138,5 +139,10 @@ class Scheduler:
 
 
 def _passthrough(msg: Msg) -> dict[str, str]:
-    # Trace context rides from submit to ack (one job, one trace).
-    return tracing.trace_headers(msg.headers)
+    # Trace context rides from submit to ack (one job, one trace). A submission without
+    # one (a replayed dead letter, an untraced client) gets the admission span's: else
+    # each delivery would be a trace of its own. Called inside that span.
+    carried = tracing.trace_headers(msg.headers)
+    if "traceparent" in carried:
+        return carried
+    return tracing.inject({}) or {}

@@ -26,8 +26,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import FetchTimeoutError, NotFoundError
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.attempt_history import attempt_history
 from jetfleet.duplicates import record_duplicate
 from jetfleet.last_hand_back import last_hand_back
@@ -149,18 +151,29 @@ class ExhaustedJobs:
             stored = await self.js.get_msg(advisory.stream, seq=advisory.stream_seq, direct=False)
         except NotFoundError:
             return True  # acked late by its last holder, or ended here already
+        # A span in the job's trace: the work order carries its submit span's context.
+        with tracing.span(
+            BACKSTOP_SPAN, SpanKind.CONSUMER, tracing.extract(stored.headers), _traced(advisory)
+        ):
+            return await self._end_stored(advisory, stored)
+
+    async def _end_stored(self, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg) -> bool:
         try:
             order = _order_decoder.decode(stored.data or b"")
         except msgspec.MsgspecError as exc:
             await self._keep_malformed(stored, str(exc))
+            tracing.note("kept-malformed", str(exc)[:200])
         else:
+            tracing.annotate({tracing.JOB_ID: order.job.id, tracing.TARGET: order.target})
             # History first, then the live lease: a grant recorded between the two reads
             # then changes the history after this read, so the fence-0 seal below fails.
             read = await self.store.read_history(order.job.id)
             if await self.store.live(order.job.id) is not None:
                 # Someone holds the job: only the live lease's holder may end it.
+                tracing.note("later", "lease-live")
                 return False
             if not await self._settle(order, advisory, stored, read):
+                tracing.note("later", "granted-meanwhile")
                 return False
         await self._delete(advisory)
         return True
@@ -179,13 +192,16 @@ class ExhaustedJobs:
         again later."""
         if read.history is not None and read.history.settled is not None:
             await self._land_sealed(order, read.history.settled)
+            tracing.note("landed-sealed")
             return True
         letter_subject = subjects.dead_letter(order.target, order.job.id)
         if await last_message(self.js, subjects.STREAM_DLQ, letter_subject) is not None:
+            tracing.note("dead-lettered-already")
             return True  # its letter is written (a sink died before the delete)
         holder = await committed_job(self.js, order.target, order.key)
         if holder is not None:
             await self._record_duplicate(order, holder, "already-done")
+            tracing.note("duplicate", holder)
             return True
         history = await attempt_history(self.nc, order.target, order.job.id, [])
         reason, detail = await self._why(order, advisory, stored, history, read.history)
@@ -195,6 +211,7 @@ class ExhaustedJobs:
         if not await self.store.seal(order.job.id, death, read):
             return False
         await land(self.js, death)
+        tracing.note("dead-lettered", reason)
         self.ended.inc(target=order.target, how=reason)
         log.info(
             "dead-lettered %s after %d deliveries: %s", order.job.id, advisory.deliveries, reason
@@ -267,6 +284,16 @@ class ExhaustedJobs:
     async def _delete(self, advisory: MaxDeliveriesAdvisory) -> None:
         with contextlib.suppress(NotFoundError):
             await self.js.delete_msg(advisory.stream, advisory.stream_seq)
+
+
+BACKSTOP_SPAN = "backstop dead letter"
+"""The span of one look at a job whose deliveries ran out (docs/tracing.md)."""
+
+
+def _traced(advisory: MaxDeliveriesAdvisory) -> dict[str, AttributeValue] | None:
+    if not tracing.tracing_on():
+        return None
+    return {"jetfleet.deliveries": advisory.deliveries, "jetfleet.stream_seq": advisory.stream_seq}
 
 
 def _eligible(order: WorkOrder) -> str:
