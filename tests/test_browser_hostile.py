@@ -1,0 +1,191 @@
+"""Review of issue 12's ``browser.page``: hostile pages, a visit cut short, a browser
+that dies mid-visit. Real Chromium (/usr/bin/chromium) against the target simulator;
+the end-to-end ones run through the real worker runtime over real nats-server and
+redis-server (tests/test_browser_page.py's stack)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import msgspec
+import pytest
+from jetfleet.schemas import Job, WorkOrder
+from jetfleet.schemas.browser import Extract, PageSpec, PageVisit
+from playwright.async_api import Error as PlaywrightError
+
+from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.settings import BrowserSettings
+from jetfleet.simulator import TargetSimulator
+from jetfleet.worker.browser_contexts import BrowserContexts
+from jetfleet.worker.browser_page import browser_page
+from jetfleet.worker.handlers import HandlerContext
+from tests.conftest import sim_target, wait_for
+from tests.test_browser_page import CHROMIUM, Env, _browser_pids, env, page_job
+
+pytestmark = pytest.mark.timeout(120)
+__all__ = ["env"]  # the fixture, imported for these tests
+
+TITLE = PageSpec(wait_for="h1.title", extract={"title": Extract(selector="h1.title")})
+
+
+async def test_a_page_that_navigates_away_is_read_as_served_and_nothing_leaves(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("nav-1", "/shop/trap/navigates/3", TITLE))
+    visit = (await env.committed("nav-1"))["nav-1"]
+    # The page's own content, never Chromium's error page for a navigation it aborted.
+    assert visit.title == "Leaving" and visit.values["title"] == "Leaving", visit
+    assert visit.final_url == env.sim.base_url + "/shop/trap/navigates/3"
+    assert visit.blocked_requests >= 1
+    # A later visit on the same browser is a barrier: whatever the trap set off is over.
+    await env.submit(page_job("nav-2", "/shop/item/1", TITLE))
+    await env.committed("nav-2")
+    assert env.sim.counts()["by_path_kind"] == {"shop-trap": 1, "shop-item": 1}, env.sim.counts()
+    assert env.sim.requests_by_path().get("/shop/item/3", 0) == 0
+
+
+async def test_a_challenge_served_as_200_with_the_awaited_selector_is_a_block(env: Env) -> None:
+    worker = await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("ch200", "/shop/trap/challenge/1", TITLE))
+
+    async def blocked() -> bool:
+        return any(
+            o.job_id == "ch200" and o.kind == "blocked" and o.reason == "challenged"
+            for o in await env.outcomes()
+        )
+
+    await wait_for(blocked, 60, "a challenged outcome of ch200")
+    assert worker.stats["blocked:challenged"] >= 1
+    assert "ch200" not in await env.results()
+
+
+async def test_lone_surrogates_on_a_page_are_committed_replaced_not_a_crash(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    await env.submit(page_job("sur-1", "/shop/trap/surrogates/1", TITLE))
+    visit = (await env.committed("sur-1", timeout_s=30))["sur-1"]
+    assert visit.title == "lone \ufffd high"
+    assert visit.values["title"] == "lone \ufffd low"
+
+
+async def test_huge_extracted_text_is_refused_naming_the_field(env: Env) -> None:
+    await env.stack.add_worker("w-a", identity="alice")
+    spec = PageSpec(wait_for="h1.title", extract={"paras": Extract(selector="p.huge", all=True)})
+    await env.submit(page_job("huge-1", "/shop/trap/huge/30", spec))
+
+    async def lettered() -> bool:
+        return any(d.order.job.id == "huge-1" for d in await env.letters())
+
+    await wait_for(lettered, 60, "the dead letter of huge-1")
+    letter = next(d for d in await env.letters() if d.order.job.id == "huge-1")
+    assert letter.reason == "result-too-large"
+    assert "paras" in letter.detail, letter.detail
+    assert env.asked("shop-trap") == 1
+
+
+# Handler-level: a visit cut short the way the worker cuts one (its task cancelled: a
+# lost lease, a drain) and a browser killed under a visit.
+
+
+@pytest.fixture
+async def contexts(tmp_path: Path) -> AsyncIterator[BrowserContexts]:
+    settings = BrowserSettings(
+        enabled=True, executable=CHROMIUM, profiles_dir=str(tmp_path), wait_timeout_s=30.0
+    )
+    made = BrowserContexts(settings, CHROMIUM, "w-1", "jetfleet-tests (+loopback only)")
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def _context(
+    sim: TargetSimulator,
+    contexts: BrowserContexts,
+    session: aiohttp.ClientSession,
+    path: str,
+    spec: PageSpec,
+    hops: list[str],
+) -> HandlerContext:
+    async def another_request(url: str) -> None:
+        hops.append(url)  # what the worker's robots check and permit would be asked
+
+    target = msgspec.structs.replace(sim_target(sim), timeout_s=60.0)
+    job = Job(id="j", url=sim.base_url + path, handler="browser.page", page=spec)
+    order = WorkOrder(job=job, target="shop", key="k", max_attempts=3, timeout_s=60.0)
+    return HandlerContext(
+        order=order,
+        target=target,
+        attempt=1,
+        worker_id="w-1",
+        identity="alice",
+        user_agent="jetfleet-tests (+loopback only)",
+        session=session,
+        another_request=another_request,
+        browser=contexts,
+    )
+
+
+async def test_a_visit_cancelled_mid_document_sends_no_further_hop(
+    simulator: TargetSimulator, contexts: BrowserContexts
+) -> None:
+    simulator.set_latency(1.0)
+    hops: list[str] = []
+    async with aiohttp.ClientSession() as session:
+        ctx = _context(
+            simulator, contexts, session, "/redirect/1?to=/shop/item/2", PageSpec(), hops
+        )
+        visit: asyncio.Future[object] = asyncio.ensure_future(browser_page(ctx))
+
+        async def asked() -> bool:
+            return simulator.in_flight("redirect") == 1
+
+        await wait_for(asked, 30, "the document request at the target")
+        visit.cancel()  # as the worker cancels a handler whose lease was lost
+        with pytest.raises(asyncio.CancelledError):
+            await visit
+
+        async def answered() -> bool:
+            return simulator.in_flight() == 0
+
+        await wait_for(answered, 30, "the redirect's answer")
+        # A later visit on the same browser is a barrier for what the first set off.
+        simulator.set_latency(0.0)
+        later = _context(simulator, contexts, session, "/page/1", PageSpec(), [])
+        assert isinstance(await browser_page(later), PageVisit)
+    assert hops == [], "a hop of a cancelled visit asked for a permit"
+    assert simulator.counts()["by_path_kind"] == {"redirect": 1, "page": 1}
+
+
+async def test_a_browser_killed_mid_wait_is_retried_never_dead_lettered_bad_selector(
+    simulator: TargetSimulator, contexts: BrowserContexts
+) -> None:
+    spec = PageSpec(wait_for="#never-there", wait_timeout_s=30.0)
+    async with aiohttp.ClientSession() as session:
+        ctx = _context(simulator, contexts, session, "/shop/item/1", spec, [])
+        visit: asyncio.Future[object] = asyncio.ensure_future(browser_page(ctx))
+
+        context = await contexts.acquire("alice")  # the visit's own, already open
+        contexts.release("alice")
+
+        async def loaded() -> bool:
+            # Loaded: the handler is waiting for the selector now (it never comes).
+            for page in context.pages:
+                if page.url.endswith("/shop/item/1"):
+                    with contextlib.suppress(PlaywrightError):
+                        return bool(await page.evaluate("document.readyState") == "complete")
+            return False
+
+        await wait_for(loaded, 30, "the page loaded in the browser")
+        pids = _browser_pids(contexts.folder("alice"))
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        with pytest.raises(RetryLater) as raised:
+            await visit
+    assert raised.value.reason == "browser-unavailable", raised.value
+    assert not isinstance(raised.value, PermanentFailure)
