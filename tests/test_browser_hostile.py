@@ -9,24 +9,27 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import msgspec
+import psutil
 import pytest
 from jetfleet.schemas import Job, WorkOrder
 from jetfleet.schemas.browser import Extract, PageSpec, PageVisit
 from playwright.async_api import Error as PlaywrightError
 
 from jetfleet.errors import PermanentFailure, RetryLater
+from jetfleet.results import iter_results
 from jetfleet.settings import BrowserSettings
 from jetfleet.simulator import TargetSimulator
-from jetfleet.worker.browser_contexts import BrowserContexts
+from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 from jetfleet.worker.browser_page import browser_page
 from jetfleet.worker.handlers import HandlerContext
 from tests.conftest import sim_target, wait_for
-from tests.test_browser_page import CHROMIUM, Env, _browser_pids, env, page_job
+from tests.test_browser_page import CHROMIUM, SHOP, Env, _browser_pids, env, page_job
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["env"]  # the fixture, imported for these tests
@@ -189,3 +192,82 @@ async def test_a_browser_killed_mid_wait_is_retried_never_dead_lettered_bad_sele
             await visit
     assert raised.value.reason == "browser-unavailable", raised.value
     assert not isinstance(raised.value, PermanentFailure)
+
+
+_HOLD_A_BROWSER = """
+import asyncio, sys
+from jetfleet.results import iter_results
+from jetfleet.settings import BrowserSettings
+from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
+
+async def main() -> None:
+    settings = BrowserSettings(enabled=True, executable=sys.argv[1], profiles_dir=sys.argv[2])
+    contexts = BrowserContexts(settings, sys.argv[1], "w-killed", "ua")
+    await contexts.acquire("alice")
+    print("open", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+async def test_a_worker_process_killed_leaves_no_chromium_and_its_profile_reopens(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _HOLD_A_BROWSER, CHROMIUM, str(tmp_path),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert holder.stdout is not None
+    assert await asyncio.wait_for(holder.stdout.readline(), 60) == b"open\n"
+    folder = profile_folder(str(tmp_path), "w-killed", "alice")
+
+    def on_profile() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if f"--user-data-dir={folder}" in (proc.info["cmdline"] or []):
+                found.append(proc)
+        return found
+
+    assert on_profile(), "no Chromium on the profile"
+    holder.send_signal(sig)  # no drain: the process just dies
+    await holder.wait()
+
+    async def none_left() -> bool:
+        return not [p for p in on_profile() if p.is_running() and p.status() != "zombie"]
+
+    await wait_for(none_left, 30, "every Chromium of the killed process to end")
+    settings = BrowserSettings(enabled=True, executable=CHROMIUM, profiles_dir=str(tmp_path))
+    again = BrowserContexts(settings, CHROMIUM, "w-killed", "ua")
+    try:
+        await again.acquire("alice")  # the dead process's profile lock is taken over
+    finally:
+        await again.close()
+    assert not on_profile()
+
+
+async def test_a_worker_drained_mid_visit_gives_the_job_back_and_leaves_no_chromium(
+    env: Env,
+) -> None:
+    first = await env.stack.add_worker("w-a", identity="alice")
+    assert first.browser is not None
+    folder = first.browser.folder("alice")
+    await env.submit(page_job("dr-1", "/shop/item/1?delay=3", TITLE))
+
+    async def visiting() -> bool:
+        return env.sim.in_flight("shop-item") == 1
+
+    await wait_for(visiting, 30, "the visit at the target")
+    assert _browser_pids(folder)
+    await first.drain(0.2)  # shorter than the page: the visit is cut
+    env.stack.workers.remove(first)
+    assert first.browser.open_identities() == ()
+    assert _browser_pids(folder) == []
+    assert "dr-1" not in await env.results()
+
+    await env.stack.add_worker("w-b", identity="bob")
+    visit = (await env.committed("dr-1"))["dr-1"]
+    assert visit.values["title"] and visit.status == 200
+    assert [r.job_id async for r in iter_results(env.js, SHOP)] == ["dr-1"]  # once
+    assert env.asked("shop-item") == 2
