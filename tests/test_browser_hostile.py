@@ -17,13 +17,15 @@ import aiohttp
 import msgspec
 import psutil
 import pytest
-from jetfleet.schemas import Job, WorkOrder
+from jetfleet.schemas import Job, Rejection, WorkOrder
 from jetfleet.schemas.browser import Extract, PageSpec, PageVisit
 from playwright.async_api import Error as PlaywrightError
 
+from jetfleet import subjects
+from jetfleet.admission import admit
 from jetfleet.errors import PermanentFailure, RetryLater
 from jetfleet.results import iter_results
-from jetfleet.settings import BrowserSettings
+from jetfleet.settings import BrowserSettings, Settings, TargetSettings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 from jetfleet.worker.browser_page import browser_page
@@ -197,7 +199,7 @@ async def test_a_browser_killed_mid_wait_is_retried_never_dead_lettered_bad_sele
 _HOLD_A_BROWSER = """
 import asyncio, sys
 from jetfleet.results import iter_results
-from jetfleet.settings import BrowserSettings
+from jetfleet.settings import BrowserSettings, Settings, TargetSettings
 from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 
 async def main() -> None:
@@ -271,3 +273,21 @@ async def test_a_worker_drained_mid_visit_gives_the_job_back_and_leaves_no_chrom
     assert visit.values["title"] and visit.status == 200
     assert [r.job_id async for r in iter_results(env.js, SHOP)] == ["dr-1"]  # once
     assert env.asked("shop-item") == 2
+
+
+def test_admission_refuses_a_page_spec_that_cannot_work_as_asked() -> None:
+    target = TargetSettings(base_url="http://127.0.0.1:9/", timeout_s=15.0)
+    settings = Settings(targets={SHOP: target})
+
+    def admitted(job: Job) -> WorkOrder | Rejection:
+        return admit(subjects.submit(SHOP), msgspec.json.encode(job), settings)
+
+    spec = PageSpec(wait_for="h1", wait_timeout_s=30.0)
+    too_long = admitted(page_job("p-1", "/x", spec))
+    assert isinstance(too_long, Rejection) and too_long.reason == "invalid-job"
+    assert "wait_timeout_s 30 s" in too_long.message and "budget (15 s" in too_long.message
+    raised = admitted(page_job("p-2", "/x", spec, timeout_s=60.0))
+    assert isinstance(raised, WorkOrder) and raised.timeout_s == 60.0
+    ignored = admitted(Job(id="p-3", url="/x", handler="http.get", page=PageSpec(wait_for="h1")))
+    assert isinstance(ignored, Rejection) and "handler 'http.get' ignores it" in ignored.message
+    assert isinstance(admitted(page_job("p-4", "/x", PageSpec())), WorkOrder)

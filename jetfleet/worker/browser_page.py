@@ -29,6 +29,7 @@ from playwright.async_api import BrowserContext, ConsoleMessage, Page, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from jetfleet.admission import BROWSER_HANDLER
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput
 from jetfleet.schemas.browser import MAX_VALUES_PER_FIELD, ExtractedValue, PageSpec, PageVisit
@@ -46,7 +47,7 @@ from jetfleet.worker.target_scope import redirect_to
 
 log = logging.getLogger(__name__)
 
-HANDLER = "browser.page"
+HANDLER = BROWSER_HANDLER
 SELECTOR_REMOVED = "selector-removed"
 NO_BROWSER = "no-browser"
 BROWSER_UNAVAILABLE = "browser-unavailable"
