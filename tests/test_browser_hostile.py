@@ -30,8 +30,17 @@ from jetfleet.simulator import TargetSimulator
 from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 from jetfleet.worker.browser_page import browser_page
 from jetfleet.worker.handlers import HandlerContext
-from tests.conftest import sim_target, wait_for
-from tests.test_browser_page import CHROMIUM, SHOP, Env, _browser_pids, env, page_job
+from tests.conftest import make_settings, sim_target, wait_for
+from tests.stack import InProcessStack
+from tests.test_browser_page import (
+    CHROMIUM,
+    SHOP,
+    Env,
+    _browser_pids,
+    browser_settings,
+    env,
+    page_job,
+)
 
 pytestmark = pytest.mark.timeout(120)
 __all__ = ["env"]  # the fixture, imported for these tests
@@ -291,3 +300,53 @@ def test_admission_refuses_a_page_spec_that_cannot_work_as_asked() -> None:
     ignored = admitted(Job(id="p-3", url="/x", handler="http.get", page=PageSpec(wait_for="h1")))
     assert isinstance(ignored, Rejection) and "handler 'http.get' ignores it" in ignored.message
     assert isinstance(admitted(page_job("p-4", "/x", PageSpec())), WorkOrder)
+
+
+async def test_the_target_sees_only_its_identifying_user_agent_on_every_hop(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path
+) -> None:
+    agent = "jetfleet-shop-review (+mailto:ops@example.invalid)"
+    base = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    settings = browser_settings(base, tmp_path / "profiles")
+    shop = msgspec.structs.replace(settings.targets[SHOP], user_agent=agent)
+    settings = msgspec.structs.replace(settings, targets={SHOP: shop})
+    stack = InProcessStack(settings)
+    await stack.start(workers=0)
+    try:
+        env = Env(settings, stack, stack.connections[0].jetstream(), simulator, tmp_path)
+        await stack.add_worker("w-a", identity="alice")
+        await env.submit(page_job("ua-1", "/redirect/1?to=/redirect/2%3Fto%3D/shop/item/5"))
+        visit = (await env.committed("ua-1"))["ua-1"]
+        assert visit.final_url == simulator.base_url + "/shop/item/5"
+        counts = simulator.counts()
+        assert counts["by_path_kind"] == {"redirect": 2, "shop-item": 1}, counts
+        assert counts["by_user_agent"] == {agent: 3}
+    finally:
+        await stack.stop()
+
+
+async def test_chromium_itself_opens_no_connection_a_preconnect_hint_asks_for(
+    simulator: TargetSimulator, contexts: BrowserContexts
+) -> None:
+    accepted: list[int] = []
+
+    async def third_party(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(1)
+        writer.close()
+
+    server = await asyncio.start_server(third_party, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            path = f"/shop/trap/preconnect/1?to=http://127.0.0.1:{port}"
+            ctx = _context(simulator, contexts, session, path, TITLE, [])
+            visit = await browser_page(ctx)
+            assert isinstance(visit, PageVisit) and visit.values["title"] == "Hints"
+            # A later visit is a barrier for the hints the first left behind.
+            later = _context(simulator, contexts, session, "/page/1", PageSpec(), [])
+            assert isinstance(await browser_page(later), PageVisit)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert accepted == [], "Chromium connected to a third party on a hint"
+    assert simulator.counts()["by_path_kind"] == {"shop-trap": 1, "page": 1}

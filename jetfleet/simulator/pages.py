@@ -139,11 +139,11 @@ def shop_item_html(n: int, pages: int, *, removed: bool = False) -> str:
     return _document(name, body)
 
 
-SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge")
+SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge", "preconnect")
 """Hostile shop pages (``/shop/trap/NAME``) a browser job must survive politely."""
 
 
-def shop_trap_html(name: str, n: int) -> str:
+def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
     """Renders hostile shop page ``name`` (one of ``SHOP_TRAPS``), all with ``h1.title``:
 
     ``navigates``: leaves for ``/shop/item/N`` by every means a page has (a script's
@@ -152,7 +152,9 @@ def shop_trap_html(name: str, n: int) -> str:
     ``challenge``: a challenge page served as 200 (``id="challenge"``) that also has the
     ``h1.title`` a job waits for;
     ``surrogates``: a title and text with lone UTF-16 surrogates (not encodable as UTF-8);
-    ``huge``: an inline script that builds ``N`` paragraphs of 100 000 characters each.
+    ``huge``: an inline script that builds ``N`` paragraphs of 100 000 characters each;
+    ``preconnect``: preconnect and DNS-prefetch hints for the origin of ``to`` (a
+    connection, never a request: no policy of the page's stops it).
     """
     item = f"/shop/item/{n}"
     if name == "navigates":
@@ -180,6 +182,10 @@ def shop_trap_html(name: str, n: int) -> str:
             f'<link rel="preconnect" href="{THIRD_PARTY_PIXEL}">\n'
         )
         return _document_with_head("Leaving", head, body)
+    if name == "preconnect":
+        hints = f'<link rel="preconnect" href="{escape(to)}">\n'
+        hints += f'<link rel="dns-prefetch" href="{escape(to)}">\n'
+        return _document_with_head("Preconnect", hints, '<h1 class="title">Hints</h1>\n')
     if name == "challenge":
         return _document(
             "Just a moment...",

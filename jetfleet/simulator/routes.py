@@ -359,7 +359,12 @@ class TargetRoutes:
         name = request.match_info["name"]
         if name not in SHOP_TRAPS:
             return _html(missing_html(request.path), status=404)
-        return _html(shop_trap_html(name, min(_page_number(request), 1000)))
+        n = min(_page_number(request), 1000)
+        to = request.query.get("to", "")
+        response = _html(shop_trap_html(name, n, to) if to else shop_trap_html(name, n))
+        if name == "preconnect" and to:
+            response.headers["Link"] = f"<{to}>; rel=preconnect"
+        return response
 
     async def _shop_img(self, request: web.Request) -> web.Response:
         # A tiny image: a browser worker never asks for it (sub-resources are not sent).

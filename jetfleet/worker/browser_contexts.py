@@ -28,6 +28,9 @@ from jetfleet.settings import BrowserSettings
 log = logging.getLogger(__name__)
 
 NO_IDENTITY = "_no-identity"
+NO_NETWORK_PROXY = "http://127.0.0.1:1"
+"""Where Chromium's own connections go (port 1 on loopback: nothing serves it, so each
+is refused at once)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -141,6 +144,12 @@ class BrowserContexts:
             # A service worker's requests would pass by the routes that apply manners.
             service_workers="block",
             accept_downloads=False,
+            # Chromium itself reaches no network: only the handler's document request
+            # (route.fetch, sent by Playwright's driver, not by Chromium) leaves, with
+            # its manners. A proxy nothing answers takes whatever Chromium would send on
+            # its own, past the page's policy and routes (preconnect hints, DNS
+            # prefetch): refused on this host, loopback included.
+            args=[f"--proxy-server={NO_NETWORK_PROXY}", "--proxy-bypass-list=<-loopback>"],
         )
         # Beneath every page's own route: a request no page route answers (a page
         # closing, a popup, a frame of none of the jobs) is aborted, never sent.
