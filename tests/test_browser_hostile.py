@@ -30,16 +30,15 @@ from jetfleet.simulator import TargetSimulator
 from jetfleet.worker.browser_contexts import BrowserContexts, profile_folder
 from jetfleet.worker.browser_page import browser_page
 from jetfleet.worker.handlers import HandlerContext
-from tests.conftest import make_settings, sim_target, wait_for
-from tests.stack import InProcessStack
+from tests.conftest import sim_target, wait_for
 from tests.test_browser_page import (
     CHROMIUM,
     SHOP,
     Env,
     _browser_pids,
-    browser_settings,
     env,
     page_job,
+    shop_env,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,11 +90,7 @@ async def test_huge_extracted_text_is_refused_naming_the_field(env: Env) -> None
     spec = PageSpec(wait_for="h1.title", extract={"paras": Extract(selector="p.huge", all=True)})
     await env.submit(page_job("huge-1", "/shop/trap/huge/30", spec))
 
-    async def lettered() -> bool:
-        return any(d.order.job.id == "huge-1" for d in await env.letters())
-
-    await wait_for(lettered, 60, "the dead letter of huge-1")
-    letter = next(d for d in await env.letters() if d.order.job.id == "huge-1")
+    letter = await env.dead_letter("huge-1")
     assert letter.reason == "result-too-large"
     assert "paras" in letter.detail, letter.detail
     assert env.asked("shop-trap") == 1
@@ -306,23 +301,14 @@ async def test_the_target_sees_only_its_identifying_user_agent_on_every_hop(
     nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path
 ) -> None:
     agent = "jetfleet-shop-review (+mailto:ops@example.invalid)"
-    base = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
-    settings = browser_settings(base, tmp_path / "profiles")
-    shop = msgspec.structs.replace(settings.targets[SHOP], user_agent=agent)
-    settings = msgspec.structs.replace(settings, targets={SHOP: shop})
-    stack = InProcessStack(settings)
-    await stack.start(workers=0)
-    try:
-        env = Env(settings, stack, stack.connections[0].jetstream(), simulator, tmp_path)
-        await stack.add_worker("w-a", identity="alice")
+    async with shop_env(nats_url, redis_url, simulator, tmp_path, user_agent=agent) as env:
+        await env.stack.add_worker("w-a", identity="alice")
         await env.submit(page_job("ua-1", "/redirect/1?to=/redirect/2%3Fto%3D/shop/item/5"))
         visit = (await env.committed("ua-1"))["ua-1"]
         assert visit.final_url == simulator.base_url + "/shop/item/5"
         counts = simulator.counts()
         assert counts["by_path_kind"] == {"redirect": 2, "shop-item": 1}, counts
         assert counts["by_user_agent"] == {agent: 3}
-    finally:
-        await stack.stop()
 
 
 async def test_chromium_itself_opens_no_connection_a_preconnect_hint_asks_for(
