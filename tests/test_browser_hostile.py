@@ -336,3 +336,27 @@ async def test_chromium_itself_opens_no_connection_a_preconnect_hint_asks_for(
         await server.wait_closed()
     assert accepted == [], "Chromium connected to a third party on a hint"
     assert simulator.counts()["by_path_kind"] == {"shop-trap": 1, "page": 1}
+
+
+async def test_a_job_on_a_browser_that_died_never_frees_its_successor_in_use(
+    tmp_path: Path,
+) -> None:
+    settings = BrowserSettings(
+        enabled=True, executable=CHROMIUM, profiles_dir=str(tmp_path), max_contexts=1
+    )
+    contexts = BrowserContexts(settings, CHROMIUM, "w-1", "ua")
+    try:
+        dead = await contexts.acquire("a")  # a job's, when its browser is killed
+        for pid in _browser_pids(contexts.folder("a")):
+            os.kill(pid, signal.SIGKILL)
+
+        async def forgotten() -> bool:
+            return contexts.open_identities() == ()
+
+        await wait_for(forgotten, 30, "the dead context to be forgotten")
+        await contexts.acquire("a")  # the next job of a, in a new browser, running
+        contexts.release("a", dead)  # the first job ends
+        await contexts.acquire("b")  # the cap is full, and a's context is in use
+        assert contexts.open_identities() == ("a", "b")
+    finally:
+        await contexts.close()

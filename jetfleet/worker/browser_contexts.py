@@ -94,10 +94,12 @@ class BrowserContexts:
             held.users += 1
             return held.context
 
-    def release(self, identity: str) -> None:
-        """One job of ``identity`` is done with its context."""
+    def release(self, identity: str, context: BrowserContext | None = None) -> None:
+        """One job of ``identity`` is done with its context (``context``, the one it
+        acquired: when that one died meanwhile and another was opened for the identity,
+        the new one's jobs are not the releasing job's, and it stays in use)."""
         held = self._open.get(identity)
-        if held is not None:
+        if held is not None and (context is None or held.context is context):
             held.users = max(0, held.users - 1)
 
     async def close(self) -> None:

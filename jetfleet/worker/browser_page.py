@@ -248,7 +248,7 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
             # A browser that went away left nothing of the page to close.
             with contextlib.suppress(PlaywrightError):
                 await page.close()
-        ctx.browser.release(ctx.identity)
+        ctx.browser.release(ctx.identity, context)
 
 
 async def _read_page(
