@@ -360,3 +360,29 @@ async def test_a_job_on_a_browser_that_died_never_frees_its_successor_in_use(
         assert contexts.open_identities() == ("a", "b")
     finally:
         await contexts.close()
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason", "says"),
+    [
+        (PageSpec(wait_for="[[["), "bad-selector", "[[["),
+        (PageSpec(extract={"a": Extract(selector="::nope(")}), "bad-selector", "::nope("),
+        (PageSpec(screenshot=True), "result-too-large", "max_screenshot_bytes (1024)"),
+    ],
+)
+async def test_bad_selectors_and_an_oversized_screenshot_fail_permanently_saying_why(
+    simulator: TargetSimulator, tmp_path: Path, spec: PageSpec, reason: str, says: str
+) -> None:
+    settings = BrowserSettings(
+        enabled=True, executable=CHROMIUM, profiles_dir=str(tmp_path), max_screenshot_bytes=1024
+    )
+    contexts = BrowserContexts(settings, CHROMIUM, "w-1", "ua")
+    try:
+        async with aiohttp.ClientSession() as session:
+            ctx = _context(simulator, contexts, session, "/shop/item/1", spec, [])
+            with pytest.raises(PermanentFailure) as raised:
+                await browser_page(ctx)
+    finally:
+        await contexts.close()
+    assert raised.value.reason == reason and says in raised.value.detail, raised.value.detail
+    assert simulator.counts()["by_path_kind"] == {"shop-item": 1}  # one visit, no more
