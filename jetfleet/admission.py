@@ -21,7 +21,8 @@ from jetfleet.schemas import Job, Rejection, WorkOrder
 from jetfleet.schemas.job import MAX_URL_CHARS
 from jetfleet.settings import Settings
 
-BUILTIN_HANDLERS = ("http.get", "noop", "browser.page")
+BROWSER_HANDLER = "browser.page"
+BUILTIN_HANDLERS = ("http.get", "noop", BROWSER_HANDLER)
 
 _decoder = msgspec.json.Decoder(Job)
 _fields_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -222,11 +223,37 @@ def _check_job(
     clash = _pins_clash(job, settings)
     if clash:
         return reject("unsatisfiable-pin", clash, job.id)
+    budget_s = job.timeout_s or config.timeout_s
+    page_fault = _page_fault(job, budget_s)
+    if page_fault:
+        return reject("invalid-job", page_fault, job.id)
     attempts = min(job.max_attempts or config.max_attempts, config.max_attempts)
     return WorkOrder(
         job=job,
         target=target,
         key=job_key(job),
         max_attempts=attempts,
-        timeout_s=job.timeout_s or config.timeout_s,
+        timeout_s=budget_s,
     )
+
+
+def _page_fault(job: Job, budget_s: float) -> str:
+    """Why the job's ``page`` spec cannot work as asked ("" when it can): one on a
+    handler that never reads it, or a ``wait_timeout_s`` longer than the attempt's
+    budget (its wait would be cut every time, so a removed selector would be retried as
+    a timeout to the last attempt, a page request each, never ``selector-removed``)."""
+    page = job.page
+    if page is None:
+        return ""
+    if job.handler != BROWSER_HANDLER:
+        return (
+            f"a page spec is for handler {BROWSER_HANDLER!r}; handler {job.handler!r} "
+            "ignores it: remove page or set handler"
+        )
+    if page.wait_timeout_s >= budget_s:
+        return (
+            f"page.wait_timeout_s {page.wait_timeout_s:g} s is not shorter than the "
+            f"attempt's budget ({budget_s:g} s, the job's timeout_s or the target's): "
+            "lower it or raise timeout_s"
+        )
+    return ""

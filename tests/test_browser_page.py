@@ -6,6 +6,7 @@ over real nats-server and redis-server (scheduler, ratelimit, leaser, sink in pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -95,6 +96,15 @@ class Env:
             visits[job_id] = output
         return visits
 
+    async def dead_letter(self, job_id: str, timeout_s: float = 60.0) -> DeadLetter:
+        """The dead letter of ``job_id``, once there is one."""
+
+        async def lettered() -> bool:
+            return any(d.order.job.id == job_id for d in await self.letters())
+
+        await wait_for(lettered, timeout_s, f"the dead letter of {job_id}")
+        return next(d for d in await self.letters() if d.order.job.id == job_id)
+
     def asked(self, kind: str) -> int:
         return int(self.sim.counts()["by_path_kind"].get(kind, 0))
 
@@ -116,6 +126,23 @@ def browser_settings(base: Settings, profiles: Path, obey_robots: bool = False) 
             ),
         ),
     )
+
+
+@contextlib.asynccontextmanager
+async def shop_env(
+    nats_url: str, redis_url: str, simulator: TargetSimulator, tmp_path: Path, **target: object
+) -> AsyncIterator[Env]:
+    """An in-process stack (no worker yet) whose shop target has ``target``'s changes."""
+    base = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
+    settings = browser_settings(base, tmp_path / "profiles")
+    shop = msgspec.structs.replace(settings.targets[SHOP], **target)
+    settings = msgspec.structs.replace(settings, targets={SHOP: shop})
+    stack = InProcessStack(settings)
+    await stack.start(workers=0)
+    try:
+        yield Env(settings, stack, stack.connections[0].jetstream(), simulator, tmp_path)
+    finally:
+        await stack.stop()
 
 
 async def _env(

@@ -137,3 +137,85 @@ def shop_item_html(n: int, pages: int, *, removed: bool = False) -> str:
         "</script>\n"
     )
     return _document(name, body)
+
+
+SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge", "preconnect")
+"""Hostile shop pages (``/shop/trap/NAME``) a browser job must survive politely."""
+
+
+def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
+    """Renders hostile shop page ``name`` (one of ``SHOP_TRAPS``), all with ``h1.title``:
+
+    ``navigates``: leaves for ``/shop/item/N`` by every means a page has (a script's
+    ``location``, a meta refresh, a link click, a form post, a popup, a ping, a beacon,
+    speculation rules, prefetch and preconnect hints, a favicon);
+    ``challenge``: a challenge page served as 200 (``id="challenge"``) that also has the
+    ``h1.title`` a job waits for;
+    ``surrogates``: a title and text with lone UTF-16 surrogates (not encodable as UTF-8);
+    ``huge``: an inline script that builds ``N`` paragraphs of 100 000 characters each;
+    ``preconnect``: preconnect and DNS-prefetch hints for the origin of ``to`` (a
+    connection, never a request: no policy of the page's stops it).
+    """
+    item = f"/shop/item/{n}"
+    if name == "navigates":
+        body = (
+            '<h1 class="title">Leaving</h1>\n'
+            f'<a id="away" href="{item}?by=click" ping="{item}?by=ping">away</a>\n'
+            f'<form id="post" method="post" action="{item}?by=form"></form>\n'
+            f'<iframe src="{item}?by=iframe"></iframe>\n'
+            '<script type="speculationrules">{"prerender": [{"source": "list", "urls": '
+            f'["{item}?by=prerender"]}}], "prefetch": [{{"source": "list", "urls": '
+            f'["{item}?by=prefetch-rule"]}}]}}</script>\n'
+            "<script>\n"
+            f'navigator.sendBeacon("{item}?by=beacon");\n'
+            f'window.open("{item}?by=popup");\n'
+            'document.getElementById("away").click();\n'
+            'document.getElementById("post").submit();\n'
+            f'setTimeout(() => {{ location.href = "{item}?by=location"; }}, 20);\n'
+            "</script>\n"
+        )
+        head = (
+            f'<meta http-equiv="refresh" content="0; url={item}?by=refresh">\n'
+            f'<link rel="icon" href="{item}?by=favicon">\n'
+            f'<link rel="prefetch" href="{item}?by=prefetch">\n'
+            f'<link rel="preload" as="fetch" href="{item}?by=preload">\n'
+            f'<link rel="preconnect" href="{THIRD_PARTY_PIXEL}">\n'
+        )
+        return _document_with_head("Leaving", head, body)
+    if name == "preconnect":
+        hints = f'<link rel="preconnect" href="{escape(to)}">\n'
+        hints += f'<link rel="dns-prefetch" href="{escape(to)}">\n'
+        return _document_with_head("Preconnect", hints, '<h1 class="title">Hints</h1>\n')
+    if name == "challenge":
+        return _document(
+            "Just a moment...",
+            f'<div id="{CHALLENGE_ID}">\n<h1 class="title">Checking your browser</h1>\n'
+            "<p>Please wait while we verify you are human.</p>\n</div>\n",
+        )
+    if name == "surrogates":
+        return _document(
+            "Surrogates",
+            '<h1 class="title"></h1>\n<script>\n'
+            'document.title = "lone \\ud800 high";\n'
+            'document.querySelector("h1").textContent = "lone \\udfff low";\n'
+            "</script>\n",
+        )
+    if name == "huge":
+        return _document(
+            "Huge",
+            '<h1 class="title">Huge</h1>\n<script>\n'
+            f"for (let i = 0; i < {n}; i++) {{\n"
+            '  const p = document.createElement("p");\n'
+            '  p.className = "huge";\n'
+            '  p.textContent = "x".repeat(100000);\n'
+            "  document.body.appendChild(p);\n"
+            "}\n</script>\n",
+        )
+    raise ValueError(f"no shop trap {name!r} (one of {', '.join(SHOP_TRAPS)})")
+
+
+def _document_with_head(title: str, head: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{escape(title)}</title>\n{head}</head>\n<body>\n{body}</body>\n</html>\n"
+    )

@@ -17,6 +17,7 @@ from aiohttp.typedefs import Handler
 from jetfleet.simulator.config import SimulatorConfig
 from jetfleet.simulator.counters import RequestCounters
 from jetfleet.simulator.pages import (
+    SHOP_TRAPS,
     big_html,
     blocked_html,
     challenge_html,
@@ -24,6 +25,7 @@ from jetfleet.simulator.pages import (
     missing_html,
     page_html,
     shop_item_html,
+    shop_trap_html,
 )
 
 WORKER_HEADER = "X-Jetfleet-Worker"
@@ -277,6 +279,7 @@ class TargetRoutes:
         app.router.add_get("/session/{n:\\d+}", self._session, name="session")
         app.router.add_get("/shop/item/{n:\\d+}", self._shop_item, name="shop-item")
         app.router.add_get("/shop/img/{n:\\d+}.png", self._shop_img, name="shop-img")
+        app.router.add_get("/shop/trap/{name}/{n:\\d+}", self._shop_trap, name="shop-trap")
         app.router.add_get("/robots.txt", self._robots, name="robots")
         app.router.add_get(SIM_PREFIX + "counts", self._get_counts)
         app.router.add_post(SIM_PREFIX + "reset", self._reset)
@@ -350,6 +353,18 @@ class TargetRoutes:
             return _html(missing_html(request.path), status=404)
         removed = request.query.get("removed", "") not in ("", "0")
         return _html(shop_item_html(n, self._config.pages, removed=removed))
+
+    async def _shop_trap(self, request: web.Request) -> web.Response:
+        """A hostile page for browser jobs (``pages.shop_trap_html``)."""
+        name = request.match_info["name"]
+        if name not in SHOP_TRAPS:
+            return _html(missing_html(request.path), status=404)
+        n = min(_page_number(request), 1000)
+        to = request.query.get("to", "")
+        response = _html(shop_trap_html(name, n, to) if to else shop_trap_html(name, n))
+        if name == "preconnect" and to:
+            response.headers["Link"] = f"<{to}>; rel=preconnect"
+        return response
 
     async def _shop_img(self, request: web.Request) -> web.Response:
         # A tiny image: a browser worker never asks for it (sub-resources are not sent).

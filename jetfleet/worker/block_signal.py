@@ -8,7 +8,9 @@ around (docs/scope.md).
 from __future__ import annotations
 
 BLOCK_STATUS = frozenset({403, 429, 503})
-CHALLENGE_MARKER = b'id="challenge"'
+CHALLENGE_ID = "challenge"
+"""The element id that marks a challenge page (in a page a browser shows)."""
+CHALLENGE_MARKER = f'id="{CHALLENGE_ID}"'.encode()
 
 
 def block_kind(status: int, body: bytes) -> str:
@@ -20,6 +22,13 @@ def block_kind(status: int, body: bytes) -> str:
     if is_challenge(body):
         return "challenged"
     return "blocked" if status == 403 else "rate-limited"
+
+
+def is_challenge_page(body: bytes) -> bool:
+    """Whether a page that answered 2xx is a challenge all the same: only its explicit
+    marker counts (``is_challenge``'s looser test, the word anywhere near the top, would
+    take any page about challenges for one, and back off from it for ever)."""
+    return CHALLENGE_MARKER in body
 
 
 def is_challenge(body: bytes) -> bool:

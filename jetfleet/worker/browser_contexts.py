@@ -28,6 +28,9 @@ from jetfleet.settings import BrowserSettings
 log = logging.getLogger(__name__)
 
 NO_IDENTITY = "_no-identity"
+NO_NETWORK_PROXY = "http://127.0.0.1:1"
+"""Where Chromium's own connections go (port 1 on loopback: nothing serves it, so each
+is refused at once)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
@@ -91,10 +94,12 @@ class BrowserContexts:
             held.users += 1
             return held.context
 
-    def release(self, identity: str) -> None:
-        """One job of ``identity`` is done with its context."""
+    def release(self, identity: str, context: BrowserContext | None = None) -> None:
+        """One job of ``identity`` is done with its context (``context``, the one it
+        acquired: when that one died meanwhile and another was opened for the identity,
+        the new one's jobs are not the releasing job's, and it stays in use)."""
         held = self._open.get(identity)
-        if held is not None:
+        if held is not None and (context is None or held.context is context):
             held.users = max(0, held.users - 1)
 
     async def close(self) -> None:
@@ -141,6 +146,12 @@ class BrowserContexts:
             # A service worker's requests would pass by the routes that apply manners.
             service_workers="block",
             accept_downloads=False,
+            # Chromium itself reaches no network: only the handler's document request
+            # (route.fetch, sent by Playwright's driver, not by Chromium) leaves, with
+            # its manners. A proxy nothing answers takes whatever Chromium would send on
+            # its own, past the page's policy and routes (preconnect hints, DNS
+            # prefetch): refused on this host, loopback included.
+            args=[f"--proxy-server={NO_NETWORK_PROXY}", "--proxy-bypass-list=<-loopback>"],
         )
         # Beneath every page's own route: a request no page route answers (a page
         # closing, a popup, a frame of none of the jobs) is aborted, never sent.

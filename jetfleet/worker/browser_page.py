@@ -22,17 +22,24 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 from playwright.async_api import BrowserContext, ConsoleMessage, Page, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from jetfleet.admission import BROWSER_HANDLER
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput
 from jetfleet.schemas.browser import MAX_VALUES_PER_FIELD, ExtractedValue, PageSpec, PageVisit
 from jetfleet.schemas.stored import StoredObject
-from jetfleet.worker.block_signal import BLOCK_STATUS, block_kind, is_challenge
+from jetfleet.worker.block_signal import (
+    BLOCK_STATUS,
+    CHALLENGE_ID,
+    block_kind,
+    is_challenge_page,
+)
 from jetfleet.worker.handlers import HandlerContext, handler
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE
 from jetfleet.worker.retry_after import retry_after_s
@@ -40,7 +47,7 @@ from jetfleet.worker.target_scope import redirect_to
 
 log = logging.getLogger(__name__)
 
-HANDLER = "browser.page"
+HANDLER = BROWSER_HANDLER
 SELECTOR_REMOVED = "selector-removed"
 NO_BROWSER = "no-browser"
 BROWSER_UNAVAILABLE = "browser-unavailable"
@@ -49,18 +56,41 @@ BUDGET_MARGIN_S = 0.25
 CSP_HEADER = "content-security-policy"
 NO_SUBREQUESTS = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
-    "img-src data:; font-src data:; form-action 'none'"
+    "img-src data:; font-src data:"
 )
 """The policy the document is served to Chromium with: no request of any kind beyond the
-document (images, scripts, styles, fonts, frames, fetch/XHR, WebSockets, workers, form
-posts); inline scripts and styles and ``data:`` images still work. Chromium refuses
+document (images, scripts, styles, fonts, frames, fetch/XHR, WebSockets, workers);
+inline scripts and styles and ``data:`` images still work. Navigations (form posts
+included: a ``form-action`` refusal puts Chromium's error page in the page's place) are
+the route's to abort. Chromium refuses
 these before any request exists, so none can slip past a route being torn down (a page
 closing at its deadline continues the requests still waiting in its routes)."""
 _REDIRECT_STATUS = frozenset({301, 302, 303, 307, 308})
 _RETRYABLE_STATUS = frozenset({408, 500, 502, 504})
-# Reads every match's text (or attribute) in the page; null where an attribute is absent.
-_READ_ALL = """(els, [attr, most]) => els.slice(0, most).map(
-    e => attr ? e.getAttribute(attr) : (e.innerText ?? e.textContent ?? "").trim())"""
+MAX_READ_CHARS = 1_000_000
+"""Characters read from a page in all (outside a worker, which knows its result size)."""
+# Reads every match's text (or attribute) in the page, null where an attribute is absent,
+# as well-formed strings (a lone surrogate would not encode as UTF-8) and no more than
+# ``room`` characters in all: a page can build text without bound, and all of it would
+# cross to this process before the result's size is judged. Over: [null, true].
+_READ_ALL = """(els, [attr, most, room]) => {
+    const found = [];
+    for (const e of els.slice(0, most)) {
+        let v = attr ? e.getAttribute(attr) : (e.innerText ?? e.textContent ?? "").trim();
+        if (v !== null) {
+            v = v.toWellFormed();
+            room -= v.length;
+            if (room < 0) return [null, true];
+        }
+        found.push(v);
+    }
+    return [found, false];
+}"""
+_LOADED = "() => document.readyState === 'complete'"
+_TITLE = "() => document.title.toWellFormed()"
+_HAS_CHALLENGE = "(id) => document.getElementById(id) !== null"
+_CLOSED = "has been closed"
+"""What Playwright's errors say when the page's browser went away under a call."""
 
 
 @dataclass
@@ -83,6 +113,11 @@ class _Visit:
     """Requests Chromium refused by ``NO_SUBREQUESTS`` (as its console reports them)."""
     failure: BaseException | None = None
     """What stopped the document request (raised by the handler once ``goto`` ends)."""
+    ended: bool = False
+    """The attempt is over (returned, failed, cancelled): its document request sends no
+    further hop. Its route runs apart from the handler (a callback of Playwright's), so
+    a cancelled handler (a lost lease, a drain) or a page closed at its deadline would
+    otherwise leave it chasing redirects, permits and all, for a job gone elsewhere."""
 
     async def route(self, route: Route) -> None:
         """Send the job's document request; abort every other request of the page."""
@@ -93,8 +128,11 @@ class _Visit:
             or not request.is_navigation_request()
         ):
             self.aborted += 1
+            # A navigation aborted as "aborted" leaves the page as it is; any other error
+            # code would put Chromium's error page in its place, to be read as the page.
+            code = "aborted" if request.is_navigation_request() else "blockedbyclient"
             with contextlib.suppress(PlaywrightError):  # the page may be closing
-                await route.abort()
+                await route.abort(code)
             return
         self.served = True
         try:
@@ -115,9 +153,11 @@ class _Visit:
             "x-jetfleet-worker": ctx.worker_id,
         }
         for hop in range(MAX_REDIRECTS + 1):
+            self._still_on()
             if hop and ctx.another_request is not None:
                 # Each hop is a request: robots.txt must allow it, and it takes a permit.
                 await ctx.another_request(url)
+                self._still_on()
             response = await route.fetch(
                 url=url, headers=headers, max_redirects=0, timeout=_left_ms(self.ends_at)
             )
@@ -140,6 +180,10 @@ class _Visit:
         raise PermanentFailure(
             "too-many-redirects", detail=f"more than {MAX_REDIRECTS} from {ctx.order.job.url}"
         )
+
+    def _still_on(self) -> None:
+        if self.ended or time.monotonic() >= self.ends_at:
+            raise RetryLater("timeout", detail="the attempt ended before this request")
 
 
 def _no_subrequests(headers: dict[str, str]) -> dict[str, str]:
@@ -177,34 +221,63 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
     except PlaywrightError as exc:
         raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
     page: Page | None = None
+    visit = _Visit(ctx, ends_at)
     try:
         try:
             page = await context.new_page()
         except PlaywrightError as exc:
             # Its browser died: the pool forgets it (it closed), the next attempt opens anew.
             raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
-        visit = await _navigate(ctx, page, ends_at)
+        await _navigate(ctx, page, visit)
         await _judge_answer(ctx, context, visit)
-        await _wait_for(ctx, context, page, spec, visit, ends_at)
-        values = {
-            name: await _read(page, ex.selector, ex.attr, ex.all)
-            for name, ex in spec.extract.items()
-        }
-        shot = await _screenshot(ctx, page) if spec.screenshot else None
-        return PageVisit(
-            status=visit.status,
-            final_url=visit.final_url,
-            title=await page.title(),
-            values=values,
-            screenshot=shot,
-            blocked_requests=visit.aborted + visit.refused,
-        )
+        if 200 <= visit.status < 300 and is_challenge_page(visit.body):
+            # A challenge served as 200: a block signal, never waited out.
+            await _blocked(
+                ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
+            )
+        try:
+            return await _read_page(ctx, context, page, spec, visit)
+        except PlaywrightError as exc:
+            if page.is_closed() or _CLOSED in str(exc):
+                # Its browser died under the visit: worth another attempt, in a new one.
+                raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
+            raise
     finally:
+        visit.ended = True
         if page is not None:
             # A browser that went away left nothing of the page to close.
             with contextlib.suppress(PlaywrightError):
                 await page.close()
-        ctx.browser.release(ctx.identity)
+        ctx.browser.release(ctx.identity, context)
+
+
+async def _read_page(
+    ctx: HandlerContext, context: BrowserContext, page: Page, spec: PageSpec, visit: _Visit
+) -> PageVisit:
+    await _wait_for(ctx, context, page, spec, visit)
+    if await _shows_challenge(page):
+        # One its inline script put up: as much a challenge as one served.
+        await _blocked(ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page")
+    room = ctx.objects.max_output_bytes if ctx.objects is not None else MAX_READ_CHARS
+    values: dict[str, ExtractedValue] = {}
+    for name, ex in spec.extract.items():
+        values[name], size = await _read(page, name, ex.selector, ex.attr, ex.all, room)
+        room -= size
+    shot = await _screenshot(ctx, page) if spec.screenshot else None
+    return PageVisit(
+        status=visit.status,
+        final_url=visit.final_url,
+        title=await page.evaluate(_TITLE),
+        values=values,
+        screenshot=shot,
+        blocked_requests=visit.aborted + visit.refused,
+    )
+
+
+async def _shows_challenge(page: Page) -> bool:
+    """Whether the page as it stands carries the challenge marker (read in the page: its
+    text may hold lone surrogates, which no UTF-8 copy of it could)."""
+    return bool(await page.evaluate(_HAS_CHALLENGE, CHALLENGE_ID))
 
 
 def _first_line(exc: BaseException) -> str:
@@ -223,16 +296,24 @@ def _left_ms(ends_at: float) -> float:
     return max(1.0, (ends_at - time.monotonic()) * 1000)
 
 
-async def _navigate(ctx: HandlerContext, page: Page, ends_at: float) -> _Visit:
-    visit = _Visit(ctx, ends_at)
+async def _navigate(ctx: HandlerContext, page: Page, visit: _Visit) -> None:
+    ends_at = visit.ends_at
     page.on("console", lambda message: _count_refusal(visit, message))
     await page.route("**/*", visit.route)
     try:
-        await page.goto(ctx.order.job.url, wait_until="load", timeout=_left_ms(ends_at))
+        # Committed, then loaded: a page that starts a navigation while it is parsed (a
+        # script's click, a form post) would hold a goto waiting for its load for ever,
+        # that navigation being aborted (the page stays as it was served).
+        await page.goto(ctx.order.job.url, wait_until="commit", timeout=_left_ms(ends_at))
+        # Asked of the document itself: Playwright's own load tracking waits for the
+        # aborted navigation's instead.
+        await page.wait_for_function(_LOADED, timeout=_left_ms(ends_at))
     except PlaywrightTimeout:
         if visit.failure is None:
             raise RetryLater("timeout", detail=f"no page within {_budget_s(ctx):g} s") from None
     except PlaywrightError as exc:
+        if page.is_closed() or _CLOSED in str(exc):
+            raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
         if visit.failure is None:
             raise RetryLater("network-error", detail=_first_line(exc)) from None
     if visit.failure is not None and not isinstance(visit.failure, PlaywrightError):
@@ -242,7 +323,6 @@ async def _navigate(ctx: HandlerContext, page: Page, ends_at: float) -> _Visit:
         if "Timeout" in type(visit.failure).__name__ or "imeout" in detail:
             raise RetryLater("timeout", detail=detail)
         raise RetryLater("network-error", detail=detail)
-    return visit
 
 
 async def _judge_answer(ctx: HandlerContext, context: BrowserContext, visit: _Visit) -> None:
@@ -279,8 +359,8 @@ async def _wait_for(
     page: Page,
     spec: PageSpec,
     visit: _Visit,
-    ends_at: float,
 ) -> None:
+    ends_at = visit.ends_at
     if spec.wait_for is None:
         return
     assert ctx.browser is not None
@@ -292,7 +372,7 @@ async def _wait_for(
             spec.wait_for, state="attached", timeout=min(wait_s * 1000, _left_ms(ends_at))
         )
     except PlaywrightTimeout:
-        if is_challenge((await page.content()).encode()):
+        if await _shows_challenge(page):
             # A challenge served as 200: still a block signal, never solved.
             await _blocked(
                 ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
@@ -306,19 +386,37 @@ async def _wait_for(
             detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s",
         ) from None
     except PlaywrightError as exc:
-        raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
+        _bad_selector(page, exc)
 
 
-async def _read(page: Page, selector: str, attr: str, every: bool) -> ExtractedValue:
+def _bad_selector(page: Page, exc: PlaywrightError) -> NoReturn:
+    """Raise ``bad-selector`` for a selector Chromium refused, or ``exc`` itself when the
+    page's browser went away under the call (not the job's fault: retried)."""
+    if page.is_closed() or _CLOSED in str(exc):
+        raise exc
+    raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
+
+
+async def _read(
+    page: Page, name: str, selector: str, attr: str, every: bool, room: int
+) -> tuple[ExtractedValue, int]:
+    """Field ``name``'s value and its size in characters, within ``room`` of them."""
     try:
-        found: list[str | None] = await page.eval_on_selector_all(
-            selector, _READ_ALL, [attr, MAX_VALUES_PER_FIELD if every else 1]
+        found, over = await page.eval_on_selector_all(
+            selector, _READ_ALL, [attr, MAX_VALUES_PER_FIELD if every else 1, max(0, room)]
         )
     except PlaywrightError as exc:
-        raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
+        _bad_selector(page, exc)
+    if over:
+        raise PermanentFailure(
+            RESULT_TOO_LARGE,
+            detail=f"extract field {name!r} ({selector!r}) reads more text than a result "
+            f"carries ({room} characters were left of it)",
+        )
+    size = sum(len(value) for value in found if value is not None)
     if every:
-        return [value for value in found if value is not None]
-    return found[0] if found else None
+        return [value for value in found if value is not None], size
+    return (found[0] if found else None), size
 
 
 async def _screenshot(ctx: HandlerContext, page: Page) -> StoredObject | None:
