@@ -43,6 +43,7 @@ from tests.stack import InProcessStack
 
 MIB = 1024 * 1024
 HUGE_OUTPUT = "tests.huge-output"
+BROKEN_TEXT = "tests.broken-text"
 BIG = 3 * MIB
 SMALL = 100_000
 CAP = 2 * MIB
@@ -52,6 +53,13 @@ CAP = 2 * MIB
 async def huge_output(ctx: HandlerContext) -> HandlerOutput:
     """A user handler that puts 2 MiB into its output instead of the object store."""
     return DataOutput(data={"blob": "x" * (2 * MIB)})
+
+
+@handler(BROKEN_TEXT)
+async def broken_text(ctx: HandlerContext) -> HandlerOutput:
+    """A user handler whose output holds a lone UTF-16 surrogate (a page's broken text):
+    no JSON encoder can write it."""
+    return DataOutput(data={"title": "caf\ud800"})
 
 
 @dataclass
@@ -70,7 +78,7 @@ async def env(nats_url: str, redis_url: str) -> AsyncIterator[Env]:
         }
         settings = queue_settings(nats_url, redis_url, targets, concurrency=2)
         fleet = msgspec.structs.replace(
-            settings.fleet, handlers=(*settings.fleet.handlers, HUGE_OUTPUT)
+            settings.fleet, handlers=(*settings.fleet.handlers, HUGE_OUTPUT, BROKEN_TEXT)
         )
         settings = msgspec.structs.replace(settings, fleet=fleet)
         stack = InProcessStack(settings)
@@ -180,6 +188,26 @@ async def test_item6_a_handler_output_too_large_for_a_message_fails_once_not_thr
     ]
     assert letter.reason == "result-too-large", letter
     assert "ctx.objects.put" in letter.detail, letter.detail
+    assert [(r.attempt, r.outcome) for r in letter.history] == [(1, "permanent")], letter
+
+
+async def test_an_output_no_encoder_can_write_fails_once_with_its_reason_not_forever(
+    env: Env,
+) -> None:
+    await submit_paths(env.js, env.settings, "pages", ["/page/2"], "text", handler=BROKEN_TEXT)
+
+    async def dead_lettered() -> bool:
+        return await dead(env.js, "pages") == 1
+
+    # Encoded in the report, it used to raise outside the handler's error handling: the
+    # job was never settled and ran again until JetStream gave up on it.
+    await wait_for(dead_lettered, 30, "the unencodable output to be dead-lettered")
+    decoder = msgspec.json.Decoder(DeadLetter)
+    (letter,) = [
+        decoder.decode(m.data)
+        async for m in read_stream(env.js, subjects.STREAM_DLQ, subjects.dlq("pages"))
+    ]
+    assert letter.reason == "output-unencodable", letter
     assert [(r.attempt, r.outcome) for r in letter.history] == [(1, "permanent")], letter
 
 

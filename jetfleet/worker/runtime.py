@@ -109,6 +109,8 @@ log = logging.getLogger(__name__)
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 _reply_decoder = msgspec.json.Decoder(SinkReply)
 _encoder = msgspec.json.Encoder()
+OUTPUT_UNENCODABLE = "output-unencodable"
+"""A handler returned what no JSON encoder can write (a lone surrogate, an object)."""
 FETCH_WAIT_S = 1.0
 FETCH_BATCH = 10
 # How long a fetched message may wait for a slot before it is handed back.
@@ -1324,7 +1326,17 @@ class Worker:
     def _ok_if_it_fits(self, order: WorkOrder, output: HandlerOutput) -> Verdict:
         """``ok``, unless the output cannot travel in one message: sent, it would fail
         inside the report and the job would be run again for nothing."""
-        size = len(_encoder.encode(output))
+        try:
+            size = len(_encoder.encode(output))
+        except (UnicodeEncodeError, TypeError) as exc:
+            # A lone surrogate in page text, or a value JSON has no form for: every
+            # attempt would return the same, and raised in the report it left the job
+            # unsettled, run again until JetStream gave up on it.
+            return Verdict(
+                "permanent",
+                reason=OUTPUT_UNENCODABLE,
+                detail=f"the {order.job.handler} output cannot be written as JSON: {exc}"[:500],
+            )
         if self._objects is None or self._objects.fits_message(size):
             return Verdict("ok", output=output)
         return Verdict(
