@@ -214,8 +214,6 @@ class DevStack:
         }
         if "quarantine" in user:
             tables["quarantine"] = dict(user["quarantine"])
-        for name, body in dict(user.get("identities", {})).items():
-            tables[f"identities.{name}"] = dict(body)
         tables.update({f"targets.{name}": body for name, body in targets.items()})
         header = "# Written by `jetfleet dev`; regenerated on every start.\n"
         # It holds the gateway token: readable by the owner only, like the bundle's files.
