@@ -13,8 +13,10 @@ from dataclasses import dataclass
 
 import msgspec
 from nats.js import JetStreamContext
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.admission import admit
 from jetfleet.canonical import resolve_url as resolve_under
 from jetfleet.publish import publish_durably
@@ -88,8 +90,14 @@ async def submit_raw(
         job_id = job_ids[index] if job_ids else new_job_id()
         verdict = admit(subject, payload, settings)
         async with gate:
-            # The job id as message id: a retried or repeated submission is one job.
-            ack = await publish_durably(js, subject, payload, msg_id=f"sub-{job_id}")
+            # The job's root span: each of its attempts is a child of it, siblings.
+            with tracing.span(
+                f"send {subject}", SpanKind.PRODUCER, attributes=_sent(subject, job_id)
+            ):
+                # The job id as message id: a retried or repeated submission is one job.
+                ack = await publish_durably(
+                    js, subject, payload, msg_id=f"sub-{job_id}", headers=tracing.inject()
+                )
         done += 1
         if progress is not None:
             progress(done)
@@ -102,6 +110,14 @@ async def submit_raw(
         )
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
+
+
+def _sent(subject: str, job_id: str) -> dict[str, AttributeValue] | None:
+    if not tracing.tracing_on():
+        return None
+    attributes = tracing.messaging(subject, "send")
+    attributes.update({tracing.JOB_ID: job_id, tracing.TARGET: subjects.target_of(subject)})
+    return attributes
 
 
 def jobs_for(target: str, settings: Settings, urls: Iterable[str], **fields: object) -> list[Job]:

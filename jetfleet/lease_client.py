@@ -10,8 +10,9 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry.trace import SpanKind
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.backoff import Backoff
 from jetfleet.schemas.lease import (
     LEASE_LOST,
@@ -43,12 +44,23 @@ class LeaseClient:
         self.nc = nc
 
     async def _call(self, call: LeaseRequest | LeaseRenew | LeaseRelease) -> LeaseReply | None:
-        try:
-            answer = await self.nc.request(subjects.LEASE, _encoder.encode(call), timeout=TIMEOUT_S)
-        except (NoRespondersError, NatsTimeoutError) as exc:
-            log.warning("leaser unreachable (%s)", type(exc).__name__)
-            return None
-        return _decoder.decode(answer.data)
+        with tracing.span(
+            tracing.call_name(call), SpanKind.CLIENT, attributes=tracing.call_attributes(call)
+        ):
+            try:
+                answer = await self.nc.request(
+                    subjects.LEASE,
+                    _encoder.encode(call),
+                    timeout=TIMEOUT_S,
+                    headers=tracing.inject(),
+                )
+            except (NoRespondersError, NatsTimeoutError) as exc:
+                log.warning("leaser unreachable (%s)", type(exc).__name__)
+                tracing.note("unanswered", type(exc).__name__, error=True)
+                return None
+            reply = _decoder.decode(answer.data)
+            tracing.note_reply(reply)
+            return reply
 
     async def grant(self, request: LeaseRequest) -> LeaseReply | None:
         """Ask for a lease."""

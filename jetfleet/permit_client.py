@@ -10,8 +10,9 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry.trace import SpanKind
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.schemas.permit import (
     HoldPlaced,
     HoldReply,
@@ -54,9 +55,20 @@ class PermitClient:
         return _unexpected(reply)
 
     async def _call(self, call: PermitRequest | HoldRequest) -> RatelimitReply:
+        with tracing.span(
+            tracing.call_name(call), SpanKind.CLIENT, attributes=tracing.call_attributes(call)
+        ):
+            reply = await self._ask(call)
+            tracing.note_reply(reply)
+            return reply
+
+    async def _ask(self, call: PermitRequest | HoldRequest) -> RatelimitReply:
         try:
             answer = await self.nc.request(
-                subjects.RATELIMIT, _encoder.encode(call), timeout=TIMEOUT_S
+                subjects.RATELIMIT,
+                _encoder.encode(call),
+                timeout=TIMEOUT_S,
+                headers=tracing.inject(),
             )
         except (NoRespondersError, NatsTimeoutError) as exc:
             return PermitRefused(

@@ -25,7 +25,9 @@ import msgspec
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from opentelemetry.trace import Span, SpanKind
 
+from jetfleet import tracing
 from jetfleet.js_errors import is_unavailable
 from jetfleet.metrics import CounterFamily
 
@@ -153,8 +155,16 @@ class Responder:
             self._busy_since_log = 0
 
     async def _answer(self, route: Route[Any, Any], msg: Msg) -> None:
+        parent = tracing.extract(msg.headers)
+        with tracing.span(f"{self.service} {msg.subject}", SpanKind.SERVER, parent) as span:
+            await self._answer_in(route, msg, span)
+
+    async def _answer_in(self, route: Route[Any, Any], msg: Msg, span: Span) -> None:
         try:
             request, reply = self._admit(route, msg)
+            if span.is_recording() and request is not None:
+                span.update_name(tracing.call_name(request, self.service))
+                span.set_attributes(tracing.call_attributes(request))
             if reply is None:
                 try:
                     reply = await route.answer(request)
@@ -162,6 +172,7 @@ class Responder:
                     reply = self._failed(route, msg, exc)
             else:
                 request = None
+            tracing.note_reply(reply)
             await self._reply(route, msg, request, reply)
         finally:
             self._in_hand -= 1
@@ -200,6 +211,7 @@ class Responder:
             return route.refusals.busy(UNAVAILABLE_RETRY_AFTER_S, why)
         self.refused.inc(subject=route.subject, reason="failed")
         log.exception("request on %s failed", msg.subject)
+        tracing.record_error(exc)
         return route.refusals.failed(exc)
 
     async def _reply(

@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.auth.credentials import declares_topology
 from jetfleet.cli.progress import ProgressBar, print_json, print_table
 from jetfleet.cli.quarantine_commands import print_quarantines
@@ -28,6 +29,8 @@ from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
 
 MAX_QUARANTINES_SHOWN = 50
+CLI_SERVICE_NAME = "jetfleet-cli"
+"""The ``service.name`` of ``jetfleet submit``'s spans (each job's root span)."""
 """Rows of quarantines and of proposals ``jetfleet status`` prints (``--json``: all)."""
 
 
@@ -163,7 +166,8 @@ def _run_submit(args: argparse.Namespace) -> int:
         )
         for job_id, url in zip(ids, urls, strict=True)
     ]
-    return asyncio.run(_submit(settings, args, ids, payloads))
+    with tracing.traced_process(CLI_SERVICE_NAME, os.environ):
+        return asyncio.run(_submit(settings, args, ids, payloads))
 
 
 async def _submit(

@@ -13,6 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
+from jetfleet import tracing
 from jetfleet.auth.credentials import declares_topology, known_role
 from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
@@ -44,6 +45,14 @@ def register(commands: Any) -> None:
         help="data folder (default ./.jetfleet); one stack per folder",
     )
     dev.add_argument("--json", action="store_true", help="print the URLs as JSON")
+    dev.add_argument(
+        "--jaeger",
+        default="",
+        metavar="URL",
+        help="export every child's spans over OTLP/HTTP to URL (Jaeger all-in-one: "
+        "http://127.0.0.1:4318); sets OTEL_EXPORTER_OTLP_ENDPOINT and OTEL_SERVICE_NAME "
+        "per child (docs/tracing.md)",
+    )
     dev.set_defaults(run=_run_dev)
 
     demo = commands.add_parser(
@@ -133,11 +142,18 @@ def register(commands: Any) -> None:
 def _run_dev(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise JetfleetError("--workers must be >= 0")
+    if args.jaeger and not args.jaeger.startswith(("http://", "https://")):
+        raise JetfleetError(
+            f"--jaeger {args.jaeger!r}: give the OTLP/HTTP base URL, such as "
+            "http://127.0.0.1:4318 (Jaeger all-in-one's OTLP/HTTP port)"
+        )
     return asyncio.run(_dev(args))
 
 
 async def _dev(args: argparse.Namespace) -> int:
-    stack = DevStack(args.data, workers=args.workers, user_config=args.config)
+    stack = DevStack(
+        args.data, workers=args.workers, user_config=args.config, trace_endpoint=args.jaeger
+    )
     await stack.start()
     urls = {
         "nats": stack.nats.url,
@@ -148,6 +164,8 @@ async def _dev(args: argparse.Namespace) -> int:
         "env_file": str(stack.data_dir / "env"),
         "config": str(stack.config_path),
     }
+    if args.jaeger:
+        urls["traces"] = args.jaeger
     if args.json:
         print_json(urls)
     else:
@@ -185,7 +203,9 @@ def _run_serve(args: argparse.Namespace) -> int:
     from jetfleet.cli.main import settings_from
 
     role = known_role(args.name)
-    return asyncio.run(_serve(args.name, settings_from(args, role), args.metrics_port))
+    settings = settings_from(args, role)
+    with tracing.traced_process(args.name, os.environ):
+        return asyncio.run(_serve(args.name, settings, args.metrics_port))
 
 
 async def _serve(name: str, settings: Settings, metrics_port: int | None) -> int:
@@ -266,7 +286,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     standby_lanes(lanes, served, settings.worker.standby_targets, every=not targets)
     worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
     identity = args.identity or settings.worker.identity
-    return asyncio.run(_worker(settings, worker_id, identity, targets, args.metrics_port))
+    described = {tracing.WORKER_ID: worker_id, tracing.IDENTITY: identity}
+    with tracing.traced_process("worker", os.environ, described):
+        return asyncio.run(_worker(settings, worker_id, identity, targets, args.metrics_port))
 
 
 async def _worker(

@@ -84,11 +84,15 @@ class DevStack:
         workers: int = 2,
         user_config: Path | None = None,
         simulator_latency_s: float = 0.0,
+        trace_endpoint: str = "",
         scripted_targets: Mapping[str, ScriptedTarget] | None = None,
         worker_specs: Sequence[WorkerSpec] = (),
         demo_table: Mapping[str, Any] | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
+        self.trace_endpoint = trace_endpoint
+        """An OTLP/HTTP base URL (Jaeger's :4318) every child exports its spans to; empty:
+        the children get the caller's own ``OTEL_*`` variables, if any."""
         self.workers = workers
         self.user_config = user_config
         self.auth_dir = self.data_dir / "auth"
@@ -255,8 +259,17 @@ class DevStack:
             args = [*args, "--metrics-port", str(port)]
             self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
         self.children[name] = start_jetfleet(
-            args, self.config_path, logs / f"{name}.log", extra_env=env
+            args, self.config_path, logs / f"{name}.log", {**self._trace_env(name), **(env or {})}
         )
+
+    def _trace_env(self, name: str) -> dict[str, str]:
+        """What points child ``name``'s spans at ``trace_endpoint``, named for its service."""
+        if not self.trace_endpoint:
+            return {}
+        return {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": self.trace_endpoint,
+            "OTEL_SERVICE_NAME": "worker" if name.startswith("worker") else name,
+        }
 
     async def add_worker(self, spec: WorkerSpec) -> str:
         """Start one more worker child on the running stack; returns its child name once
@@ -331,15 +344,15 @@ def start_jetfleet(
     extra_env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``python -m jetfleet ARGV`` on ``config`` alone (the caller's JETFLEET_*,
-    NATS_URL and REDIS_URL are dropped; ``extra_env`` is added), its output appended to
-    ``log_path``; it dies with its parent."""
+    NATS_URL and REDIS_URL are dropped; its OTEL_* pass, ``extra_env`` over them), its
+    output appended to ``log_path``; it dies with its parent."""
     env = {
         k: v
         for k, v in os.environ.items()
         if not k.startswith("JETFLEET_") and k not in ("NATS_URL", "REDIS_URL")
     }
-    env["JETFLEET_CONFIG"] = str(config)
     env.update(extra_env or {})
+    env["JETFLEET_CONFIG"] = str(config)
     with log_path.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "jetfleet", *argv],

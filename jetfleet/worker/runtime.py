@@ -27,8 +27,10 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.backoff import Backoff
 from jetfleet.errors import (
     Blocked,
@@ -77,6 +79,7 @@ from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
 from jetfleet.version_tuple import local_tuple, with_handler
 from jetfleet.work_lanes import LaneMap, WorkLane
+from jetfleet.worker import attempt_spans
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
@@ -310,6 +313,7 @@ class Worker:
             # connections.
             connector=aiohttp.TCPConnector(limit=concurrency * (len(self.lanes) + 1)),
             cookie_jar=self.cookies.jar,
+            trace_configs=[tracing.http_trace_config()],
         )
         self._robots = RobotsBook(
             self.settings,
@@ -542,6 +546,7 @@ class Worker:
         whose jobs keep coming back shows on ``/metrics``. On the job's last delivery
         the reason is noted for the dead letter the backstop will write."""
         self.hand_backs.inc(worker=self.worker_id, target=target, reason=reason)
+        tracing.note("handed-back", reason)
         if (msg.metadata.num_delivered or 0) >= self.settings.fleet.max_deliver:
             job_id = _job_id_of(msg)
             if job_id:
@@ -635,7 +640,10 @@ class Worker:
 
     async def _run_and_release(self, msg: Msg, lane: WorkLane, tier: str) -> None:
         try:
-            await self._process(msg, subjects.target_of(msg.subject))
+            with attempt_spans.delivery_span(
+                msg, self.worker_id, self.identity, self.version_tuple.id
+            ):
+                await self._process(msg, subjects.target_of(msg.subject))
         except Exception:
             # A bug or a connection lost mid-job: say so, and give the job back rather
             # than leave it to the ack wait (a lease still held makes the next delivery
@@ -658,6 +666,7 @@ class Worker:
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._keep_malformed(msg, target, str(exc))
             return
+        attempt_spans.order_read(order)
         if order.target != target:
             # Its lease would be the subject's target's and its report the body's: the
             # sink refuses that (rejected:not-granted) every time, so it would run on
@@ -733,6 +742,7 @@ class Worker:
         if held is None:
             return None
         attempt = held.attempt or msg.metadata.num_delivered
+        tracing.annotate({tracing.ATTEMPT: attempt, tracing.FENCE: held.fence})
         # Renewals run until just before the ack, nak or term: a report slowed by an
         # election must not outlive the lease, and no +WPI may follow a nak (it would
         # restart the ack wait and so override the nak's delay).
@@ -752,6 +762,7 @@ class Worker:
             if await self._give_back(order, held, refund=True):
                 await msg.nak()
             raise
+        attempt_spans.verdict_noted(verdict)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
         elif verdict.kind == "retryable":
@@ -1180,6 +1191,10 @@ class Worker:
         )
 
     async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
+        with attempt_spans.handler_span(order, attempt):
+            return attempt_spans.verdict_noted(await self._attempt_untraced(order, attempt, fn))
+
+    async def _attempt_untraced(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
         ctx = HandlerContext(
@@ -1455,7 +1470,8 @@ class Worker:
             # by its TTL: the job is gone from the queue, so releasing it would only cost
             # the leaser a round trip per job (a partitioned target's in-flight place was
             # freed by the sink).
-            await msg.ack()
+            with attempt_spans.settle_span(msg, "ack"):
+                await msg.ack()
         elif reply.status == "dead-lettered":
             await self._term(msg, verdict.reason)
         else:
@@ -1533,10 +1549,7 @@ class Worker:
                 )
                 return None
             try:
-                answer = await self.nc.request(
-                    subjects.sink_report(target), payload, timeout=SINK_TIMEOUT_S
-                )
-                reply = _reply_decoder.decode(answer.data)
+                reply = await self._ask_sink(target, payload)
                 if reply.status != "busy":
                     return reply
                 self.stats["sink-busy"] += 1
@@ -1553,6 +1566,17 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(held.lost.wait(), min(left_s, backoff.next_s(floor_s)))
         return None
+
+    async def _ask_sink(self, target: str, payload: bytes) -> SinkReply:
+        """One report sent to the sink, and its answer (a CLIENT span of its own)."""
+        subject = subjects.sink_report(target)
+        with tracing.span(f"send {subject}", SpanKind.CLIENT, None, _sent(subject)):
+            answer = await self.nc.request(
+                subject, payload, timeout=SINK_TIMEOUT_S, headers=tracing.inject()
+            )
+            reply = _reply_decoder.decode(answer.data)
+            tracing.note_reply(reply)
+            return reply
 
     def _versions(self, order: WorkOrder) -> Versions:
         try:
@@ -1651,7 +1675,9 @@ class Worker:
 
     async def _term(self, msg: Msg, reason: str) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
-        await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+        with attempt_spans.settle_span(msg, "term"):
+            tracing.note("terminated", reason)
+            await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
 
 
 async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
@@ -1660,6 +1686,10 @@ async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
     await msg.in_progress()
     if timer is not None:
         timer.restarted(sent_at)
+
+
+def _sent(subject: str) -> dict[str, AttributeValue] | None:
+    return tracing.messaging(subject, "send") if tracing.tracing_on() else None
 
 
 def _job_id_of(msg: Msg) -> str:

@@ -14,8 +14,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import FetchTimeoutError
+from opentelemetry.trace import SpanKind
 
-from jetfleet import subjects
+from jetfleet import subjects, tracing
 from jetfleet.admission import admit
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
@@ -77,6 +78,17 @@ class Scheduler:
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
+        # A sibling of the job's attempts: the work order carries the submit span's
+        # context on (``_passthrough``), not this one's.
+        with tracing.span(
+            f"process {msg.subject}",
+            SpanKind.CONSUMER,
+            tracing.extract(msg.headers),
+            tracing.messaging(msg.subject, "process"),
+        ):
+            await self._admit_traced(store, msg)
+
+    async def _admit_traced(self, store: LeaseStore, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         admitted = admit(
             msg.subject, msg.data, self.settings, submit_seq=seq, stored_at=msg.metadata.timestamp
@@ -97,10 +109,12 @@ class Scheduler:
                 headers=_passthrough(msg),
             )
             self.admissions.inc(target=target, verdict="rejected", reason=verdict.reason)
+            tracing.note("rejected", verdict.reason)
         elif verdict.claim.routed:
             # A redelivery of a submission routed before (its ack was lost): the work
             # order exists, or existed and was settled.
             log.info("submission %s was routed already; acking it", seq)
+            tracing.note("routed-already")
         else:
             await self._route(store, verdict, msg)
         await msg.ack()
@@ -108,6 +122,7 @@ class Scheduler:
     async def _route(self, store: LeaseStore, claimed: ClaimedOrder, msg: Msg) -> None:
         """Store the work order, then mark its claim routed."""
         order = claimed.order
+        tracing.annotate({tracing.JOB_ID: order.job.id, tracing.TARGET: order.target})
         # The job id as message id dedupes a re-admission inside the duplicate window;
         # the routed mark, one KV write, covers the time after it.
         ack = await publish_durably(
@@ -119,8 +134,9 @@ class Scheduler:
         )
         await store.mark_routed(order.job.id, claimed.claim, ack.seq)
         self.admissions.inc(target=order.target, verdict="admitted", reason="")
+        tracing.note("admitted")
 
 
 def _passthrough(msg: Msg) -> dict[str, str]:
     # Trace context rides from submit to ack (one job, one trace).
-    return {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
+    return tracing.trace_headers(msg.headers)

@@ -1,0 +1,182 @@
+"""One job is one trace: a dev stack's processes (each service and a worker, all child
+processes) and `jetfleet submit` export their spans over OTLP/HTTP to a receiver here;
+a job's spans share one trace id, link parent to child across processes, and a retried
+job's attempts are siblings under its submit span."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from jetfleet.dev.devstack import DevStack
+from jetfleet.dev.stack_env import read_env
+from tests.conftest import wait_for
+from tests.otlp_receiver import OtlpReceiver, ReceivedSpan
+
+SERVER, CLIENT, PRODUCER, CONSUMER = 2, 3, 4, 5  # opentelemetry.proto SpanKind values
+SPANS_TIMEOUT_S = 60.0
+
+
+class TracedStack:
+    def __init__(self, stack: DevStack, receiver: OtlpReceiver) -> None:
+        self.stack = stack
+        self.receiver = receiver
+
+    async def submit(self, path: str) -> str:
+        """``jetfleet submit demo PATH`` from another process; the job id."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JETFLEET_")}
+        env.update(read_env(self.stack.data_dir / "env"))
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.receiver.endpoint
+        proc = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "jetfleet", "submit", "demo", path, "--json"),
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await proc.communicate()
+        assert proc.returncode == 0, err.decode()
+        job_ids: list[str] = json.loads(out)["submitted"]
+        return job_ids[0]
+
+    def submit_span(self, job_id: str) -> ReceivedSpan | None:
+        return next(
+            (
+                s
+                for s in self.receiver.spans
+                if s.service == "jetfleet-cli" and s.attribute("jetfleet.job.id") == job_id
+            ),
+            None,
+        )
+
+    async def settled_trace(self, job_id: str) -> tuple[ReceivedSpan, list[ReceivedSpan]]:
+        """The job's submit span and its trace, once the sink's commit and the worker's
+        ack have been exported."""
+
+        async def settled() -> bool:
+            root = self.submit_span(job_id)
+            if root is None:
+                return False
+            names = {(s.service, s.name) for s in self.receiver.trace(root.trace_id)}
+            return ("sink", "commit") in names and ("worker", "ack jf.work.demo.normal") in names
+
+        await wait_for(settled, SPANS_TIMEOUT_S, f"job {job_id}'s commit and ack spans")
+        root = self.submit_span(job_id)
+        assert root is not None
+        return root, self.receiver.trace(root.trace_id)
+
+
+@pytest.fixture(scope="module")
+async def traced(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[TracedStack]:
+    receiver = OtlpReceiver()
+    await receiver.start()
+    with pytest.MonkeyPatch.context() as patch:
+        # The children inherit OTEL_*: export every 0.1 s rather than every 5 s.
+        patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"):
+            patch.delenv(name, raising=False)
+        stack = DevStack(
+            Path(tmp_path_factory.mktemp("traced")), workers=1, trace_endpoint=receiver.endpoint
+        )
+        await stack.start()
+        try:
+            yield TracedStack(stack, receiver)
+        finally:
+            await stack.stop()
+            await receiver.stop()
+
+
+def one(spans: list[ReceivedSpan], service: str, name: str) -> ReceivedSpan:
+    found = [s for s in spans if s.service == service and s.name == name]
+    assert len(found) == 1, (service, name, [(s.service, s.name) for s in spans])
+    return found[0]
+
+
+def children(spans: list[ReceivedSpan], parent: ReceivedSpan, name: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.parent_id == parent.span_id and s.name == name]
+
+
+async def test_one_job_is_one_trace_across_every_process(traced: TracedStack) -> None:
+    job_id = await traced.submit("/page/1")
+    root, spans = await traced.settled_trace(job_id)
+
+    services = {s.service for s in spans}
+    assert {"jetfleet-cli", "scheduler", "leaser", "ratelimit", "sink", "worker"} <= services
+    ids = {s.span_id for s in spans}
+    assert [s for s in spans if not s.parent_id] == [root]
+    assert all(s.parent_id in ids for s in spans if s is not root), "a parent outside the trace"
+    assert root.span.kind == PRODUCER and root.name == "send jf.submit.demo"
+    assert root.attribute("messaging.system") == "nats"
+
+    admission = one(spans, "scheduler", "process jf.submit.demo")
+    assert admission.parent_id == root.span_id and admission.span.kind == CONSUMER
+    assert admission.attribute("jetfleet.outcome") == "admitted"
+
+    delivery = one(spans, "worker", "process jf.work.demo.normal")
+    assert delivery.parent_id == root.span_id and delivery.span.kind == CONSUMER
+    assert delivery.attribute("jetfleet.job.id") == job_id
+    assert delivery.attribute("jetfleet.worker.id") == "w-0"
+    assert delivery.attribute("jetfleet.attempt") == 1
+    assert delivery.attribute("jetfleet.outcome") == "ok"
+    version_id = delivery.attribute("jetfleet.version_tuple.id")
+    assert isinstance(version_id, str) and version_id
+
+    grant = one(spans, "worker", "lease grant")
+    assert grant.parent_id == delivery.span_id and grant.span.kind == CLIENT
+    granted = one(spans, "leaser", "lease grant")
+    assert granted.parent_id == grant.span_id and granted.span.kind == SERVER
+    assert granted.attribute("jetfleet.outcome") == "granted"
+
+    permits = [s for s in spans if s.service == "ratelimit" and s.name == "permit"]
+    asked = {s.span_id for s in spans if s.service == "worker" and s.name == "permit"}
+    assert permits and all(p.parent_id in asked for p in permits)
+
+    handler = one(spans, "worker", "handler http.get")
+    assert handler.parent_id == delivery.span_id
+    page = [
+        s for s in children(spans, handler, "GET") if str(s.attribute("url.full")).endswith("/1")
+    ]
+    assert len(page) == 1 and page[0].span.kind == CLIENT
+    assert page[0].attribute("http.request.method") == "GET"
+    assert page[0].attribute("http.response.status_code") == 200
+
+    report = one(spans, "worker", "send jf.sink.report.demo")
+    assert report.parent_id == delivery.span_id
+    commit = one(spans, "sink", "commit")
+    assert commit.parent_id == report.span_id and commit.span.kind == SERVER
+    assert commit.attribute("jetfleet.outcome") == "committed"
+    assert commit.attribute("jetfleet.version_tuple.id") == version_id
+    assert commit.attribute("jetfleet.job.id") == job_id
+
+    ack = one(spans, "worker", "ack jf.work.demo.normal")
+    assert ack.parent_id == delivery.span_id
+    assert ack.attribute("messaging.operation.type") == "settle"
+
+
+async def test_a_retried_jobs_attempts_are_siblings_in_its_trace(traced: TracedStack) -> None:
+    job_id = await traced.submit("/error/1?times=1")  # a 500 once, then the page
+    root, spans = await traced.settled_trace(job_id)
+
+    handlers = [s for s in spans if s.name == "handler http.get"]
+    attempts = {h.parent_id for h in handlers}  # deliveries that ran (not handed back)
+    by_outcome = {
+        str(s.attribute("jetfleet.outcome")): s
+        for s in spans
+        if s.name == "process jf.work.demo.normal" and s.span_id in attempts
+    }
+    assert set(by_outcome) == {"retryable", "ok"}, [s.attribute("jetfleet.outcome") for s in spans]
+    failed, passed = by_outcome["retryable"], by_outcome["ok"]
+    assert failed.parent_id == passed.parent_id == root.span_id
+    assert failed.span_id != passed.span_id
+    assert failed.attribute("jetfleet.reason") == "http-500"
+    assert failed.span.status.code == 2  # STATUS_CODE_ERROR: a retry is not a success
+    assert failed.attribute("jetfleet.attempt") == 1 and passed.attribute("jetfleet.attempt") == 2
+    failed_handler = next(h for h in handlers if h.parent_id == failed.span_id)
+    assert not any(e.name == "exception" for e in failed_handler.span.events), (
+        "a signal, not a crash"
+    )
