@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from nats.js import JetStreamContext
 
@@ -34,6 +35,10 @@ from jetfleet.topology import declare
 POLL_S = 0.1
 KILL_WAIT_S = 30.0
 """How long the demo waits for the victim to hold leases whose requests are pending."""
+KILL_HOLDING = 3
+KILL_PREFER_S = 4.0
+"""How long the demo waits for the victim to hold ``KILL_HOLDING`` leases before it
+settles for fewer."""
 RETIREMENT_WAIT_S = 60.0
 SETTLE_S = 10.0
 """How long the demo waits, once every job has ended, for the last acks to land."""
@@ -67,10 +72,14 @@ class _Demo:
         self.skew: ClockSkew = clock_skew(demo_cast.SKEW)
         self.cast = demo_cast.cast(self.skew.env)
         self.events: list[str] = []
+        self.started = 0.0
         self.held_when_killed: list[str] = []
+        self.paths: dict[str, str] = {}
+        """Each submitted job's path, to match a lease to its request at the site."""
 
     def say(self, event: str) -> None:
-        self.events.append(event)
+        since = time.monotonic() - self.started if self.started else 0.0
+        self.events.append(f"+{since:.1f} s {event}")
 
     async def run(self) -> DemoReport:
         config = self.folder / "demo.toml"
@@ -111,8 +120,9 @@ class _Demo:
         settings = self.stack.settings
         # Time the fleet, not the workers' start-up: wait until every worker pulls.
         await _workers_pulling(js, self.cast, deadline=time.monotonic() + 60)
-        started = time.monotonic()
+        started = self.started = time.monotonic()
         for target, batch in demo_cast.by_target(self.jobs).items():
+            self.paths.update((job.id, urlsplit(job.url).path) for job in batch)
             await submit_jobs(js, settings, target, batch)
         self.say(f"{self.jobs} jobs submitted")
         scripts = [
@@ -146,28 +156,25 @@ class _Demo:
             await asyncio.sleep(POLL_S * 2)
 
     async def _kill_mid_job(self, js: JetStreamContext) -> None:
-        """SIGKILL the victim once it holds leases and every one of their requests is
-        still pending at the slow site (so the crash lands mid-job, before any answer
-        that the site would count as served)."""
+        """SIGKILL the victim once it holds leases mid-job (``_mid_job``), preferring
+        several at once; its leases then expire by the server's clock and others commit
+        the jobs."""
         store = await LeaseStore.open(js)
         site = self.sites["slow"]
         deadline = time.monotonic() + KILL_WAIT_S
         held: list[str] = []
+        first_chance = 0.0
         while time.monotonic() < deadline:
             held = [
                 x.record.job_id
                 for x in await store.all_live()
                 if x.record.worker == demo_cast.VICTIM
             ]
-            now = time.monotonic()
-            # Each with time left to run, so none is answered between the look and the kill.
-            pending = [
-                p
-                for p in site.pending()
-                if p.client == demo_cast.VICTIM and now - p.began < demo_cast.SLOW_LATENCY_S - 0.5
-            ]
-            if held and len(pending) >= len(held):
-                break
+            if held and _mid_job(held, self.paths, site):
+                first_chance = first_chance or time.monotonic()
+                # Several leases at once shows more; one will do after a while.
+                if len(held) >= KILL_HOLDING or time.monotonic() - first_chance > KILL_PREFER_S:
+                    break
             await asyncio.sleep(POLL_S)
         self.stack.kill(f"worker-{demo_cast.VICTIM}")
         self.held_when_killed = sorted(held)
@@ -207,6 +214,7 @@ class _Demo:
             held_when_killed=self.held_when_killed,
             skewed=skewed,
             workers=len(self.stack.children) - len(_service_children(self.stack.children)),
+            events=self.events,
             dashboard_url=self.stack.gateway_url + "/",
         )
 
@@ -226,6 +234,23 @@ async def _settled(js: JetStreamContext, settings: Settings, full: FleetStatus) 
 
 def _open(full: FleetStatus) -> int:
     return full.totals.queued + full.totals.leased + full.admitting
+
+
+def _mid_job(held: list[str], paths: Mapping[str, str], site: TargetSimulator) -> bool:
+    """Whether killing the victim now lands mid-job: at least one held job's request is
+    waiting at the site, and none has been answered yet (an answered one may be about to
+    commit; the site would have served it once, and would again for the next holder). A
+    held job neither pending nor served is waiting for its permit: nothing sent yet."""
+    now = time.monotonic()
+    # Requests with time left to run, so none is answered between the look and the kill.
+    waiting = {
+        p.path
+        for p in site.pending()
+        if p.client == demo_cast.VICTIM and now - p.began < demo_cast.SLOW_LATENCY_S - 0.5
+    }
+    served = site.served_by_path()
+    mine = [paths.get(job, "") for job in held]
+    return any(path in waiting for path in mine) and not any(path in served for path in mine)
 
 
 def _rounded(value: float | None) -> float | None:
@@ -315,3 +340,6 @@ def print_report(report: DemoReport) -> None:
     else:
         print(f"{skew.worker}'s clock skew {skew.via}")
     print(f"dashboard was at {report.dashboard_url}")
+    print()
+    for event in report.events:
+        print(event)

@@ -102,6 +102,10 @@ class DemoReport(msgspec.Struct):
     jobs_per_s: float
     workers: int
     dashboard_url: str
+    events: list[str]
+    """What the script did, and when (seconds from the first submission)."""
+    unfinished_by_target: dict[str, int]
+    """Of ``unfinished``, per target (queued + leased): where to look when it is not 0."""
 
 
 class Scripted(msgspec.Struct):
@@ -112,6 +116,7 @@ class Scripted(msgspec.Struct):
     skewed: SkewedWorker
     workers: int
     dashboard_url: str
+    events: list[str] = []
 
 
 async def build_report(
@@ -165,6 +170,10 @@ async def build_report(
         jobs_per_s=round(done / seconds, 1) if seconds > 0 else 0.0,
         workers=scripted.workers,
         dashboard_url=scripted.dashboard_url,
+        events=scripted.events,
+        unfinished_by_target={
+            name: t.queued + t.leased for name, t in status.targets.items() if t.queued + t.leased
+        },
     )
 
 
