@@ -1333,7 +1333,11 @@ class Worker:
         if left_s <= 0:
             return None
         try:
-            renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel that lands as the
+            # renewal is answered (CPython gh-86296), and this keeper, cancelled by
+            # _stop, went on renewing forever: the job never settled, its lease live.
+            async with asyncio.timeout(left_s):
+                renewed = await self.leases.renew(order.job.id, held.fence)
             if renewed:
                 await _keep_delivery(msg, held.timer)
         except Exception as exc:
