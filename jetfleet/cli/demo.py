@@ -33,6 +33,10 @@ from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
 
 POLL_S = 0.1
+WATCH_S = 0.5
+"""How often the fleet's status and the quarantine records are read. The sites run in
+this process: reading less often keeps its event loop free, so each arrival is stamped
+when it comes, not bunched after a long read (which would show bursts no sender made)."""
 KILL_WAIT_S = 30.0
 """How long the demo waits for the victim to hold leases whose requests are pending."""
 KILL_HOLDING = 3
@@ -153,7 +157,7 @@ class _Demo:
             if done >= self.jobs or time.monotonic() > deadline or self.stack.dead_children():
                 bar.close()
                 return full
-            await asyncio.sleep(POLL_S * 2)
+            await asyncio.sleep(WATCH_S)
 
     async def _kill_mid_job(self, js: JetStreamContext) -> None:
         """SIGKILL the victim once it holds leases mid-job (``_mid_job``), preferring
@@ -197,7 +201,7 @@ class _Demo:
                 await self.stack.add_worker(spec)
                 self.say(f"{spec.id} joined for {demo_cast.SHOP}")
                 return
-            await asyncio.sleep(POLL_S * 2)
+            await asyncio.sleep(WATCH_S)
         self.say(f"no retirement on {demo_cast.SHOP} within {RETIREMENT_WAIT_S:g} s")
 
     def _scripted(self) -> Scripted:
