@@ -1,23 +1,108 @@
-"""`jetfleet demo`, the README's main job, end to end in its own processes."""
+"""`jetfleet demo`, the showcase, end to end in its own processes as a user runs it."""
 
 from __future__ import annotations
 
 import json
+import os
+import pty
+import select
 import subprocess
 import sys
+import time
+
+from jetfleet.dev import demo_cast
+
+JOBS = 300
 
 
-def test_demo_commits_every_job_and_reports_nothing_lost() -> None:
+def test_demo_ends_with_nothing_lost_exactly_once_within_caps_and_every_fault_handled() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "jetfleet", "demo", "--jobs", "120", "--json"],
+        [sys.executable, "-m", "jetfleet", "demo", "--jobs", str(JOBS), "--json"],
         capture_output=True,
         text=True,
         timeout=180,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
-    summary = json.loads(out.stdout)
-    assert summary["submitted"] == 120
-    assert summary["committed"] == 120
-    assert (summary["dead"], summary["rejected"]) == (0, 0)
-    assert (summary["unfinished"], summary["lost"]) == (0, 0)
-    assert summary["jobs_per_s"] > 0
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    # Quiet with --json: no progress bar, not even on stderr.
+    assert "\r" not in out.stderr and "jobs [" not in out.stderr, out.stderr[-500:]
+
+    kinds = {k.name: n for k, n in demo_cast.counts(JOBS)}
+    dead_wanted = {
+        "selector-removed": kinds["removed-selector"],
+        "http-404": kinds["gone-page"],
+    }
+    assert report["submitted"] == JOBS
+    assert (report["lost"], report["unfinished"], report["rejected"]) == (0, 0, 0)
+    assert report["dead_by_reason"] == dead_wanted
+    assert report["dead"] == sum(dead_wanted.values())
+    assert report["committed"] == JOBS - report["dead"]
+
+    # Exactly once, by the sites' own counts of pages served.
+    assert report["over_apply_ratio"] == 1.0
+    assert report["side_effects"] == report["distinct_jobs"] == report["committed"]
+
+    # Every target saw no more in any 1 s than its cap.
+    rates = report["largest_1s_rate"]
+    assert set(rates) == {"demo", "slow", "storm", "shop"}
+    assert all(r["observed"] <= r["cap"] and r["within_cap"] for r in rates.values()), rates
+
+    # The streak retired one identity on one target, and nothing more.
+    assert [(q["scope"], q["name"], q["target"]) for q in report["quarantines"]] == [
+        ("identity", demo_cast.BLOCKED_IDENTITY, demo_cast.SHOP)
+    ]
+    assert report["second_order_retirements"] == 0
+
+    # The killed worker's jobs came back after lease expiry and were committed once.
+    killed = report["killed_worker"]
+    assert killed["worker"] == demo_cast.VICTIM
+    assert killed["jobs_held"], "the victim held no lease when it was killed"
+    assert killed["committed_once"] == len(killed["jobs_held"])
+
+    # The skewed worker really ran an hour ahead, and still committed work.
+    skewed = report["skewed_worker"]
+    assert skewed["applied"] and abs(skewed["measured_offset_s"] - demo_cast.SKEW_S) < 60
+    assert skewed["committed"] > 0
+
+    versions = report["version_success_rates"]
+    assert set(versions) == {"release=1.4", "release=1.5"}
+    assert all(0 < v["success_rate"] <= 1 and v["attempts"] > 0 for v in versions.values())
+    assert report["dashboard_url"].startswith("http://127.0.0.1:")
+
+
+def test_demo_shows_progress_on_a_terminal_and_none_in_a_pipe() -> None:
+    # stderr is a terminal (a pty), stdout a pipe: the bar goes to the terminal only.
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jetfleet", "demo", "--jobs", "40"],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        stdin=subprocess.DEVNULL,
+    )
+    os.close(follower)
+    terminal = b""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([leader], [], [], 1.0)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal: EIO on Linux
+            break
+        if not chunk:
+            break
+        terminal += chunk
+    assert proc.stdout is not None
+    stdout = proc.stdout.read().decode()
+    proc.stdout.close()
+    assert proc.wait(30) == 0, terminal.decode(errors="replace")[-2000:]
+    os.close(leader)
+    shown = terminal.decode(errors="replace")
+    assert "\rjobs [" in shown and "/40 committed" in shown, shown[-1000:]
+    assert "\r" not in stdout
+    assert "dashboard: http://127.0.0.1:" in stdout
+    assert "over-apply ratio 1.00" in stdout
+    assert "lost" in stdout and "quarantines: identity id-a on shop" in stdout

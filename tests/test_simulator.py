@@ -458,6 +458,8 @@ async def test_runtime_latency_change_delays_pages(
             "pages": 1_000_000,
             "robots_txt": ROBOTS_TXT,
             "robots_status": 200,
+            "storm_s": 0.0,
+            "storm_retry_after_s": 2,
         }
     async with session.post(f"{sim.base_url}/__sim/config", json={"latency_s": 0.15}) as resp:
         assert resp.status == 200

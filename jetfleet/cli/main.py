@@ -35,7 +35,7 @@ from jetfleet.settings import Settings, load_settings
 DESCRIPTION = """\
 Run a polite fleet of crawl and browser-automation workers from NATS JetStream.
 
-Start here:  jetfleet demo          (a whole local fleet, 200 jobs, a summary)
+Start here:  jetfleet demo          (the showcase: a local fleet, misbehaving sites, a report)
              jetfleet dev           (the same fleet, kept running; Ctrl-C stops it)
 Then, from another shell in the same folder:
              jetfleet submit demo /page/1 /page/2

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tomllib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,40 @@ log = logging.getLogger(__name__)
 STOP_TIMEOUT_S = 35.0
 
 
+@dataclass(frozen=True)
+class ScriptedTarget:
+    """A further target of the stack, played by a simulator of its own (so its requests
+    per second are counted apart from every other target's).
+
+    Attributes:
+        config: How the simulator behaves (latency, a 429 storm, ...).
+        table: The ``[targets.NAME]`` keys besides ``base_url`` (rate, burst, ...).
+    """
+
+    config: SimulatorConfig
+    table: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker child: its id, the identity it owns, its targets ("" for all) and
+    variables added to its environment (a version tuple field, a skewed clock)."""
+
+    id: str
+    identity: str = ""
+    targets: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def argv(self) -> list[str]:
+        """``jetfleet worker`` arguments for this worker."""
+        args = ["worker", "--id", self.id]
+        if self.identity:
+            args += ["--identity", self.identity]
+        if self.targets:
+            args += ["--targets", ",".join(self.targets)]
+        return args
+
+
 class DevStack:
     """One local fleet in ``data_dir``; ``async with DevStack(...)`` starts and stops it."""
 
@@ -49,6 +85,9 @@ class DevStack:
         user_config: Path | None = None,
         simulator_latency_s: float = 0.0,
         trace_endpoint: str = "",
+        scripted_targets: Mapping[str, ScriptedTarget] | None = None,
+        worker_specs: Sequence[WorkerSpec] = (),
+        demo_table: Mapping[str, Any] | None = None,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.trace_endpoint = trace_endpoint
@@ -69,6 +108,17 @@ class DevStack:
         """Each child's loopback URL that answers 200 once it has started."""
         self.gateway_port = 0
         self.settings: Settings | None = None
+        self.scripted = dict(scripted_targets or {})
+        """Targets beyond ``demo``, each on its own simulator (``simulators``)."""
+        self.simulators = {
+            name: TargetSimulator(target.config) for name, target in self.scripted.items()
+        }
+        self.worker_specs = tuple(worker_specs)
+        """Workers started beside the ``workers`` plain ones."""
+        self.demo_table = dict(demo_table or {})
+        """Keys of ``[targets.demo]`` that replace the defaults (rate, burst, ...)."""
+        self.killed: set[str] = set()
+        """Children ended on purpose by ``kill``: not counted as dead."""
 
     @property
     def config_path(self) -> Path:
@@ -102,6 +152,8 @@ class DevStack:
             await asyncio.to_thread(self.nats.start)
             await asyncio.to_thread(self.redis.start)
             await self.simulator.start()
+            for sim in self.simulators.values():
+                await sim.start()
             self.gateway_port = free_port()
             self._write_config()
             self.settings = load_settings(self.config_path, {})
@@ -110,6 +162,8 @@ class DevStack:
                 self._spawn(name, ["serve", name])
             for n in range(self.workers):
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"])
+            for spec in self.worker_specs:
+                self._spawn(f"worker-{spec.id}", spec.argv(), spec.env)
             await wait_answering(self.ready_urls, self.describe_dead_children)
             self._write_env()
         except BaseException:
@@ -143,7 +197,10 @@ class DevStack:
             "burst": 100,
             "max_in_flight": 64,
             "timeout_s": 10.0,
+            **self.demo_table,
         }
+        for name, scripted in self.scripted.items():
+            targets[name] = {"base_url": self.simulators[name].base_url + "/", **scripted.table}
         fleet = dict(user.get("fleet", {}))
         fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
         tables: dict[str, dict[str, Any]] = {
@@ -191,7 +248,7 @@ class DevStack:
         finally:
             await nc.close()
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
         if name == "gateway":
@@ -202,7 +259,7 @@ class DevStack:
             args = [*args, "--metrics-port", str(port)]
             self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
         self.children[name] = start_jetfleet(
-            args, self.config_path, logs / f"{name}.log", self._trace_env(name)
+            args, self.config_path, logs / f"{name}.log", {**self._trace_env(name), **(env or {})}
         )
 
     def _trace_env(self, name: str) -> dict[str, str]:
@@ -214,9 +271,33 @@ class DevStack:
             "OTEL_SERVICE_NAME": "worker" if name.startswith("worker") else name,
         }
 
+    async def add_worker(self, spec: WorkerSpec) -> str:
+        """Start one more worker child on the running stack; returns its child name once
+        it answers.
+
+        Raises:
+            StackError: it exited or did not answer.
+        """
+        name = f"worker-{spec.id}"
+        self._spawn(name, spec.argv(), spec.env)
+        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
+        return name
+
+    def kill(self, name: str) -> None:
+        """SIGKILL child ``name`` (a crash: no drain, no goodbye) and reap it."""
+        proc = self.children[name]
+        self.killed.add(name)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
     def dead_children(self) -> list[str]:
-        """Names of children that exited while the stack should be running."""
-        return [name for name, proc in self.children.items() if proc.poll() is not None]
+        """Names of children that exited while the stack should be running (those
+        ended by ``kill`` are not)."""
+        return [
+            name
+            for name, proc in self.children.items()
+            if proc.poll() is not None and name not in self.killed
+        ]
 
     def describe_dead_children(self, tail_chars: int = 1500) -> str:
         """Which children died, each with the end of its log."""
@@ -240,6 +321,8 @@ class DevStack:
         self.children.clear()
         self.ready_urls.clear()
         await self.simulator.stop()
+        for sim in self.simulators.values():
+            await sim.stop()
         await asyncio.to_thread(self.redis.stop)
         await asyncio.to_thread(self.nats.stop)
         for leftover in ("dev.pid", "env"):

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from jetfleet.simulator.config import SimulatorConfig
-from jetfleet.simulator.counters import Arrival, RequestCounters, Visit
+from jetfleet.simulator.counters import Arrival, Pending, RequestCounters, Visit
 from jetfleet.simulator.routes import TargetRoutes
 
 # How long stop() waits for cancelled handlers to unwind before tearing down anyway.
@@ -169,6 +169,17 @@ class TargetSimulator:
         header, else the user agent) and when it arrived and was answered, on the
         monotonic clock. Who was being served at the same moment is read from these."""
         return self._counters.visits()
+
+    def served_by_path(self) -> dict[str, int]:
+        """Returns 2xx pages answered per path (query left out) since the last reset:
+        the effect each job has on the site. A request whose client went away before
+        its answer (a worker killed mid-request) served nothing."""
+        return self._counters.served_by_path()
+
+    def pending(self) -> list[Pending]:
+        """Returns the counted requests being handled now, oldest first, each with who
+        sent it (``client_id``), when it arrived (monotonic) and its path."""
+        return self._counters.pending()
 
     def sessions_issued(self) -> list[str]:
         """Every session token ``/session/N`` has set as its cookie since the last reset,

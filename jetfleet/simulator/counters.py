@@ -37,6 +37,15 @@ class Visit(NamedTuple):
     path: str
 
 
+class Pending(NamedTuple):
+    """One counted request not answered yet: who sent it, when it arrived (monotonic
+    seconds) and its path."""
+
+    client: str
+    began: float
+    path: str
+
+
 def most_in_any_window(stamps: Iterable[float], seconds: float) -> int:
     """The most of ``stamps`` (seconds, one clock) in any half-open window
     ``[t, t + seconds)``: the same count for one simulator's arrivals or for several
@@ -87,6 +96,8 @@ class RequestCounters:
         self._windows: dict[int, int] = {}
         self._arrivals: deque[Arrival] = deque(maxlen=MAX_TIMESTAMPS)
         self._visits: deque[Visit] = deque(maxlen=MAX_TIMESTAMPS)
+        self._served: Counter[str] = Counter()
+        self._pending: dict[int, Pending] = {}
 
     def record(self, client_id: str, kind: str, user_agent: str = "", path: str = "") -> None:
         """Counts one request.
@@ -153,6 +164,7 @@ class RequestCounters:
         self._windows.clear()
         self._arrivals.clear()
         self._visits.clear()
+        self._served.clear()
 
     def requests_by_path(self) -> dict[str, int]:
         """Requests per path (query left out), for the first 100,000 distinct paths since
@@ -188,6 +200,31 @@ class RequestCounters:
         cannot make, such as a quiet spell after one path's answer, or caps over
         several simulators' arrivals merged."""
         return list(self._arrivals)
+
+    # --- pages served and requests pending (the demo's side-effect and kill checks) ---
+
+    def served(self, path: str) -> None:
+        """A counted request for ``path`` was answered with a 2xx page: the effect a
+        job has on the target, which must happen once per unit of work."""
+        if path in self._served or len(self._served) < MAX_PATHS:
+            self._served[path] += 1
+
+    def served_by_path(self) -> dict[str, int]:
+        """2xx pages answered per path (query left out) since the last reset; a request
+        whose client went away before its answer is not among them."""
+        return dict(self._served)
+
+    def opened(self, token: int, pending: Pending) -> None:
+        """A counted request is being handled until ``closed(token)``."""
+        self._pending[token] = pending
+
+    def closed(self, token: int) -> None:
+        """The request ``opened`` with ``token`` was answered or dropped."""
+        self._pending.pop(token, None)
+
+    def pending(self) -> list[Pending]:
+        """The counted requests being handled now, oldest first."""
+        return sorted(self._pending.values(), key=lambda p: p.began)
 
     def snapshot(self) -> dict[str, Any]:
         """Returns the counters as a JSON-ready dict.

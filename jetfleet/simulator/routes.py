@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from jetfleet.simulator.config import SimulatorConfig
-from jetfleet.simulator.counters import RequestCounters
+from jetfleet.simulator.counters import Pending, RequestCounters
 from jetfleet.simulator.pages import (
     SHOP_TRAPS,
     big_html,
@@ -186,6 +186,8 @@ class TargetRoutes:
         self.sessions_presented: list[tuple[str, str]] = []
         # Sessions the site has flagged: ``/session/N`` challenges a request bearing one.
         self.challenged_sessions: set[str] = set()
+        # When the scripted 429 storm (config.storm_s) began: at the first counted request.
+        self._storm_began: float | None = None
 
     @property
     def config(self) -> SimulatorConfig:
@@ -231,6 +233,7 @@ class TargetRoutes:
         self.sessions_issued.clear()
         self.sessions_presented.clear()
         self.challenged_sessions.clear()
+        self._storm_began = None
 
     def rate_limit_next(self, retry_after_s: int) -> None:
         """The next counted request, whatever its path, answers 429 with
@@ -293,6 +296,8 @@ class TargetRoutes:
         # Count on arrival, before any delay, so hung and slow requests show up at once.
         kind = request.match_info.route.name or OTHER_KIND
         retry_after, self._next_retry_after = self._next_retry_after, None
+        if retry_after is None and kind != "robots":
+            retry_after = self._storm_retry_after()
         if retry_after is not None:
             kind = RATELIMITED_KIND
         agent = request.headers.get("User-Agent", "")
@@ -301,6 +306,8 @@ class TargetRoutes:
         self._counters.record(client, kind, agent, request.path)
         self._counters.began(kind)
         task = asyncio.current_task()
+        token = id(task)
+        self._counters.opened(token, Pending(client, began, request.path))
         if task is not None:
             self._inflight.add(task)
         try:
@@ -310,12 +317,30 @@ class TargetRoutes:
                 limited = _html(error_html(429), status=429)
                 limited.headers["Retry-After"] = str(retry_after)
                 return limited
-            return await handler(request)
+            response = await handler(request)
+            if 200 <= response.status < 300:
+                self._counters.served(request.path)
+            return response
         finally:
+            self._counters.closed(token)
             self._counters.ended(kind)
             self._counters.visited(client, began, request.path)
             if task is not None:
                 self._inflight.discard(task)
+
+    # --- the scripted 429 storm (config.storm_s) ---------------------------------------
+
+    def _storm_retry_after(self) -> int | None:
+        """The storm's ``Retry-After`` while it lasts (None: no storm now). It begins at
+        the first counted request, so it meets the fleet whenever the fleet arrives."""
+        if self._config.storm_s <= 0:
+            return None
+        now = self._counters.now()
+        if self._storm_began is None:
+            self._storm_began = now
+        if now - self._storm_began < self._config.storm_s:
+            return self._config.storm_retry_after_s
+        return None
 
     async def _page(self, request: web.Request) -> web.Response:
         n = _page_number(request)

@@ -1403,7 +1403,11 @@ class Worker:
             return None
         asked_at = time.monotonic()
         try:
-            renewed = await asyncio.wait_for(self.leases.renew(order.job.id, held.fence), left_s)
+            # Not asyncio.wait_for: on Python 3.11 it drops a cancel that lands as the
+            # renewal is answered (CPython gh-86296), and this keeper, cancelled by
+            # _stop, went on renewing forever: the job never settled, its lease live.
+            async with asyncio.timeout(left_s):
+                renewed = await self.leases.renew(order.job.id, held.fence)
         except Exception as exc:  # no answer in the time left, among others
             log.warning("renewing the lease of job %s failed: %r", order.job.id, exc)
             renewed = None

@@ -1,0 +1,200 @@
+"""The showcase's cast: which targets misbehave how, which workers run, and the job mix.
+
+``jetfleet demo`` runs this plan on a ``DevStack``. Each target is its own simulator, so
+the site counts its own requests per second:
+
+- ``demo``: fast pages, a few whose selected element was removed (``/noselector``) and
+  a few that are gone (``/missing``): dead letters with their reasons.
+- ``slow``: every page takes ``SLOW_LATENCY_S``; the victim worker is killed while it
+  waits on some of them, so their leases expire and others commit them.
+- ``storm``: from its first request on, ``STORM_S`` seconds of 429 with Retry-After.
+- ``shop``: three pages challenge their first request; they all meet identity
+  ``id-a`` (the only shop worker then), and the quarantine service's default rule
+  (three refusals on one target) retires it on ``shop`` alone; a standby worker joins.
+
+The job mix is a list of ``JobKind`` so more kinds (``browser.page`` on the shop's
+item pages) can be added without touching the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from jetfleet.dev.devstack import ScriptedTarget, WorkerSpec
+from jetfleet.schemas import Job
+from jetfleet.simulator import SimulatorConfig
+
+SLOW_LATENCY_S = 2.0
+STORM_S = 5.0
+STORM_RETRY_AFTER_S = 2
+STREAK = 3
+"""Challenges that retire one identity on one target (the default quarantine rule)."""
+CONTENT_MARK = 'id="content"'
+"""What every demo page job extracts; ``/noselector`` pages lack it (selector-removed)."""
+
+LEASE_TTL_S = 4.0
+"""Short leases, so the killed worker's jobs come back within seconds, not minutes."""
+ACK_WAIT_S = 6.0
+
+BLOCKED_IDENTITY = "id-a"
+SHOP = "shop"
+VICTIM = "w-3"
+"""The worker SIGKILLed while it holds leases on ``slow``."""
+SKEWED = "w-2"
+"""The worker whose wall clock runs ``SKEW`` ahead (libfaketime)."""
+SKEW = "+1h"
+SKEW_S = 3600.0
+
+
+def demo_table() -> dict[str, object]:
+    """``[targets.demo]``: a cap low enough that the limiter, not the fleet, sets the pace."""
+    return {"rate": 40.0, "burst": 10, "max_in_flight": 32}
+
+
+def scripted_targets() -> dict[str, ScriptedTarget]:
+    """The misbehaving targets besides ``demo``, each on its own simulator."""
+    return {
+        "slow": ScriptedTarget(
+            SimulatorConfig(latency_s=SLOW_LATENCY_S),
+            {"rate": 10.0, "burst": 5, "max_in_flight": 24, "timeout_s": 10.0},
+        ),
+        "storm": ScriptedTarget(
+            SimulatorConfig(storm_s=STORM_S, storm_retry_after_s=STORM_RETRY_AFTER_S),
+            # Each 429 is an attempt: enough of them to outlast the storm.
+            {"rate": 20.0, "burst": 5, "max_in_flight": 16, "max_attempts": 10},
+        ),
+        SHOP: ScriptedTarget(
+            SimulatorConfig(),
+            {"rate": 10.0, "burst": 3, "max_in_flight": 8, "max_attempts": 5},
+        ),
+    }
+
+
+def fleet_table() -> dict[str, object]:
+    """``[fleet]`` for the demo: short leases and back-offs, so it ends in seconds."""
+    return {
+        "lease_ttl_s": LEASE_TTL_S,
+        "ack_wait_s": ACK_WAIT_S,
+        "retry_base_s": 0.2,
+        "retry_max_backoff_s": 1.0,
+        "hold_base_s": 0.5,
+    }
+
+
+def cast(skew_env: Mapping[str, str]) -> list[WorkerSpec]:
+    """The workers started with the stack (two version releases, so the report has a
+    success rate per version). ``skew_env`` is what skews ``SKEWED``'s clock ({} when
+    no way to skew it was found)."""
+
+    def release(name: str) -> dict[str, str]:
+        return {"JETFLEET_WORKER__VERSION_FIELDS": f"release={name}"}
+
+    return [
+        WorkerSpec("w-0", BLOCKED_IDENTITY, ("demo", "storm", SHOP), release("1.4")),
+        WorkerSpec("w-1", "id-b", ("demo", "storm", "slow"), release("1.4")),
+        WorkerSpec(SKEWED, "id-c", ("demo", "storm", "slow"), {**release("1.5"), **skew_env}),
+        WorkerSpec(VICTIM, "id-d", ("slow",), release("1.5")),
+    ]
+
+
+def standby() -> WorkerSpec:
+    """The worker that joins for ``shop`` once ``id-a`` is retired there."""
+    return WorkerSpec(
+        "w-4", "id-e", (SHOP, "demo"), {"JETFLEET_WORKER__VERSION_FIELDS": "release=1.5"}
+    )
+
+
+@dataclass(frozen=True)
+class JobKind:
+    """One kind of job in the mix.
+
+    Attributes:
+        name: What it shows, e.g. ``removed-selector``.
+        target: The target it is submitted to.
+        path: Its path, ``{n}`` the job's number within the kind.
+        share: Its part of ``--jobs``; ``fixed`` instead gives an exact count.
+        least: The fewest of it (so a small ``--jobs`` still shows it).
+        fixed: An exact count, whatever ``--jobs`` is (0: use ``share``).
+        args: The job's handler arguments.
+        handler: The handler that runs it.
+        ends: What it should end as (``committed`` or ``dead:<reason>``), for the docs
+            and the report's expectations.
+    """
+
+    name: str
+    target: str
+    path: str
+    share: float = 0.0
+    least: int = 1
+    fixed: int = 0
+    args: Mapping[str, str] = field(default_factory=dict)
+    handler: str = "http.get"
+    ends: str = "committed"
+
+
+EXTRACT = {"expect": CONTENT_MARK}
+
+MIX: tuple[JobKind, ...] = (
+    JobKind("challenge-streak", SHOP, "/challenge/{n}?times=1", fixed=STREAK),
+    JobKind("shop-page", SHOP, "/page/{n}", share=0.03, least=2),
+    JobKind("storm-page", "storm", "/page/{n}", share=0.10, least=3),
+    JobKind("slow-page", "slow", "/page/{n}", share=0.08, least=4),
+    JobKind(
+        "removed-selector",
+        "demo",
+        "/noselector/{n}",
+        share=0.02,
+        args=EXTRACT,
+        ends="dead:selector-removed",
+    ),
+    JobKind("gone-page", "demo", "/missing/{n}", share=0.01, ends="dead:http-404"),
+)
+"""Every kind but the plain demo pages, which take the rest of ``--jobs``."""
+
+PAGE = JobKind("page", "demo", "/page/{n}", args=EXTRACT)
+
+
+def counts(total: int, mix: Sequence[JobKind] = MIX) -> list[tuple[JobKind, int]]:
+    """How many of each kind ``total`` jobs hold; plain pages take what is left.
+
+    Raises:
+        ValueError: ``total`` is too small to hold one of every kind and a page.
+    """
+    wanted = [(k, k.fixed or max(k.least, int(total * k.share))) for k in mix]
+    rest = total - sum(n for _, n in wanted)
+    if rest < 1:
+        raise ValueError(f"--jobs must be at least {least_jobs(mix)} (one of every kind)")
+    return [*wanted, (PAGE, rest)]
+
+
+def least_jobs(mix: Sequence[JobKind] = MIX) -> int:
+    """The smallest ``--jobs`` that holds every kind."""
+    return sum(k.fixed or k.least for k in mix) + 1
+
+
+def jobs_of(kind: JobKind, count: int) -> list[Job]:
+    """``count`` jobs of ``kind``, with ids that say what they are."""
+    return [
+        Job(
+            id=f"{kind.name}-{n}",
+            url=kind.path.format(n=n),
+            handler=kind.handler,
+            args=dict(kind.args),
+        )
+        for n in range(count)
+    ]
+
+
+def by_target(total: int) -> dict[str, list[Job]]:
+    """The whole mix of ``total`` jobs, grouped by target, streak first."""
+    grouped: dict[str, list[Job]] = {}
+    for kind, count in counts(total):
+        grouped.setdefault(kind.target, []).extend(jobs_of(kind, count))
+    return grouped
+
+
+def every_target() -> tuple[str, ...]:
+    """The targets the demo submits to, ``demo`` first."""
+    return tuple(dict.fromkeys(itertools.chain(["demo"], (k.target for k in MIX))))
