@@ -65,5 +65,7 @@ class RatePacing:
             return not any(t in names for t in self._waiting.values())
 
         async with self._answered:
+            # asyncio.timeout, not wait_for, which on 3.11 can drop a cancel (gh-86296).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._answered.wait_for(settled), ANSWER_WAIT_S)
+                async with asyncio.timeout(ANSWER_WAIT_S):
+                    await self._answered.wait_for(settled)

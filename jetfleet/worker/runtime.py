@@ -1653,8 +1653,10 @@ class Worker:
                         type(exc).__name__,
                     )
                 floor_s = 0.0
+            # asyncio.timeout, not wait_for, which on 3.11 can drop a cancel (gh-86296).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(held.lost.wait(), min(left_s, backoff.next_s(floor_s)))
+                async with asyncio.timeout(min(left_s, backoff.next_s(floor_s))):
+                    await held.lost.wait()
         return None
 
     async def _ask_sink(self, target: str, payload: bytes) -> SinkReply:
