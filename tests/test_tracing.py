@@ -46,9 +46,9 @@ class TracedStack:
         assert proc.returncode == 0, err.decode()
         return out.decode()
 
-    async def submit(self, path: str, traced: bool = True) -> str:
-        """``jetfleet submit demo PATH`` from another process; the job id."""
-        out = await self.cli("submit", "demo", path, "--json", traced=traced)
+    async def submit(self, path: str, traced: bool = True, *more: str) -> str:
+        """``jetfleet submit demo PATH [MORE]`` from another process; the job id."""
+        out = await self.cli("submit", "demo", path, "--json", *more, traced=traced)
         job_ids: list[str] = json.loads(out)["submitted"]
         return job_ids[0]
 
@@ -92,6 +92,8 @@ async def traced(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Trac
     with pytest.MonkeyPatch.context() as patch:
         # The children inherit OTEL_*: export every 0.1 s rather than every 5 s.
         patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        # The worker drives Debian's Chromium too, for browser.page jobs' page visits.
+        patch.setenv("JETFLEET_WORKER__BROWSER__ENABLED", "true")
         for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"):
             patch.delenv(name, raising=False)
         stack = DevStack(
@@ -170,6 +172,26 @@ async def test_one_job_is_one_trace_across_every_process(traced: TracedStack) ->
     ack = one(spans, "worker", "ack jf.work.demo.normal")
     assert ack.parent_id == delivery.span_id
     assert ack.attribute("messaging.operation.type") == "settle"
+
+
+async def test_a_browser_jobs_page_visit_and_its_document_request_are_in_its_trace(
+    traced: TracedStack,
+) -> None:
+    page = '{"wait_for": "h1.title", "extract": {"price": {"selector": ".price"}}}'
+    job_id = await traced.submit("/shop/item/3", True, "--handler", "browser.page", "--page", page)
+    root, spans = await traced.settled_trace(job_id)
+
+    handler = one(spans, "worker", "handler browser.page")
+    visit = one(spans, "worker", "page visit")
+    assert visit.parent_id == handler.span_id and visit.span.kind == CLIENT
+    assert str(visit.attribute("url.full")).endswith("/shop/item/3")
+    # Sent from Playwright's route task, the document request still names the visit.
+    (document,) = children(spans, visit, "GET")
+    assert document.span.kind == CLIENT
+    assert str(document.attribute("url.full")).endswith("/shop/item/3")
+    assert document.attribute("http.response.status_code") == 200
+    commit = one(spans, "sink", "commit")
+    assert commit.attribute("jetfleet.outcome") == "committed"
 
 
 async def test_a_retried_jobs_attempts_are_siblings_in_its_trace(traced: TracedStack) -> None:

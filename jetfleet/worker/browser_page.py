@@ -25,10 +25,14 @@ from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from playwright.async_api import BrowserContext, ConsoleMessage, Page, Route
 from playwright.async_api import Error as PlaywrightError
 from playwright.async_api import TimeoutError as PlaywrightTimeout
 
+from jetfleet import tracing
 from jetfleet.admission import BROWSER_HANDLER
 from jetfleet.errors import Blocked, PermanentFailure, RetryLater
 from jetfleet.schemas import HandlerOutput
@@ -100,6 +104,9 @@ class _Visit:
     ctx: HandlerContext
     ends_at: float
     """When (monotonic) the handler's own timeouts end: within the attempt's budget."""
+    trace_parent: Context | None = None
+    """The page visit span's context: Playwright runs the route in a task of its own,
+    so each document request's span names its parent explicitly (None: tracing off)."""
     served: bool = False
     status: int = 0
     final_url: str = ""
@@ -158,9 +165,18 @@ class _Visit:
                 # Each hop is a request: robots.txt must allow it, and it takes a permit.
                 await ctx.another_request(url)
                 self._still_on()
-            response = await route.fetch(
-                url=url, headers=headers, max_redirects=0, timeout=_left_ms(self.ends_at)
-            )
+            with tracing.span(
+                "GET",
+                SpanKind.CLIENT,
+                self.trace_parent,
+                {"http.request.method": "GET", "url.full": url},
+            ) as hop_span:
+                response = await route.fetch(
+                    url=url, headers=headers, max_redirects=0, timeout=_left_ms(self.ends_at)
+                )
+                hop_span.set_attribute("http.response.status_code", response.status)
+                if response.status >= 400:
+                    hop_span.set_status(Status(StatusCode.ERROR, str(response.status)))
             location = response.headers.get("location")
             if response.status in _REDIRECT_STATUS and location:
                 url = redirect_to(url, location, ctx.target)
@@ -220,8 +236,17 @@ async def browser_page(ctx: HandlerContext) -> HandlerOutput:
         context = await ctx.browser.acquire(ctx.identity)
     except PlaywrightError as exc:
         raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
+    with tracing.span("page visit", SpanKind.CLIENT, attributes={"url.full": ctx.order.job.url}):
+        visit = _Visit(ctx, ends_at, otel_context.get_current() if tracing.tracing_on() else None)
+        return await _visit(ctx, context, spec, visit)
+
+
+async def _visit(
+    ctx: HandlerContext, context: BrowserContext, spec: PageSpec, visit: _Visit
+) -> HandlerOutput:
+    """One page visit in ``context`` (its browser context, acquired), released after."""
+    assert ctx.browser is not None
     page: Page | None = None
-    visit = _Visit(ctx, ends_at)
     try:
         try:
             page = await context.new_page()
