@@ -89,10 +89,14 @@ async def actors_doc(
     for identity, worker in owners:
         held_by.setdefault(worker, []).append(identity)
     owner_of = dict(owners)
-    workers = {row.name: _row_json(row, now_s) for row in series.rows("worker")}
+    # No server clock answer: the newest event's time stands in to bound the window.
+    window_end = series.newest_s if now_s is None else now_s
+    workers = {row.name: _row_json(row, now_s) for row in series.rows("worker", window_end)}
     for worker in held_by:
         workers.setdefault(worker, _row_json(Row(worker, 0, 0, 0, 0.0), None))
-    identities = {row.name: _row_json(row, now_s) for row in series.rows("identity")}
+    identities = {
+        row.name: _row_json(row, now_s) for row in series.rows("identity", window_end)
+    }
     for identity in owner_of:
         identities.setdefault(identity, _row_json(Row(identity, 0, 0, 0, 0.0), None))
     for name, doc in workers.items():
@@ -115,6 +119,7 @@ async def versions_doc(
     approved = {a.id for a in view.approved}
     incumbent = next((a.id for a in view.approved if a.incumbent), "")
     now = await clock.now()
+    window_end = series.newest_s if now is None else now.timestamp()
     return {
         "bucket_s": BUCKET_S,
         "now_s": None if now is None else now.timestamp(),
@@ -126,7 +131,7 @@ async def versions_doc(
                 "incumbent": tid == incumbent,
                 "points": [{"t": p.t, "ok": p.ok, "total": p.total} for p in points],
             }
-            for tid, points in series.series().items()
+            for tid, points in series.series(window_end).items()
         ],
     }
 
