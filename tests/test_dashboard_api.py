@@ -248,3 +248,56 @@ async def test_the_dashboard_reads_need_the_token_unless_reads_are_open(
     finally:
         await closed.drain(5.0)
         await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [
+        ({"Authorization": "Bearer not-the-token"}, ""),
+        ({"Authorization": f"Basic {TOKEN}"}, ""),
+        ({"Authorization": f"Bearer {TOKEN}x"}, ""),
+        ({}, f"?token={TOKEN}"),
+        ({}, f"?access_token={TOKEN}"),
+    ],
+)
+async def test_a_wrong_token_or_one_in_the_query_string_is_refused(
+    dash: DashboardStack, headers: dict[str, str], query: str
+) -> None:
+    for path in CONTROLS:
+        sent = {"Content-Type": "application/json", **headers}
+        async with dash.http.post(dash.gateway.url + path + query, data=b"{}", headers=sent) as r:
+            assert r.status == 401, (path, await r.text())
+    assert await pauses_in_force(dash.nc) == []
+    assert await dash.audit() == []
+
+
+async def test_a_tokenless_loopback_gateway_refuses_a_dns_rebinding_page(
+    dash: DashboardStack,
+) -> None:
+    # A page on evil.example whose name is rebound to 127.0.0.1 sends its own origin and
+    # its own name as Host: same-origin to the browser, and no token is asked for.
+    own = msgspec.structs.replace(dash.settings, gateway=GatewaySettings(port=0, token=""))
+    conn = await connect_nats(dash.settings.nats, "gateway-tokenless", role="gateway")
+    open_ = Gateway(settings_for_role(own, "gateway"), conn)
+    await open_.start()
+    try:
+        port = open_.url.rsplit(":", 1)[1]
+        rebound = {
+            "Host": f"evil.example:{port}",
+            "Origin": f"http://evil.example:{port}",
+            "Content-Type": "application/json",
+        }
+        async with dash.http.post(open_.url + "/v1/pause", data=b"{}", headers=rebound) as r:
+            assert r.status == 403, await r.text()
+            assert "loopback" in (await r.json())["error"]
+        async with dash.http.get(open_.url + "/v1/status", headers=rebound) as r:
+            assert r.status == 403, await r.text()
+        assert await pauses_in_force(dash.nc) == []
+        # Addressed by a loopback name (the page it serves itself), it still works.
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            loopback = {"Host": host, "Content-Type": "application/json"}
+            async with dash.http.get(open_.url + "/v1/status", headers=loopback) as r:
+                assert r.status == 200, host
+    finally:
+        await open_.drain(5.0)
+        await conn.close()

@@ -348,7 +348,7 @@ async def test_without_a_token_posts_need_a_loopback_listener(
 )
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
-    allowed = check_write(GatewaySettings(host=host), None) is None
+    allowed = check_write(GatewaySettings(host=host), None, "localhost:8080") is None
     assert allowed is loopback
 
 

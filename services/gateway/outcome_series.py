@@ -5,9 +5,9 @@ Every tally is kept in ``BUCKET_S`` buckets, only those of the last ``BUCKETS`` 
 time (15 minutes) by the server's clock, and at most ``MAX_KEYS`` keys per family (the
 least recently seen is dropped first), so the memory is bounded whatever the fleet sends.
 A key with no event in that window is dropped when read, so a gateway that has run for
-hours shows what one started a minute ago shows (it read the same 15 minutes). Times are the server's stored timestamps
-of the events (seconds), never the gateway's own clock, so every replica that read the
-same events draws the same chart. The tallies are a cache: a gateway that restarts reads
+hours shows what one started a minute ago shows (it read the same 15 minutes). Times are
+the server's stored timestamps of the events (seconds), never the gateway's own clock, so
+every replica that read the same events draws the same chart. The tallies are a cache: a gateway that restarts reads
 the last ``window_s`` of ``JF_OUTCOMES`` again (``outcome_tail.py``).
 """
 

@@ -229,7 +229,9 @@ class Gateway:
         )
 
     def _require_read(self, request: web.Request) -> None:
-        _raise_denial(check_read(self.settings.gateway, request.headers.get("Authorization")))
+        authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
+        denial = check_read(self.settings.gateway, authorization, host)
+        _raise_denial(denial)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._require_read(request)
@@ -273,7 +275,9 @@ class Gateway:
         return _json(await fleet_reads.dead_letters_doc(self.js, target, reason, int(text)))
 
     def _require_write(self, request: web.Request) -> None:
-        _raise_denial(check_write(self.settings.gateway, request.headers.get("Authorization")))
+        authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
+        denial = check_write(self.settings.gateway, authorization, host)
+        _raise_denial(denial)
 
     async def _pause(self, request: web.Request) -> web.Response:
         return await self._pause_or_resume(request, resume=False)
