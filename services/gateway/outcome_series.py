@@ -7,8 +7,9 @@ least recently seen is dropped first), so the memory is bounded whatever the fle
 A key with no event in that window is dropped when read, so a gateway that has run for
 hours shows what one started a minute ago shows (it read the same 15 minutes). Times are
 the server's stored timestamps of the events (seconds), never the gateway's own clock, so
-every replica that read the same events draws the same chart. The tallies are a cache: a gateway that restarts reads
-the last ``window_s`` of ``JF_OUTCOMES`` again (``outcome_tail.py``).
+every replica that read the same events draws the same chart. The tallies are a cache: a
+gateway that restarts reads the last ``window_s`` of ``JF_OUTCOMES`` again
+(``outcome_tail.py``).
 """
 
 from __future__ import annotations
