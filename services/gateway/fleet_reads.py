@@ -94,9 +94,7 @@ async def actors_doc(
     workers = {row.name: _row_json(row, now_s) for row in series.rows("worker", window_end)}
     for worker in held_by:
         workers.setdefault(worker, _row_json(Row(worker, 0, 0, 0, 0.0), None))
-    identities = {
-        row.name: _row_json(row, now_s) for row in series.rows("identity", window_end)
-    }
+    identities = {row.name: _row_json(row, now_s) for row in series.rows("identity", window_end)}
     for identity in owner_of:
         identities.setdefault(identity, _row_json(Row(identity, 0, 0, 0, 0.0), None))
     for name, doc in workers.items():
