@@ -8,7 +8,8 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
-from jetfleet.services.gateway import Gateway
+from jetfleet.schemas import DeadLetter, Job, WorkOrder
+from jetfleet.services.gateway import Gateway, fleet_reads
 from jetfleet.services.gateway.access import check_write
 from nats.aio.client import Client as NatsClient
 
@@ -301,3 +302,30 @@ async def test_a_tokenless_loopback_gateway_refuses_a_dns_rebinding_page(
     finally:
         await open_.drain(5.0)
         await conn.close()
+
+
+async def test_the_dead_letter_read_looks_at_the_newest_letters_only(
+    dash: DashboardStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each poll of each open tab reads it: its cost must not grow with the letters kept.
+    monkeypatch.setattr(fleet_reads, "SCAN_LETTERS", 20)
+    order = WorkOrder(
+        job=Job(id="j", url="/page/1"), target="demo", key="k", max_attempts=1, timeout_s=5.0
+    )
+    for n in range(1, 31):
+        letter = DeadLetter(
+            order=msgspec.structs.replace(order, job=Job(id=f"j{n}", url="/page/1")),
+            reason="http-404" if n % 2 else "blocked:challenged",
+            history=[],
+        )
+        await dash.js.publish(subjects.dead_letter("demo", f"j{n}"), msgspec.json.encode(letter))
+    status, doc = await dash.get("/v1/dead-letters?limit=5")
+    assert status == 200, doc
+    assert doc["total"] == 30
+    assert doc["scanned"] == 20 and doc["complete"] is False
+    assert doc["matched"] == 20
+    assert [letter["job"] for letter in doc["letters"]] == [f"j{n}" for n in range(30, 25, -1)]
+    _, blocked = await dash.get("/v1/dead-letters?reason=blocked&limit=500")
+    assert [letter["job"] for letter in blocked["letters"]] == [f"j{n}" for n in range(30, 10, -2)]
+    # The dashboard never shows a letter's idempotency key: it is not sent.
+    assert all("key" not in letter for letter in doc["letters"])

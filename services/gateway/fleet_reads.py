@@ -17,11 +17,13 @@ from jetfleet.services.gateway.outcome_series import (
     Row,
 )
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from jetfleet import subjects
 from jetfleet.cli.dlq_commands import entry_json
 from jetfleet.identity_presence import IdentityPresence
 from jetfleet.ops.breaker_status import open_breakers
-from jetfleet.ops.dead_letters import dead_letter_total, list_dead_letters
+from jetfleet.ops.dead_letters import DeadLetterEntry, dead_letter_total, list_dead_letters
 from jetfleet.ops.target_view import target_listing
 from jetfleet.ops.version_view import version_view
 from jetfleet.region_presence import regions_present
@@ -30,6 +32,9 @@ from jetfleet.settings import Settings
 
 MAX_LETTERS = 500
 """The most dead letters one answer lists (the newest); ``total`` counts them all."""
+SCAN_LETTERS = 2000
+"""The newest ``JF_DLQ`` messages one answer looks at (``scanned``; ``complete`` says
+whether that was every letter kept)."""
 DEFAULT_LETTERS = 100
 
 
@@ -137,13 +142,32 @@ async def versions_doc(
 async def dead_letters_doc(
     js: JetStreamContext, target: str | None, reason: str | None, limit: int
 ) -> dict[str, Any]:
-    """The newest ``limit`` dead letters (of ``target``, with ``reason``), newest first,
-    and how many there are in all."""
-    entries = await list_dead_letters(js, target, reason)
-    total = await dead_letter_total(js, target)
+    """The newest ``limit`` dead letters (of ``target``, with ``reason``) among the
+    newest ``SCAN_LETTERS`` messages of ``JF_DLQ``, newest first, and how many there are
+    in all.
+
+    Every open dashboard asks for this every poll, so it reads a bounded tail of the
+    stream, never every letter kept (``jetfleet dlq list`` does that)."""
+    try:
+        state = (await js.stream_info(subjects.STREAM_DLQ)).state
+    except NotFoundError:
+        return {"total": 0, "matched": 0, "scanned": 0, "complete": True, "letters": []}
+    from_seq = max(state.first_seq, state.last_seq - SCAN_LETTERS + 1, 1)
+    entries = await list_dead_letters(js, target, reason, from_seq=from_seq)
+    total = state.messages if target is None else await dead_letter_total(js, target)
     newest = entries[::-1][:limit]
     return {
         "total": total,
         "matched": len(entries),
-        "letters": [entry_json(e) for e in newest],
+        "scanned": state.last_seq - from_seq + 1 if state.messages else 0,
+        "complete": from_seq <= state.first_seq,
+        "letters": [_letter_json(e) for e in newest],
     }
+
+
+def _letter_json(entry: DeadLetterEntry) -> dict[str, Any]:
+    # The dashboard shows no URL and no idempotency key: left out, they cannot leak
+    # through an open read (a URL may carry a credential in its query string).
+    doc = entry_json(entry)
+    del doc["key"], doc["url"]
+    return doc
