@@ -4,11 +4,13 @@ what the CLI does (recorded in the audit log as the dashboard)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import msgspec
 import pytest
 from jetfleet.schemas import DeadLetter, Job, WorkOrder
+from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
 from jetfleet.services.gateway import Gateway, fleet_reads
 from jetfleet.services.gateway.access import check_write
 from nats.aio.client import Client as NatsClient
@@ -329,3 +331,36 @@ async def test_the_dead_letter_read_looks_at_the_newest_letters_only(
     assert [letter["job"] for letter in blocked["letters"]] == [f"j{n}" for n in range(30, 10, -2)]
     # The dashboard never shows a letter's idempotency key: it is not sent.
     assert all("key" not in letter for letter in doc["letters"])
+
+
+@pytest.mark.expects_refusals
+async def test_the_gateways_credentials_answer_proposals_and_set_no_quarantine(
+    dash: DashboardStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The leaser cannot tell who sent a command, so the gateway's NATS role is what keeps
+    # a stolen gateway credential from quarantining (or releasing) anything.
+    caplog.set_level(logging.ERROR, logger="jetfleet.connection")
+    forged = QuarantineSet(
+        record=QuarantineRecord(scope="worker", name=WORKER, target="demo"), by="alice"
+    )
+    rogue = await connect_nats(dash.settings.nats, "gateway-rogue", role="gateway")
+    try:
+        with pytest.raises(Exception):  # the server refuses the publish: no answer comes
+            await rogue.request(subjects.QUARANTINE, msgspec.json.encode(forged), timeout=2.0)
+
+        async def refused() -> bool:
+            return any(
+                "role gateway" in r.getMessage() and subjects.QUARANTINE in r.getMessage()
+                for r in caplog.records
+            )
+
+        await wait_for(refused, 5, "the server to refuse the gateway's jf.quarantine")
+        # Its own subject takes proposal answers only.
+        reply = await rogue.request(
+            subjects.QUARANTINE_ANSWER, msgspec.json.encode(forged), timeout=10.0
+        )
+        answer = msgspec.json.decode(reply.data, type=QuarantineReply)
+        assert not answer.ok and "malformed" in answer.detail, answer
+    finally:
+        await rogue.close()
+    assert (await fleet_status(dash.js, dash.settings)).quarantines == []

@@ -262,17 +262,20 @@ async def send(settings: Settings, command: QuarantineCommand) -> QuarantineRepl
         await nc.close()
 
 
-async def ask_quarantine(nc: NatsClient, command: QuarantineCommand) -> QuarantineReply:
-    """Send one quarantine command to the leaser over ``nc`` (the CLI's or the gateway's).
+async def ask_quarantine(
+    nc: NatsClient, command: QuarantineCommand, subject: str = subjects.QUARANTINE
+) -> QuarantineReply:
+    """Send one quarantine command to the leaser over ``nc`` (the CLI's or the gateway's),
+    on ``subject`` (the gateway answers proposals on ``subjects.QUARANTINE_ANSWER``).
 
     Raises:
         JetfleetError: no leaser answered.
     """
     try:
-        answer = await nc.request(subjects.QUARANTINE, msgspec.json.encode(command), timeout=10.0)
+        answer = await nc.request(subject, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:
         raise JetfleetError(
-            f"no leaser answered on {subjects.QUARANTINE}: {exc}; is "
+            f"no leaser answered on {subject}: {exc}; is "
             "`jetfleet serve leaser` running?"
         ) from exc
     return _decoder.decode(answer.data)

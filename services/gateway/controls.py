@@ -21,6 +21,7 @@ from jetfleet.schemas.control import PauseMode, PauseScope
 from jetfleet.services.gateway.refusal import Refused
 from nats.aio.client import Client as NatsClient
 
+from jetfleet import subjects
 from jetfleet.cli.dlq_commands import replay_recorded
 from jetfleet.cli.pause_commands import ask_pause, command_of
 from jetfleet.cli.quarantine_commands import _command as quarantine_command
@@ -147,7 +148,8 @@ async def answer_proposal(
         command = quarantine_command(args, settings)
     except JetfleetError as exc:
         raise _refused(exc) from None
-    reply = await _asked(lambda: ask_quarantine(nc, command))
+    # The gateway may send proposal answers only (jetfleet/auth/roles.py), on their subject.
+    reply = await _asked(lambda: ask_quarantine(nc, command, subjects.QUARANTINE_ANSWER))
     return _answer(reply.ok, reply.detail, reply.retry_after_s, msgspec.to_builtins(reply))
 
 
