@@ -275,7 +275,6 @@ async def ask_quarantine(
         answer = await nc.request(subject, msgspec.json.encode(command), timeout=10.0)
     except Exception as exc:
         raise JetfleetError(
-            f"no leaser answered on {subject}: {exc}; is "
-            "`jetfleet serve leaser` running?"
+            f"no leaser answered on {subject}: {exc}; is `jetfleet serve leaser` running?"
         ) from exc
     return _decoder.decode(answer.data)
