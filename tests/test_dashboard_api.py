@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import msgspec
 import pytest
 from jetfleet.schemas import DeadLetter, Job, WorkOrder
@@ -365,3 +366,33 @@ async def test_the_gateways_credentials_answer_proposals_and_set_no_quarantine(
     finally:
         await rogue.close()
     assert (await fleet_status(dash.js, dash.settings)).quarantines == []
+
+
+async def test_a_leaser_that_never_answers_is_a_503_naming_it_within_the_request_timeout(
+    settings: Settings, nc: NatsClient
+) -> None:
+    # No leaser but one that takes the requests and never answers (hung, partitioned).
+    silent = [
+        await nc.subscribe(s, queue=subjects.QUEUE_LEASER)
+        for s in (subjects.PAUSE, subjects.QUARANTINE_ANSWER)
+    ]
+    own = msgspec.structs.replace(
+        settings, gateway=GatewaySettings(port=0, token=TOKEN, request_timeout_s=3.0)
+    )
+    conn = await connect_nats(settings.nats, "gateway-hung-leaser", role="gateway")
+    gateway = Gateway(settings_for_role(own, "gateway"), conn)
+    await gateway.start()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/v1/pause", "/v1/proposals/0123456789abcdef/approve"):
+                async with http.post(gateway.url + path, data=b"{}", headers=headers) as r:
+                    answer = await r.json()
+                    assert r.status == 503, (path, answer)
+                    assert "no leaser answered" in answer["error"], answer
+                    assert r.headers["Retry-After"] == "1"
+    finally:
+        await gateway.drain(5.0)
+        await conn.close()
+        for sub in silent:
+            await sub.unsubscribe()

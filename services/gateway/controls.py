@@ -108,7 +108,16 @@ def _refused(exc: JetfleetError) -> Refused:
     return Refused(400, str(exc))
 
 
-async def pause(nc: NatsClient, body: PauseBody, resume: bool) -> dict[str, Any]:
+def leaser_wait_s(settings: Settings) -> float:
+    """How long a control action waits for the leaser: half the request's own budget
+    (``gateway.request_timeout_s``), at most 10 s as the CLI waits, so a leaser that never
+    answers is a 503 that names it, never the request's bare 504."""
+    return min(10.0, settings.gateway.request_timeout_s / 2)
+
+
+async def pause(
+    nc: NatsClient, settings: Settings, body: PauseBody, resume: bool
+) -> dict[str, Any]:
     """Pause (or resume) the scope ``body`` names through the leaser.
 
     Raises:
@@ -127,7 +136,7 @@ async def pause(nc: NatsClient, body: PauseBody, resume: bool) -> dict[str, Any]
         command = command_of(args)
     except JetfleetError as exc:
         raise _refused(exc) from None
-    reply = await _asked(lambda: ask_pause(nc, command))
+    reply = await _asked(lambda: ask_pause(nc, command, leaser_wait_s(settings)))
     return _answer(reply.ok, reply.detail, reply.retry_after_s, msgspec.to_builtins(reply))
 
 
@@ -149,7 +158,8 @@ async def answer_proposal(
     except JetfleetError as exc:
         raise _refused(exc) from None
     # The gateway may send proposal answers only (jetfleet/auth/roles.py), on their subject.
-    reply = await _asked(lambda: ask_quarantine(nc, command, subjects.QUARANTINE_ANSWER))
+    wait_s = leaser_wait_s(settings)
+    reply = await _asked(lambda: ask_quarantine(nc, command, subjects.QUARANTINE_ANSWER, wait_s))
     return _answer(reply.ok, reply.detail, reply.retry_after_s, msgspec.to_builtins(reply))
 
 

@@ -293,7 +293,7 @@ class Gateway:
     async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
         self._require_control(request)
         body = controls.decode_body(await self._read_body(request), controls.PauseBody)
-        return _json(await controls.pause(self.nc, body, resume))
+        return _json(await controls.pause(self.nc, self.settings, body, resume))
 
     async def _proposal(self, request: web.Request) -> web.Response:
         self._require_control(request)
