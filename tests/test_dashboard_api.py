@@ -4,6 +4,7 @@ what the CLI does (recorded in the audit log as the dashboard)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 
@@ -224,8 +225,12 @@ async def test_the_regions_a_running_worker_announces_are_listed(dash: Dashboard
     # As a worker of region eu-west announces it (scripted: its writer, not its loop).
     writer = DirectPresenceWriter(dash.js)
     await writer.put(subjects.BUCKET_WORKERS, region_key("eu-west"), b"eu-west", ttl_s=60)
-    _, after = await dash.get("/v1/workers")
-    assert after["regions"] == ["eu-west"]
+
+    async def listed() -> bool:  # once the shared answer (shared_reads.FRESH_S) is stale
+        _, after = await dash.get("/v1/workers")
+        return bool(after["regions"] == ["eu-west"])
+
+    await wait_for(listed, 10, "the region to be listed")
 
 
 READS = ["/v1/targets", "/v1/workers", "/v1/versions/series", "/v1/dead-letters"]
@@ -396,3 +401,24 @@ async def test_a_leaser_that_never_answers_is_a_503_naming_it_within_the_request
         await conn.close()
         for sub in silent:
             await sub.unsubscribe()
+
+
+async def test_tabs_polling_at_once_share_one_computed_answer_per_read(
+    dash: DashboardStack,
+) -> None:
+    await dash.known_run()
+    tabs = 10
+    for path in READS:
+        before = dash.gateway.shared.computed
+        answers = await asyncio.gather(*(dash.get(path) for _ in range(tabs)))
+        assert all(status == 200 for status, _ in answers), path
+        assert len({msgspec.json.encode(doc) for _, doc in answers}) == 1, path
+        assert dash.gateway.shared.computed - before == 1, path
+    # A tab polling again after FRESH_S gets a newly computed answer.
+    first = dash.gateway.shared.computed
+
+    async def recomputed() -> bool:
+        await dash.get("/v1/targets")
+        return dash.gateway.shared.computed > first
+
+    await wait_for(recomputed, 10, "a fresh answer after FRESH_S")

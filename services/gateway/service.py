@@ -28,6 +28,7 @@ from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TY
 from jetfleet.services.gateway.metrics import FleetGauges, queue_depths
 from jetfleet.services.gateway.outcome_tail import OutcomeTail
 from jetfleet.services.gateway.refusal import Refused as _Refused
+from jetfleet.services.gateway.shared_reads import SharedReads
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -74,6 +75,8 @@ class Gateway:
         # The dashboard's outcome tallies: a cache of JF_OUTCOMES, read again at start.
         self.clock = ServerClock(nc)
         self.outcomes = OutcomeTail(self.js, self.clock)
+        # Every open tab polls the dashboard's reads: one answer serves them all a while.
+        self.shared = SharedReads()
 
     @property
     def url(self) -> str:
@@ -252,15 +255,30 @@ class Gateway:
     async def _targets(self, request: web.Request) -> web.Response:
         self._require_read(request)
         series = self.outcomes.series
-        return _json(await fleet_reads.targets_doc(self.js, self.settings, series, self.clock))
+        return _json(
+            await self.shared.get(
+                "targets",
+                lambda: fleet_reads.targets_doc(self.js, self.settings, series, self.clock),
+            )
+        )
 
     async def _workers(self, request: web.Request) -> web.Response:
         self._require_read(request)
-        return _json(await fleet_reads.actors_doc(self.js, self.outcomes.series, self.clock))
+        series = self.outcomes.series
+        return _json(
+            await self.shared.get(
+                "workers", lambda: fleet_reads.actors_doc(self.js, series, self.clock)
+            )
+        )
 
     async def _versions(self, request: web.Request) -> web.Response:
         self._require_read(request)
-        return _json(await fleet_reads.versions_doc(self.js, self.outcomes.series, self.clock))
+        series = self.outcomes.series
+        return _json(
+            await self.shared.get(
+                "versions", lambda: fleet_reads.versions_doc(self.js, series, self.clock)
+            )
+        )
 
     async def _dead_letters(self, request: web.Request) -> web.Response:
         self._require_read(request)
@@ -272,7 +290,12 @@ class Gateway:
         if not text.isdigit() or not 1 <= int(text) <= fleet_reads.MAX_LETTERS:
             raise _Refused(400, f"limit {text!r}: give 1 to {fleet_reads.MAX_LETTERS}")
         reason = query.get("reason") or None
-        return _json(await fleet_reads.dead_letters_doc(self.js, target, reason, int(text)))
+        key = msgspec.json.encode(["dead-letters", target, reason, int(text)]).decode()
+        return _json(
+            await self.shared.get(
+                key, lambda: fleet_reads.dead_letters_doc(self.js, target, reason, int(text))
+            )
+        )
 
     def _require_write(self, request: web.Request) -> None:
         authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
