@@ -106,6 +106,12 @@ async def test_the_chart_draws_a_line_through_a_versions_buckets(
     dash: DashboardStack, page: Page
 ) -> None:
     await dash.known_run()
+
+    async def counted() -> bool:  # by the tail, and past the answer the page shares
+        _, doc = await dash.get("/v1/versions/series")
+        return sum(p["total"] for v in doc["versions"] for p in v["points"]) == OK_JOBS + DEAD_JOBS
+
+    await wait_for(counted, 20, "the run's outcomes in the series")
     _, series = await dash.get("/v1/versions/series")
     earlier = series["versions"][0]["points"]  # one bucket, or two if the run straddled
     last = max(p["t"] for p in earlier)
