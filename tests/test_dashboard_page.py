@@ -57,8 +57,10 @@ async def page(dash: DashboardStack) -> AsyncIterator[Page]:
 
 
 def test_the_page_never_parses_fleet_data_as_html() -> None:
-    assert "innerHTML" not in DASHBOARD_HTML and "insertAdjacentHTML" not in DASHBOARD_HTML
-    assert "document.write" not in DASHBOARD_HTML
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in DASHBOARD_HTML, sink
+    # No link built from fleet data: the page's only hrefs are its two static ones.
+    assert ".href" not in DASHBOARD_HTML and '"href"' not in DASHBOARD_HTML
     assert "src=" not in DASHBOARD_HTML and "<link" not in DASHBOARD_HTML
 
 
