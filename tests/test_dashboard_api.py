@@ -422,3 +422,17 @@ async def test_tabs_polling_at_once_share_one_computed_answer_per_read(
         return dash.gateway.shared.computed > first
 
     await wait_for(recomputed, 10, "a fresh answer after FRESH_S")
+
+
+async def test_open_reads_are_open_only_to_a_loopback_name(dash: DashboardStack) -> None:
+    # `jetfleet dev` keeps reads open on its loopback gateway: a DNS-rebinding page must
+    # not read the fleet through it, while a proxy that sends the token still can.
+    port = dash.gateway.url.rsplit(":", 1)[1]
+    rebound = {"Host": f"evil.example:{port}"}
+    for path in ["/v1/status", *READS]:
+        async with dash.http.get(dash.gateway.url + path, headers=rebound) as r:
+            assert r.status == 401, path
+        async with dash.http.get(dash.gateway.url + path, headers={**rebound, **AUTH}) as r:
+            assert r.status == 200, path
+        async with dash.http.get(dash.gateway.url + path) as r:
+            assert r.status == 200, path

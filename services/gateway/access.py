@@ -7,9 +7,10 @@ need the token too once one is set, unless ``gateway.open_reads``; ``/healthz`` 
 dashboard page (static, no data) are always open.
 
 A tokenless loopback gateway answers reads and writes only to requests addressed to it by
-a loopback name (``Host`` ``localhost``, ``127.0.0.1``, ``[::1]``): a web page whose own
-name an attacker rebinds to 127.0.0.1 (DNS rebinding) is same-origin to the browser, so
-only its ``Host`` header gives it away.
+a loopback name (``Host`` ``localhost``, ``127.0.0.1``, ``[::1]``), and a loopback
+gateway's open reads are open only to those: a web page whose own name an attacker
+rebinds to 127.0.0.1 (DNS rebinding) is same-origin to the browser, so only its ``Host``
+header gives it away.
 """
 
 from __future__ import annotations
@@ -75,11 +76,15 @@ def check_read(
 
     Returns:
         None when allowed, else the denial to answer with (401, or 403 for a
-        tokenless loopback gateway addressed by another name).
+        tokenless loopback gateway addressed by another name). With ``open_reads`` on a
+        loopback gateway, a request addressed by another name needs the token (401).
     """
+    loopback = is_loopback(gateway.host)
     if not gateway.token:
-        return _check_loopback_host(host_header) if is_loopback(gateway.host) else None
-    if gateway.open_reads:
+        return _check_loopback_host(host_header) if loopback else None
+    # Open reads on a loopback gateway are open to requests addressed by a loopback name
+    # only; any other (a rebound page, a proxy) is asked for the token.
+    if gateway.open_reads and (not loopback or _check_loopback_host(host_header) is None):
         return None
     return _check_token(gateway.token, authorization)
 
