@@ -111,7 +111,8 @@ async def test_the_chart_draws_a_line_through_a_versions_buckets(
 
     async def counted() -> bool:  # by the tail, and past the answer the page shares
         _, doc = await dash.get("/v1/versions/series")
-        return sum(p["total"] for v in doc["versions"] for p in v["points"]) == OK_JOBS + DEAD_JOBS
+        total: int = sum(p["total"] for v in doc["versions"] for p in v["points"])
+        return total == OK_JOBS + DEAD_JOBS
 
     await wait_for(counted, 20, "the run's outcomes in the series")
     _, series = await dash.get("/v1/versions/series")
