@@ -18,6 +18,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from jetfleet.settings import GatewaySettings
 
@@ -98,6 +99,28 @@ def _check_token(token: str, authorization: str | None) -> Denial | None:
         401,
         "this route needs the gateway token: send the header "
         "'Authorization: Bearer <token>' with the value of gateway.token",
+    )
+
+
+def check_origin(origin: str | None, host_header: str | None) -> Denial | None:
+    """Refuse a POST a page of another site made the operator's browser send.
+
+    A cross-site form or ``fetch`` reaches a loopback gateway too, and a browser names
+    its page's origin in ``Origin``; API clients (curl, the CLI) send none.
+
+    Args:
+        origin: the request's ``Origin`` header, if any.
+        host_header: the request's ``Host`` header.
+
+    Returns:
+        None when there is no ``Origin`` or it is the gateway's own, else a 403 denial.
+    """
+    if origin is None or urlsplit(origin).netloc == (host_header or ""):
+        return None
+    return Denial(
+        403,
+        f"a POST from another origin ({origin}) is refused: use the dashboard the gateway "
+        "serves, or send no Origin header",
     )
 
 

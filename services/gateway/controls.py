@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -61,25 +60,19 @@ class ReplayBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     why: str = ""
 
 
-def require_same_origin_json(request: web.Request) -> None:
-    """Refuse a control request another web page could have made a browser send.
+def require_json(request: web.Request) -> None:
+    """Refuse a control request not sent as JSON.
 
     With no token configured a loopback gateway takes writes from anyone on the
     machine, and that includes a page open in the operator's browser: a cross-site form
-    or ``fetch`` reaches 127.0.0.1 too. Such a request either names another origin in
-    ``Origin`` (403 here) or, to leave ``Origin`` out, cannot send a JSON content type
-    without a CORS preflight, which the gateway never grants (415 here).
+    or ``fetch`` reaches 127.0.0.1 too. The write check refuses one that names another
+    origin in ``Origin`` (``access.check_origin``); one that leaves ``Origin`` out cannot
+    send a JSON content type without a CORS preflight, which the gateway never grants
+    (415 here).
 
     Raises:
-        Refused: 403 another origin; 415 not ``application/json``.
+        Refused: 415 not ``application/json``.
     """
-    origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
-        raise Refused(
-            403,
-            f"a control request from another origin ({origin}) is refused: use the "
-            "dashboard the gateway serves, or send no Origin header",
-        )
     if request.content_type != "application/json":
         raise Refused(
             415,

@@ -15,7 +15,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from jetfleet.services.gateway import controls, fleet_reads
-from jetfleet.services.gateway.access import Denial, check_read, check_write
+from jetfleet.services.gateway.access import Denial, check_origin, check_read, check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
     InvalidBody,
@@ -300,7 +300,7 @@ class Gateway:
     def _require_write(self, request: web.Request) -> None:
         authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
         denial = check_write(self.settings.gateway, authorization, host)
-        _raise_denial(denial)
+        _raise_denial(denial or check_origin(request.headers.get("Origin"), host))
 
     async def _pause(self, request: web.Request) -> web.Response:
         return await self._pause_or_resume(request, resume=False)
@@ -309,9 +309,9 @@ class Gateway:
         return await self._pause_or_resume(request, resume=True)
 
     def _require_control(self, request: web.Request) -> None:
-        """A control action: the write check, then the browser checks in ``controls``."""
+        """A control action: the write check (token, Host, Origin), then JSON only."""
         self._require_write(request)
-        controls.require_same_origin_json(request)
+        controls.require_json(request)
 
     async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
         self._require_control(request)
