@@ -17,10 +17,15 @@ BATCH = 500
 
 
 async def read_stream(
-    js: JetStreamContext, stream: str, filter_subject: str, since: datetime | None = None
+    js: JetStreamContext,
+    stream: str,
+    filter_subject: str,
+    since: datetime | None = None,
+    from_seq: int = 0,
 ) -> AsyncGenerator[Msg, None]:
     """Yield the messages of ``stream`` matching ``filter_subject`` that exist now, in order
-    (only those the server stored at or after ``since``, when given).
+    (only those the server stored at or after ``since``, when given; only those at stream
+    sequence ``from_seq`` or later, when positive).
 
     The count to read comes from the consumer's pending count, not from the stream's
     per-subject map, which the server caps at 100,000 subjects.
@@ -29,6 +34,9 @@ async def read_stream(
     if since is not None:
         config.deliver_policy = js_api.DeliverPolicy.BY_START_TIME
         config.opt_start_time = since
+    elif from_seq > 0:
+        config.deliver_policy = js_api.DeliverPolicy.BY_START_SEQUENCE
+        config.opt_start_seq = from_seq
     try:
         info = await js.add_consumer(stream, config)
     except NotFoundError:

@@ -63,6 +63,9 @@ SINK_REPORT = f"{PREFIX}.sink.report"  # + .<target>
 QUEUE_SINK = "sink"
 LEASE = f"{PREFIX}.lease"
 QUARANTINE = f"{PREFIX}.quarantine"  # operator commands, served by the leaser
+# Egress proposal answers only (approve, reject), served by the leaser: the gateway's
+# dashboard may send these and nothing else of the quarantine commands.
+QUARANTINE_ANSWER = f"{PREFIX}.quarantine-answer"
 QUEUE_LEASER = "leaser"
 BREAKER = f"{PREFIX}.breaker"  # circuit breaker commands, served by the leaser
 VERSIONS = f"{PREFIX}.versions"  # approved version commands, served by the leaser

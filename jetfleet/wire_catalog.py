@@ -42,10 +42,12 @@ from jetfleet.schemas.lease import (
     JobLeaseHistory,
     LeaseCall,
     LeaseRecord,
+    QuarantineApprove,
     QuarantineCommand,
     QuarantineFired,
     QuarantineProposal,
     QuarantineRecord,
+    QuarantineReject,
     QuarantineReply,
     QuarantineRetired,
 )
@@ -256,6 +258,18 @@ CHANNELS: tuple[Channel, ...] = (
         kind="reply",
         payload=QuarantineReply,
         description="The leaser's answer to a quarantine command.",
+    ),
+    Channel(
+        name="quarantine-answer",
+        address=subjects.QUARANTINE_ANSWER,
+        kind="request",
+        payload=QuarantineApprove | QuarantineReject,
+        description=(
+            "The gateway's dashboard approves or rejects an egress proposal: the only "
+            "quarantine commands it may send (no set, release or list)."
+        ),
+        queue_group=QUEUE_LEASER,
+        reply="quarantine-reply",
     ),
     Channel(
         name="leases",

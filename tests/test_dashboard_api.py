@@ -4,13 +4,19 @@ what the CLI does (recorded in the audit log as the dashboard)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 
+import aiohttp
 import msgspec
 import pytest
-from jetfleet.services.gateway import Gateway
+from jetfleet.schemas import DeadLetter, Job, WorkOrder
+from jetfleet.schemas.lease import QuarantineRecord, QuarantineReply, QuarantineSet
+from jetfleet.services.gateway import Gateway, fleet_reads
 from jetfleet.services.gateway.access import check_write
 from nats.aio.client import Client as NatsClient
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from jetfleet import subjects
 from jetfleet.auth.credentials import settings_for_role
@@ -219,8 +225,12 @@ async def test_the_regions_a_running_worker_announces_are_listed(dash: Dashboard
     # As a worker of region eu-west announces it (scripted: its writer, not its loop).
     writer = DirectPresenceWriter(dash.js)
     await writer.put(subjects.BUCKET_WORKERS, region_key("eu-west"), b"eu-west", ttl_s=60)
-    _, after = await dash.get("/v1/workers")
-    assert after["regions"] == ["eu-west"]
+
+    async def listed() -> bool:  # once the shared answer (shared_reads.FRESH_S) is stale
+        _, after = await dash.get("/v1/workers")
+        return bool(after["regions"] == ["eu-west"])
+
+    await wait_for(listed, 10, "the region to be listed")
 
 
 READS = ["/v1/targets", "/v1/workers", "/v1/versions/series", "/v1/dead-letters"]
@@ -248,3 +258,181 @@ async def test_the_dashboard_reads_need_the_token_unless_reads_are_open(
     finally:
         await closed.drain(5.0)
         await conn.close()
+
+
+@pytest.mark.parametrize(
+    ("headers", "query"),
+    [
+        ({"Authorization": "Bearer not-the-token"}, ""),
+        ({"Authorization": f"Basic {TOKEN}"}, ""),
+        ({"Authorization": f"Bearer {TOKEN}x"}, ""),
+        ({}, f"?token={TOKEN}"),
+        ({}, f"?access_token={TOKEN}"),
+    ],
+)
+async def test_a_wrong_token_or_one_in_the_query_string_is_refused(
+    dash: DashboardStack, headers: dict[str, str], query: str
+) -> None:
+    for path in CONTROLS:
+        sent = {"Content-Type": "application/json", **headers}
+        async with dash.http.post(dash.gateway.url + path + query, data=b"{}", headers=sent) as r:
+            assert r.status == 401, (path, await r.text())
+    assert await pauses_in_force(dash.nc) == []
+    assert await dash.audit() == []
+
+
+async def test_a_tokenless_loopback_gateway_refuses_a_dns_rebinding_page(
+    dash: DashboardStack,
+) -> None:
+    # A page on evil.example whose name is rebound to 127.0.0.1 sends its own origin and
+    # its own name as Host: same-origin to the browser, and no token is asked for.
+    own = msgspec.structs.replace(dash.settings, gateway=GatewaySettings(port=0, token=""))
+    conn = await connect_nats(dash.settings.nats, "gateway-tokenless", role="gateway")
+    open_ = Gateway(settings_for_role(own, "gateway"), conn)
+    await open_.start()
+    try:
+        port = open_.url.rsplit(":", 1)[1]
+        rebound = {
+            "Host": f"evil.example:{port}",
+            "Origin": f"http://evil.example:{port}",
+            "Content-Type": "application/json",
+        }
+        async with dash.http.post(open_.url + "/v1/pause", data=b"{}", headers=rebound) as r:
+            assert r.status == 403, await r.text()
+            assert "loopback" in (await r.json())["error"]
+        async with dash.http.get(open_.url + "/v1/status", headers=rebound) as r:
+            assert r.status == 403, await r.text()
+        assert await pauses_in_force(dash.nc) == []
+        # Addressed by a loopback name (the page it serves itself), it still works.
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            loopback = {"Host": host, "Content-Type": "application/json"}
+            async with dash.http.get(open_.url + "/v1/status", headers=loopback) as r:
+                assert r.status == 200, host
+    finally:
+        await open_.drain(5.0)
+        await conn.close()
+
+
+async def test_the_dead_letter_read_looks_at_the_newest_letters_only(
+    dash: DashboardStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each poll of each open tab reads it: its cost must not grow with the letters kept.
+    monkeypatch.setattr(fleet_reads, "SCAN_LETTERS", 20)
+    order = WorkOrder(
+        job=Job(id="j", url="/page/1"), target="demo", key="k", max_attempts=1, timeout_s=5.0
+    )
+    for n in range(1, 31):
+        letter = DeadLetter(
+            order=msgspec.structs.replace(order, job=Job(id=f"j{n}", url="/page/1")),
+            reason="http-404" if n % 2 else "blocked:challenged",
+            history=[],
+        )
+        await dash.js.publish(subjects.dead_letter("demo", f"j{n}"), msgspec.json.encode(letter))
+    status, doc = await dash.get("/v1/dead-letters?limit=5")
+    assert status == 200, doc
+    assert doc["total"] == 30
+    assert doc["scanned"] == 20 and doc["complete"] is False
+    assert doc["matched"] == 20
+    assert [letter["job"] for letter in doc["letters"]] == [f"j{n}" for n in range(30, 25, -1)]
+    _, blocked = await dash.get("/v1/dead-letters?reason=blocked&limit=500")
+    assert [letter["job"] for letter in blocked["letters"]] == [f"j{n}" for n in range(30, 10, -2)]
+    # The dashboard never shows a letter's idempotency key: it is not sent.
+    assert all("key" not in letter for letter in doc["letters"])
+
+
+@pytest.mark.expects_refusals
+async def test_the_gateways_credentials_answer_proposals_and_set_no_quarantine(
+    dash: DashboardStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The leaser cannot tell who sent a command, so the gateway's NATS role is what keeps
+    # a stolen gateway credential from quarantining (or releasing) anything.
+    caplog.set_level(logging.ERROR, logger="jetfleet.connection")
+    forged = QuarantineSet(
+        record=QuarantineRecord(scope="worker", name=WORKER, target="demo"), by="alice"
+    )
+    rogue = await connect_nats(dash.settings.nats, "gateway-rogue", role="gateway")
+    try:
+        with pytest.raises(NatsTimeoutError):  # the server drops the publish: no answer
+            await rogue.request(subjects.QUARANTINE, msgspec.json.encode(forged), timeout=2.0)
+
+        async def refused() -> bool:
+            return any(
+                "role gateway" in r.getMessage() and subjects.QUARANTINE in r.getMessage()
+                for r in caplog.records
+            )
+
+        await wait_for(refused, 5, "the server to refuse the gateway's jf.quarantine")
+        # Its own subject takes proposal answers only.
+        reply = await rogue.request(
+            subjects.QUARANTINE_ANSWER, msgspec.json.encode(forged), timeout=10.0
+        )
+        answer = msgspec.json.decode(reply.data, type=QuarantineReply)
+        assert not answer.ok and "malformed" in answer.detail, answer
+    finally:
+        await rogue.close()
+    assert (await fleet_status(dash.js, dash.settings)).quarantines == []
+
+
+async def test_a_leaser_that_never_answers_is_a_503_naming_it_within_the_request_timeout(
+    settings: Settings, nc: NatsClient
+) -> None:
+    # No leaser but one that takes the requests and never answers (hung, partitioned).
+    silent = [
+        await nc.subscribe(s, queue=subjects.QUEUE_LEASER)
+        for s in (subjects.PAUSE, subjects.QUARANTINE_ANSWER)
+    ]
+    own = msgspec.structs.replace(
+        settings, gateway=GatewaySettings(port=0, token=TOKEN, request_timeout_s=3.0)
+    )
+    conn = await connect_nats(settings.nats, "gateway-hung-leaser", role="gateway")
+    gateway = Gateway(settings_for_role(own, "gateway"), conn)
+    await gateway.start()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    try:
+        async with aiohttp.ClientSession() as http:
+            for path in ("/v1/pause", "/v1/proposals/0123456789abcdef/approve"):
+                async with http.post(gateway.url + path, data=b"{}", headers=headers) as r:
+                    answer = await r.json()
+                    assert r.status == 503, (path, answer)
+                    assert "no leaser answered" in answer["error"], answer
+                    assert r.headers["Retry-After"] == "1"
+    finally:
+        await gateway.drain(5.0)
+        await conn.close()
+        for sub in silent:
+            await sub.unsubscribe()
+
+
+async def test_tabs_polling_at_once_share_one_computed_answer_per_read(
+    dash: DashboardStack,
+) -> None:
+    await dash.known_run()
+    tabs = 10
+    for path in READS:
+        before = dash.gateway.shared.computed
+        answers = await asyncio.gather(*(dash.get(path) for _ in range(tabs)))
+        assert all(status == 200 for status, _ in answers), path
+        assert len({msgspec.json.encode(doc) for _, doc in answers}) == 1, path
+        assert dash.gateway.shared.computed - before == 1, path
+    # A tab polling again after FRESH_S gets a newly computed answer.
+    first = dash.gateway.shared.computed
+
+    async def recomputed() -> bool:
+        await dash.get("/v1/targets")
+        return dash.gateway.shared.computed > first
+
+    await wait_for(recomputed, 10, "a fresh answer after FRESH_S")
+
+
+async def test_open_reads_are_open_only_to_a_loopback_name(dash: DashboardStack) -> None:
+    # `jetfleet dev` keeps reads open on its loopback gateway: a DNS-rebinding page must
+    # not read the fleet through it, while a proxy that sends the token still can.
+    port = dash.gateway.url.rsplit(":", 1)[1]
+    rebound = {"Host": f"evil.example:{port}"}
+    for path in ["/v1/status", *READS]:
+        async with dash.http.get(dash.gateway.url + path, headers=rebound) as r:
+            assert r.status == 401, path
+        async with dash.http.get(dash.gateway.url + path, headers={**rebound, **AUTH}) as r:
+            assert r.status == 200, path
+        async with dash.http.get(dash.gateway.url + path) as r:
+            assert r.status == 200, path

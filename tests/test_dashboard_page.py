@@ -7,15 +7,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
-from jetfleet.schemas import LeaseRefusal
+from jetfleet.schemas import LeaseRefusal, Outcome
+from jetfleet.schemas.lease import QuarantineProposal
+from jetfleet.schemas.report import Versions
 from jetfleet.services.gateway.dashboard import DASHBOARD_HTML
 from nats.aio.client import Client as NatsClient
 from playwright.async_api import Page, async_playwright, expect
 
+from jetfleet import subjects
 from jetfleet.lease_client import LeaseClient
 from jetfleet.ops.pause_status import pauses_in_force
 from jetfleet.ops.status import fleet_status
+from jetfleet.quarantine_proposals import proposal_id, write_proposal
 from jetfleet.settings import Settings
 from tests.conftest import wait_for
 from tests.dashboard_stack import (
@@ -52,8 +57,10 @@ async def page(dash: DashboardStack) -> AsyncIterator[Page]:
 
 
 def test_the_page_never_parses_fleet_data_as_html() -> None:
-    assert "innerHTML" not in DASHBOARD_HTML and "insertAdjacentHTML" not in DASHBOARD_HTML
-    assert "document.write" not in DASHBOARD_HTML
+    for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert sink not in DASHBOARD_HTML, sink
+    # No link built from fleet data: the page's only hrefs are its two static ones.
+    assert ".href" not in DASHBOARD_HTML and '"href"' not in DASHBOARD_HTML
     assert "src=" not in DASHBOARD_HTML and "<link" not in DASHBOARD_HTML
 
 
@@ -101,6 +108,13 @@ async def test_the_chart_draws_a_line_through_a_versions_buckets(
     dash: DashboardStack, page: Page
 ) -> None:
     await dash.known_run()
+
+    async def counted() -> bool:  # by the tail, and past the answer the page shares
+        _, doc = await dash.get("/v1/versions/series")
+        total: int = sum(p["total"] for v in doc["versions"] for p in v["points"])
+        return total == OK_JOBS + DEAD_JOBS
+
+    await wait_for(counted, 20, "the run's outcomes in the series")
     _, series = await dash.get("/v1/versions/series")
     earlier = series["versions"][0]["points"]  # one bucket, or two if the run straddled
     last = max(p["t"] for p in earlier)
@@ -213,3 +227,56 @@ async def test_proposals_are_answered_and_a_letter_replayed_from_the_page(
         ("quarantine.reject", "dashboard", "done"),
         ("dlq.replay", "dashboard", "done"),
     } <= actions
+
+
+MARKUP = '<img src=x onerror="window.__xss=1;alert(1)">'
+"""A fleet value built to run script if the page ever parsed it as HTML."""
+
+
+async def test_markup_in_fleet_values_is_shown_as_text_and_never_runs(
+    dash: DashboardStack, page: Page
+) -> None:
+    # Worker, identity and version id from an outcome event (anyone may publish one),
+    # a proposal's reason and identities, a pause's why: all shown by the page.
+    quoted = MARKUP + '"><svg onload="window.__xss=2">'
+    event = Outcome(
+        job_id="xss-1",
+        worker=quoted,
+        attempt=1,
+        kind="ok",
+        duration_s=0.1,
+        target="demo",
+        identity=quoted,
+        versions=Versions(jetfleet="0", id=quoted),
+    )
+    await dash.js.publish(subjects.outcome("demo", "xss-1"), msgspec.json.encode(event))
+    proposal = proposal_id("10.9.1.0/24", "demo")
+    await write_proposal(
+        dash.js,
+        QuarantineProposal(
+            id=proposal,
+            subnet="10.9.1.0/24",
+            target="demo",
+            reason=quoted,
+            for_s=600.0,
+            identities=[quoted],
+        ),
+        ttl_s=600.0,
+    )
+    status, answer = await dash.post("/v1/pause", {"why": quoted, "for": "10m"})
+    assert status == 200, answer
+
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: dialogs.append(dialog.message))
+    await expect(page.locator("#workers tr").first.locator("td").first).to_have_text(
+        quoted, timeout=WAIT_MS
+    )
+    await expect(page.locator("#identities tr").first.locator("td").first).to_have_text(quoted)
+    await expect(page.locator("#legend")).to_contain_text(quoted)
+    await expect(page.locator("#pauses td").nth(5)).to_have_text(quoted)
+    row = page.locator(f'#proposals tr[data-id="{proposal}"] td')
+    await expect(row.nth(4)).to_have_text(quoted)
+    await expect(row.nth(5)).to_contain_text(quoted)
+    assert await page.locator("img, svg:not(#chart), svg#chart svg").count() == 0
+    assert await page.evaluate("window.__xss") is None
+    assert dialogs == []

@@ -348,7 +348,7 @@ async def test_without_a_token_posts_need_a_loopback_listener(
 )
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
-    allowed = check_write(GatewaySettings(host=host), None) is None
+    allowed = check_write(GatewaySettings(host=host), None, "localhost:8080") is None
     assert allowed is loopback
 
 
@@ -416,3 +416,21 @@ async def test_drain_stops_accepting(gateway: Gateway, http: aiohttp.ClientSessi
     with pytest.raises(RuntimeError):
         _ = gateway.url
     await gateway.drain(5.0)  # a second drain is harmless
+
+
+async def test_a_cross_site_form_cannot_submit_jobs_through_a_tokenless_loopback_gateway(
+    gateway: Gateway, nc: NatsClient, http: aiohttp.ClientSession
+) -> None:
+    # A page on another site may post a form (no preflight) to 127.0.0.1: the browser
+    # names that site in Origin, which no API client (curl, the CLI) sends.
+    url = f"{gateway.url}/v1/targets/demo/jobs"
+    form = {"Origin": "http://evil.example", "Content-Type": "text/plain"}
+    status, answer = await post(http, url, b'{"url": "/page/1"}', headers=form)
+    assert status == 403, answer
+    assert "another origin" in answer["error"]
+    status, answer = await post(http, url, b'{"url": "/page/1"}', headers={"Origin": gateway.url})
+    assert status == 202, answer
+    submitted = [
+        m async for m in read_stream(nc.jetstream(), subjects.STREAM_SUBMIT, "jf.submit.>")
+    ]
+    assert len(submitted) == 1

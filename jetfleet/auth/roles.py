@@ -352,6 +352,7 @@ ROLES: dict[Role, RolePermissions] = {
             subscribe=(
                 subjects.LEASE,
                 subjects.QUARANTINE,
+                subjects.QUARANTINE_ANSWER,
                 subjects.BREAKER,
                 PAUSE,
                 VERSIONS,
@@ -432,14 +433,24 @@ ROLES: dict[Role, RolePermissions] = {
             purpose="the HTTP API and dashboard: submissions, status reads, and the "
             "dashboard's control actions behind the gateway token (pause, proposal "
             "answers, dead-letter replay)",
-            # The dashboard asks the leaser on jf.pause and jf.quarantine as the CLI does
-            # (the leaser records those), and records its own replays in the audit log:
-            # that one action only, so it cannot forge any other entry.
-            publish=(SUBMIT, PAUSE, subjects.QUARANTINE, AUDIT_REPLAY, *_READ_EVERYTHING),
+            # The dashboard asks the leaser on jf.pause as the CLI does, and answers
+            # egress proposals on jf.quarantine-answer (the leaser records both), and
+            # records its own replays in the audit log: that one action only, so it
+            # cannot forge any other entry.
+            publish=(
+                SUBMIT,
+                PAUSE,
+                # Proposal answers only: jf.quarantine would let these credentials set or
+                # release any quarantine, and the leaser cannot tell who sent a command.
+                subjects.QUARANTINE_ANSWER,
+                AUDIT_REPLAY,
+                *_READ_EVERYTHING,
+            ),
             publish_deny=_NOT_WORK_OR_RESULTS,
             redis=True,
-            cannot="commit results, pull work, write any bucket, open breakers, approve "
-            "versions, set target limits, write audit entries but its dead-letter replays",
+            cannot="commit results, pull work, write any bucket, open breakers, set or "
+            "release quarantines, approve versions, set target limits, write audit entries "
+            "but its dead-letter replays",
         ),
         RolePermissions(
             role="worker",

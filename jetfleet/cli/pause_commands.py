@@ -197,14 +197,15 @@ async def send_pause(settings: Settings, command: PauseCommand) -> PauseReply:
         await nc.close()
 
 
-async def ask_pause(nc: NatsClient, command: PauseCommand) -> PauseReply:
-    """Send one pause command to the leaser over ``nc`` (the CLI's or the gateway's).
+async def ask_pause(nc: NatsClient, command: PauseCommand, timeout_s: float = 10.0) -> PauseReply:
+    """Send one pause command to the leaser over ``nc`` (the CLI's or the gateway's),
+    waiting ``timeout_s`` for its answer.
 
     Raises:
         JetfleetError: no leaser answered.
     """
     try:
-        answer = await nc.request(subjects.PAUSE, msgspec.json.encode(command), timeout=10.0)
+        answer = await nc.request(subjects.PAUSE, msgspec.json.encode(command), timeout=timeout_s)
     except Exception as exc:
         raise JetfleetError(
             f"no leaser answered on {subjects.PAUSE}: {exc}; is `jetfleet serve leaser` "

@@ -262,17 +262,23 @@ async def send(settings: Settings, command: QuarantineCommand) -> QuarantineRepl
         await nc.close()
 
 
-async def ask_quarantine(nc: NatsClient, command: QuarantineCommand) -> QuarantineReply:
-    """Send one quarantine command to the leaser over ``nc`` (the CLI's or the gateway's).
+async def ask_quarantine(
+    nc: NatsClient,
+    command: QuarantineCommand,
+    subject: str = subjects.QUARANTINE,
+    timeout_s: float = 10.0,
+) -> QuarantineReply:
+    """Send one quarantine command to the leaser over ``nc`` (the CLI's or the gateway's),
+    on ``subject`` (the gateway answers proposals on ``subjects.QUARANTINE_ANSWER``),
+    waiting ``timeout_s`` for its answer.
 
     Raises:
         JetfleetError: no leaser answered.
     """
     try:
-        answer = await nc.request(subjects.QUARANTINE, msgspec.json.encode(command), timeout=10.0)
+        answer = await nc.request(subject, msgspec.json.encode(command), timeout=timeout_s)
     except Exception as exc:
         raise JetfleetError(
-            f"no leaser answered on {subjects.QUARANTINE}: {exc}; is "
-            "`jetfleet serve leaser` running?"
+            f"no leaser answered on {subject}: {exc}; is `jetfleet serve leaser` running?"
         ) from exc
     return _decoder.decode(answer.data)

@@ -83,7 +83,7 @@ def _entry(seq: int, subject: str, data: bytes, time: datetime | None) -> DeadLe
 
 
 async def list_dead_letters(
-    js: JetStreamContext, target: str | None = None, reason: str | None = None
+    js: JetStreamContext, target: str | None = None, reason: str | None = None, from_seq: int = 0
 ) -> list[DeadLetterEntry]:
     """The dead letters kept now, oldest first.
 
@@ -91,6 +91,7 @@ async def list_dead_letters(
         js: A JetStream context.
         target: Only this target's letters (``jf.dlq.<target>``); None for all.
         reason: Only letters with this reason, or with it before a ``':'``.
+        from_seq: Only letters at this ``JF_DLQ`` sequence or later (0: all).
 
     Returns:
         The matching letters. A message that does not decode as a ``DeadLetter`` is
@@ -98,7 +99,7 @@ async def list_dead_letters(
     """
     filter_ = subjects.dlq(target) if target else ALL_DEAD_LETTERS
     entries: list[DeadLetterEntry] = []
-    async for msg in read_stream(js, subjects.STREAM_DLQ, filter_):
+    async for msg in read_stream(js, subjects.STREAM_DLQ, filter_, from_seq=from_seq):
         seq = msg.metadata.sequence.stream
         try:
             entry = _entry(seq, msg.subject, msg.data, msg.metadata.timestamp)

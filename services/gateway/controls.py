@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import msgspec
 from aiohttp import web
@@ -21,6 +20,7 @@ from jetfleet.schemas.control import PauseMode, PauseScope
 from jetfleet.services.gateway.refusal import Refused
 from nats.aio.client import Client as NatsClient
 
+from jetfleet import subjects
 from jetfleet.cli.dlq_commands import replay_recorded
 from jetfleet.cli.pause_commands import ask_pause, command_of
 from jetfleet.cli.quarantine_commands import _command as quarantine_command
@@ -60,25 +60,19 @@ class ReplayBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     why: str = ""
 
 
-def require_same_origin_json(request: web.Request) -> None:
-    """Refuse a control request another web page could have made a browser send.
+def require_json(request: web.Request) -> None:
+    """Refuse a control request not sent as JSON.
 
     With no token configured a loopback gateway takes writes from anyone on the
     machine, and that includes a page open in the operator's browser: a cross-site form
-    or ``fetch`` reaches 127.0.0.1 too. Such a request either names another origin in
-    ``Origin`` (403 here) or, to leave ``Origin`` out, cannot send a JSON content type
-    without a CORS preflight, which the gateway never grants (415 here).
+    or ``fetch`` reaches 127.0.0.1 too. The write check refuses one that names another
+    origin in ``Origin`` (``access.check_origin``); one that leaves ``Origin`` out cannot
+    send a JSON content type without a CORS preflight, which the gateway never grants
+    (415 here).
 
     Raises:
-        Refused: 403 another origin; 415 not ``application/json``.
+        Refused: 415 not ``application/json``.
     """
-    origin = request.headers.get("Origin")
-    if origin is not None and urlsplit(origin).netloc != request.host:
-        raise Refused(
-            403,
-            f"a control request from another origin ({origin}) is refused: use the "
-            "dashboard the gateway serves, or send no Origin header",
-        )
     if request.content_type != "application/json":
         raise Refused(
             415,
@@ -107,7 +101,16 @@ def _refused(exc: JetfleetError) -> Refused:
     return Refused(400, str(exc))
 
 
-async def pause(nc: NatsClient, body: PauseBody, resume: bool) -> dict[str, Any]:
+def leaser_wait_s(settings: Settings) -> float:
+    """How long a control action waits for the leaser: half the request's own budget
+    (``gateway.request_timeout_s``), at most 10 s as the CLI waits, so a leaser that never
+    answers is a 503 that names it, never the request's bare 504."""
+    return min(10.0, settings.gateway.request_timeout_s / 2)
+
+
+async def pause(
+    nc: NatsClient, settings: Settings, body: PauseBody, resume: bool
+) -> dict[str, Any]:
     """Pause (or resume) the scope ``body`` names through the leaser.
 
     Raises:
@@ -126,7 +129,7 @@ async def pause(nc: NatsClient, body: PauseBody, resume: bool) -> dict[str, Any]
         command = command_of(args)
     except JetfleetError as exc:
         raise _refused(exc) from None
-    reply = await _asked(lambda: ask_pause(nc, command))
+    reply = await _asked(lambda: ask_pause(nc, command, leaser_wait_s(settings)))
     return _answer(reply.ok, reply.detail, reply.retry_after_s, msgspec.to_builtins(reply))
 
 
@@ -147,7 +150,9 @@ async def answer_proposal(
         command = quarantine_command(args, settings)
     except JetfleetError as exc:
         raise _refused(exc) from None
-    reply = await _asked(lambda: ask_quarantine(nc, command))
+    # The gateway may send proposal answers only (jetfleet/auth/roles.py), on their subject.
+    wait_s = leaser_wait_s(settings)
+    reply = await _asked(lambda: ask_quarantine(nc, command, subjects.QUARANTINE_ANSWER, wait_s))
     return _answer(reply.ok, reply.detail, reply.retry_after_s, msgspec.to_builtins(reply))
 
 

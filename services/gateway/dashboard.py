@@ -377,7 +377,7 @@ function renderChart(doc) {
 }
 
 function renderLetters(doc) {
-  text("dlq-total", "(" + doc.total + " kept" + (doc.letters.length < doc.matched ?
+  text("dlq-total", "(" + doc.total + " kept" + (doc.letters.length < doc.total ?
     ", newest " + doc.letters.length + " shown" : "") + ")");
   fill("letters", doc.letters.map((l) => {
     const tr = document.createElement("tr");

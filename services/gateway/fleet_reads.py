@@ -17,11 +17,13 @@ from jetfleet.services.gateway.outcome_series import (
     Row,
 )
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
+from jetfleet import subjects
 from jetfleet.cli.dlq_commands import entry_json
 from jetfleet.identity_presence import IdentityPresence
 from jetfleet.ops.breaker_status import open_breakers
-from jetfleet.ops.dead_letters import dead_letter_total, list_dead_letters
+from jetfleet.ops.dead_letters import DeadLetterEntry, dead_letter_total, list_dead_letters
 from jetfleet.ops.target_view import target_listing
 from jetfleet.ops.version_view import version_view
 from jetfleet.region_presence import regions_present
@@ -30,6 +32,9 @@ from jetfleet.settings import Settings
 
 MAX_LETTERS = 500
 """The most dead letters one answer lists (the newest); ``total`` counts them all."""
+SCAN_LETTERS = 2000
+"""The newest ``JF_DLQ`` messages one answer looks at (``scanned``; ``complete`` says
+whether that was every letter kept)."""
 DEFAULT_LETTERS = 100
 
 
@@ -89,10 +94,12 @@ async def actors_doc(
     for identity, worker in owners:
         held_by.setdefault(worker, []).append(identity)
     owner_of = dict(owners)
-    workers = {row.name: _row_json(row, now_s) for row in series.rows("worker")}
+    # No server clock answer: the newest event's time stands in to bound the window.
+    window_end = series.newest_s if now_s is None else now_s
+    workers = {row.name: _row_json(row, now_s) for row in series.rows("worker", window_end)}
     for worker in held_by:
         workers.setdefault(worker, _row_json(Row(worker, 0, 0, 0, 0.0), None))
-    identities = {row.name: _row_json(row, now_s) for row in series.rows("identity")}
+    identities = {row.name: _row_json(row, now_s) for row in series.rows("identity", window_end)}
     for identity in owner_of:
         identities.setdefault(identity, _row_json(Row(identity, 0, 0, 0, 0.0), None))
     for name, doc in workers.items():
@@ -115,6 +122,7 @@ async def versions_doc(
     approved = {a.id for a in view.approved}
     incumbent = next((a.id for a in view.approved if a.incumbent), "")
     now = await clock.now()
+    window_end = series.newest_s if now is None else now.timestamp()
     return {
         "bucket_s": BUCKET_S,
         "now_s": None if now is None else now.timestamp(),
@@ -126,7 +134,7 @@ async def versions_doc(
                 "incumbent": tid == incumbent,
                 "points": [{"t": p.t, "ok": p.ok, "total": p.total} for p in points],
             }
-            for tid, points in series.series().items()
+            for tid, points in series.series(window_end).items()
         ],
     }
 
@@ -134,13 +142,32 @@ async def versions_doc(
 async def dead_letters_doc(
     js: JetStreamContext, target: str | None, reason: str | None, limit: int
 ) -> dict[str, Any]:
-    """The newest ``limit`` dead letters (of ``target``, with ``reason``), newest first,
-    and how many there are in all."""
-    entries = await list_dead_letters(js, target, reason)
-    total = await dead_letter_total(js, target)
+    """The newest ``limit`` dead letters (of ``target``, with ``reason``) among the
+    newest ``SCAN_LETTERS`` messages of ``JF_DLQ``, newest first, and how many there are
+    in all.
+
+    Every open dashboard asks for this every poll, so it reads a bounded tail of the
+    stream, never every letter kept (``jetfleet dlq list`` does that)."""
+    try:
+        state = (await js.stream_info(subjects.STREAM_DLQ)).state
+    except NotFoundError:
+        return {"total": 0, "matched": 0, "scanned": 0, "complete": True, "letters": []}
+    from_seq = max(state.first_seq, state.last_seq - SCAN_LETTERS + 1, 1)
+    entries = await list_dead_letters(js, target, reason, from_seq=from_seq)
+    total = state.messages if target is None else await dead_letter_total(js, target)
     newest = entries[::-1][:limit]
     return {
         "total": total,
         "matched": len(entries),
-        "letters": [entry_json(e) for e in newest],
+        "scanned": state.last_seq - from_seq + 1 if state.messages else 0,
+        "complete": from_seq <= state.first_seq,
+        "letters": [_letter_json(e) for e in newest],
     }
+
+
+def _letter_json(entry: DeadLetterEntry) -> dict[str, Any]:
+    # The dashboard shows no URL and no idempotency key: left out, they cannot leak
+    # through an open read (a URL may carry a credential in its query string).
+    doc = entry_json(entry)
+    del doc["key"], doc["url"]
+    return doc

@@ -1,12 +1,15 @@
 """Bounded, in-memory tallies of outcome events for the dashboard: per version tuple id a
 success-rate series over time, and per worker, identity and target the recent totals.
 
-Every tally is kept in ``BUCKET_S`` buckets, at most ``BUCKETS`` of them (the newest),
-and at most ``MAX_KEYS`` keys per family (the least recently seen is dropped first), so
-the memory is bounded whatever the fleet sends. Times are the server's stored timestamps
-of the events (seconds), never the gateway's own clock, so every replica that read the
-same events draws the same chart. The tallies are a cache: a gateway that restarts reads
-the last ``window_s`` of ``JF_OUTCOMES`` again (``outcome_tail.py``).
+Every tally is kept in ``BUCKET_S`` buckets, only those of the last ``BUCKETS`` buckets'
+time (15 minutes) by the server's clock, and at most ``MAX_KEYS`` keys per family (the
+least recently seen is dropped first), so the memory is bounded whatever the fleet sends.
+A key with no event in that window is dropped when read, so a gateway that has run for
+hours shows what one started a minute ago shows (it read the same 15 minutes). Times are
+the server's stored timestamps of the events (seconds), never the gateway's own clock, so
+every replica that read the same events draws the same chart. The tallies are a cache: a
+gateway that restarts reads the last ``window_s`` of ``JF_OUTCOMES`` again
+(``outcome_tail.py``).
 """
 
 from __future__ import annotations
@@ -70,6 +73,11 @@ class Row(msgspec.Struct, frozen=True):
     last_s: float
 
 
+def window_start(now_s: float) -> int:
+    """The index of the oldest bucket inside the window that ends at ``now_s``."""
+    return int(now_s // BUCKET_S) - BUCKETS + 1
+
+
 def _tally_of(event: Outcome) -> Tally:
     kind = event.kind
     return Tally(
@@ -93,10 +101,12 @@ class _Keyed:
         index = int(at_s // BUCKET_S)
         bucket = buckets.get(index)
         if bucket is None:
+            late = bool(buckets) and index < next(reversed(buckets))
             bucket = buckets[index] = Tally()
             # Events come in stream order, so a new bucket is nearly always the newest;
-            # sort only when one arrives late, then drop the oldest past the bound.
-            if len(buckets) > 1 and index < next(reversed(buckets)):
+            # sort only when one arrives late (judged before it was added), then drop the
+            # oldest past the bound.
+            if late:
                 ordered = sorted(buckets.items())
                 buckets.clear()
                 buckets.update(ordered)
@@ -107,6 +117,18 @@ class _Keyed:
         while len(self.keys) > MAX_KEYS:
             dropped, _ = self.keys.popitem(last=False)
             self.last_s.pop(dropped, None)
+
+    def prune(self, now_s: float) -> None:
+        """Drop the buckets older than the window ending at ``now_s``, and the keys left
+        with none."""
+        first = window_start(now_s)
+        for key in list(self.keys):
+            buckets = self.keys[key]
+            while buckets and next(iter(buckets)) < first:
+                buckets.popitem(last=False)
+            if not buckets:
+                del self.keys[key]
+                self.last_s.pop(key, None)
 
     def rows(self) -> list[Row]:
         rows = []
@@ -143,12 +165,17 @@ class OutcomeSeries:
         self.events += 1
         self.newest_s = max(self.newest_s, at_s)
 
-    def rows(self, family: Family) -> list[Row]:
-        """Every key of ``family`` with its totals over the buckets kept, by name."""
-        return self._families[family].rows()
+    def rows(self, family: Family, now_s: float) -> list[Row]:
+        """Every key of ``family`` seen in the window ending at ``now_s`` (server s), with
+        its totals over that window, by name."""
+        keyed = self._families[family]
+        keyed.prune(now_s)
+        return keyed.rows()
 
-    def series(self) -> dict[str, list[Point]]:
-        """Per version tuple id, its buckets oldest first (only buckets with events)."""
+    def series(self, now_s: float) -> dict[str, list[Point]]:
+        """Per version tuple id seen in the window ending at ``now_s`` (server s), its
+        buckets in that window oldest first (only buckets with events)."""
+        self._families["version"].prune(now_s)
         return {
             key: [Point(index * BUCKET_S, t.ok, t.total) for index, t in buckets.items()]
             for key, buckets in sorted(self._families["version"].keys.items())

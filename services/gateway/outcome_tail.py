@@ -58,9 +58,12 @@ class OutcomeTail:
         if task is None:
             return
         self._stopped = True
-        # Python 3.11's wait_for (inside nats-py's fetch) can swallow a cancellation that
-        # lands as its inner wait ends; the flag ends the loops then, and the cancel is
-        # sent again until the task is done.
+        # nats-py's next_msg (under fetch) awaits a task of its own running wait_for on
+        # the pending queue; a cancel that lands as a message arrives is passed to that
+        # task, whose Python 3.11 wait_for returns the message instead, so the cancel is
+        # lost. Under a flood that is most cancels, and a loop that ran until cancelled
+        # never ended (tests/test_dashboard_tail.py). The flag ends the loops then, and
+        # the cancel is sent again until the task is done.
         while not task.done():
             task.cancel()
             await asyncio.wait({task}, timeout=1.0)

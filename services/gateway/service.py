@@ -15,7 +15,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from jetfleet.services.gateway import controls, fleet_reads
-from jetfleet.services.gateway.access import Denial, check_read, check_write
+from jetfleet.services.gateway.access import Denial, check_origin, check_read, check_write
 from jetfleet.services.gateway.batch import (
     BODY_FACTOR,
     InvalidBody,
@@ -28,6 +28,7 @@ from jetfleet.services.gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TY
 from jetfleet.services.gateway.metrics import FleetGauges, queue_depths
 from jetfleet.services.gateway.outcome_tail import OutcomeTail
 from jetfleet.services.gateway.refusal import Refused as _Refused
+from jetfleet.services.gateway.shared_reads import SharedReads
 from nats.aio.client import Client as NatsClient
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
@@ -75,6 +76,8 @@ class Gateway:
         # The dashboard's outcome tallies: a cache of JF_OUTCOMES, read again at start.
         self.clock = ServerClock(nc)
         self.outcomes = OutcomeTail(self.js, self.clock)
+        # Every open tab polls the dashboard's reads: one answer serves them all a while.
+        self.shared = SharedReads()
 
     @property
     def url(self) -> str:
@@ -246,7 +249,9 @@ class Gateway:
         )
 
     def _require_read(self, request: web.Request) -> None:
-        _raise_denial(check_read(self.settings.gateway, request.headers.get("Authorization")))
+        authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
+        denial = check_read(self.settings.gateway, authorization, host)
+        _raise_denial(denial)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._require_read(request)
@@ -267,15 +272,30 @@ class Gateway:
     async def _targets(self, request: web.Request) -> web.Response:
         self._require_read(request)
         series = self.outcomes.series
-        return _json(await fleet_reads.targets_doc(self.js, self.settings, series, self.clock))
+        return _json(
+            await self.shared.get(
+                "targets",
+                lambda: fleet_reads.targets_doc(self.js, self.settings, series, self.clock),
+            )
+        )
 
     async def _workers(self, request: web.Request) -> web.Response:
         self._require_read(request)
-        return _json(await fleet_reads.actors_doc(self.js, self.outcomes.series, self.clock))
+        series = self.outcomes.series
+        return _json(
+            await self.shared.get(
+                "workers", lambda: fleet_reads.actors_doc(self.js, series, self.clock)
+            )
+        )
 
     async def _versions(self, request: web.Request) -> web.Response:
         self._require_read(request)
-        return _json(await fleet_reads.versions_doc(self.js, self.outcomes.series, self.clock))
+        series = self.outcomes.series
+        return _json(
+            await self.shared.get(
+                "versions", lambda: fleet_reads.versions_doc(self.js, series, self.clock)
+            )
+        )
 
     async def _dead_letters(self, request: web.Request) -> web.Response:
         self._require_read(request)
@@ -287,10 +307,17 @@ class Gateway:
         if not text.isdigit() or not 1 <= int(text) <= fleet_reads.MAX_LETTERS:
             raise _Refused(400, f"limit {text!r}: give 1 to {fleet_reads.MAX_LETTERS}")
         reason = query.get("reason") or None
-        return _json(await fleet_reads.dead_letters_doc(self.js, target, reason, int(text)))
+        key = msgspec.json.encode(["dead-letters", target, reason, int(text)]).decode()
+        return _json(
+            await self.shared.get(
+                key, lambda: fleet_reads.dead_letters_doc(self.js, target, reason, int(text))
+            )
+        )
 
     def _require_write(self, request: web.Request) -> None:
-        _raise_denial(check_write(self.settings.gateway, request.headers.get("Authorization")))
+        authorization, host = request.headers.get("Authorization"), request.headers.get("Host")
+        denial = check_write(self.settings.gateway, authorization, host)
+        _raise_denial(denial or check_origin(request.headers.get("Origin"), host))
 
     async def _pause(self, request: web.Request) -> web.Response:
         return await self._pause_or_resume(request, resume=False)
@@ -299,14 +326,14 @@ class Gateway:
         return await self._pause_or_resume(request, resume=True)
 
     def _require_control(self, request: web.Request) -> None:
-        """A control action: the write check, then the browser checks in ``controls``."""
+        """A control action: the write check (token, Host, Origin), then JSON only."""
         self._require_write(request)
-        controls.require_same_origin_json(request)
+        controls.require_json(request)
 
     async def _pause_or_resume(self, request: web.Request, resume: bool) -> web.Response:
         self._require_control(request)
         body = controls.decode_body(await self._read_body(request), controls.PauseBody)
-        return _json(await controls.pause(self.nc, body, resume))
+        return _json(await controls.pause(self.nc, self.settings, body, resume))
 
     async def _proposal(self, request: web.Request) -> web.Response:
         self._require_control(request)

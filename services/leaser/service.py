@@ -83,6 +83,9 @@ log = logging.getLogger(__name__)
 
 _call_decoder = msgspec.json.Decoder(LeaseCall)
 _command_decoder = msgspec.json.Decoder(QuarantineCommand)
+# jf.quarantine-answer takes proposal answers only: whoever may publish there (the
+# gateway) can set or release no quarantine.
+_answer_decoder = msgspec.json.Decoder(QuarantineApprove | QuarantineReject)
 _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 _presence_decoder = msgspec.json.Decoder(PresenceWrite)
 _pause_decoder = msgspec.json.Decoder(PauseCommand)
@@ -222,6 +225,20 @@ class Leaser:
                 subjects.QUARANTINE,
                 _command_decoder,
                 # The bounds check runs inside the audit, so a refused command is recorded.
+                lambda command: audited(
+                    self.js,
+                    command,
+                    lambda: self.command(command),
+                    refuse_command(self.settings, command),
+                ),
+                QUARANTINE_REFUSALS,
+                max_bytes=limit,
+            )
+        )
+        await self.responder.serve(
+            Route(
+                subjects.QUARANTINE_ANSWER,
+                _answer_decoder,
                 lambda command: audited(
                     self.js,
                     command,
