@@ -92,12 +92,17 @@ async def traced(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Trac
     with pytest.MonkeyPatch.context() as patch:
         # The children inherit OTEL_*: export every 0.1 s rather than every 5 s.
         patch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-        # The worker drives Debian's Chromium too, for browser.page jobs' page visits.
-        patch.setenv("JETFLEET_WORKER__BROWSER__ENABLED", "true")
         for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME"):
             patch.delenv(name, raising=False)
+        folder = Path(tmp_path_factory.mktemp("traced"))
+        # The worker drives Chromium too (found on PATH), for browser.page page visits.
+        user_config = folder / "browser.toml"
+        user_config.write_text("[worker.browser]\nenabled = true\n")
         stack = DevStack(
-            Path(tmp_path_factory.mktemp("traced")), workers=1, trace_endpoint=receiver.endpoint
+            folder / "stack",
+            workers=1,
+            user_config=user_config,
+            trace_endpoint=receiver.endpoint,
         )
         await stack.start()
         try:

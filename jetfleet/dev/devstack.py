@@ -216,8 +216,12 @@ class DevStack:
             },
             "fleet": fleet,
         }
-        if "quarantine" in user:
-            tables["quarantine"] = dict(user["quarantine"])
+        # Every other table of the user's file ([worker], [worker.browser], [quarantine],
+        # [versions], [identities.*], ...) is kept: the stack owns only where its own
+        # servers and gateway are.
+        for name, body in user.items():
+            if name not in tables and name != "targets" and isinstance(body, dict):
+                tables[name] = dict(body)
         tables.update({f"targets.{name}": body for name, body in targets.items()})
         header = "# Written by `jetfleet dev`; regenerated on every start.\n"
         # It holds the gateway token: readable by the owner only, like the bundle's files.
