@@ -184,7 +184,7 @@ async def test_a_browser_jobs_page_visit_and_its_document_request_are_in_its_tra
 ) -> None:
     page = '{"wait_for": "h1.title", "extract": {"price": {"selector": ".price"}}}'
     job_id = await traced.submit("/shop/item/3", True, "--handler", "browser.page", "--page", page)
-    root, spans = await traced.settled_trace(job_id)
+    _root, spans = await traced.settled_trace(job_id)
 
     handler = one(spans, "worker", "handler browser.page")
     visit = one(spans, "worker", "page visit")
