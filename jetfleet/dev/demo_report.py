@@ -19,6 +19,7 @@ from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus
 from jetfleet.results import iter_results
 from jetfleet.schemas import Outcome
+from jetfleet.schemas.browser import ExtractedValue, PageVisit
 from jetfleet.schemas.events import CommittedResult
 from jetfleet.schemas.report import Versions
 from jetfleet.settings import Settings
@@ -106,6 +107,18 @@ class DemoReport(msgspec.Struct):
     """What the script did, and when (seconds from the first submission)."""
     unfinished_by_target: dict[str, int]
     """Of ``unfinished``, per target (queued + leased): where to look when it is not 0."""
+    browser: str = ""
+    """``ran: <Chromium>`` when browser.page jobs were in the mix, else ``skipped: why``."""
+    browser_pages: list[PageRead] = msgspec.field(default_factory=list)
+    """What the committed ``browser.page`` jobs read from their pages, by job id."""
+
+
+class PageRead(msgspec.Struct):
+    """One committed ``browser.page`` job: its page's title and what it extracted."""
+
+    job_id: str
+    title: str
+    values: dict[str, ExtractedValue]
 
 
 class Scripted(msgspec.Struct):
@@ -117,6 +130,7 @@ class Scripted(msgspec.Struct):
     workers: int
     dashboard_url: str
     events: list[str] = []
+    browser: str = ""
 
 
 async def build_report(
@@ -171,6 +185,15 @@ async def build_report(
         workers=scripted.workers,
         dashboard_url=scripted.dashboard_url,
         events=scripted.events,
+        browser=scripted.browser,
+        browser_pages=sorted(
+            (
+                PageRead(r.job_id, r.output.title, r.output.values)
+                for r in results
+                if isinstance(r.output, PageVisit)
+            ),
+            key=lambda p: p.job_id,
+        ),
         unfinished_by_target={
             name: t.queued + t.leased for name, t in status.targets.items() if t.queued + t.leased
         },
