@@ -109,6 +109,9 @@ class DemoReport(msgspec.Struct):
     """Of ``unfinished``, per target (queued + leased): where to look when it is not 0."""
     browser: str = ""
     """``ran: <Chromium>`` when browser.page jobs were in the mix, else ``skipped: why``."""
+    over_applied: dict[str, int] = msgspec.field(default_factory=dict)
+    """Committed units of work served more than once (``target path`` -> pages served):
+    where to look when ``over_apply_ratio`` is above 1."""
     browser_pages: list[PageRead] = msgspec.field(default_factory=list)
     """What the committed ``browser.page`` jobs read from their pages, by job id."""
 
@@ -186,6 +189,7 @@ async def build_report(
         dashboard_url=scripted.dashboard_url,
         events=scripted.events,
         browser=scripted.browser,
+        over_applied=_over_applied(results, sites),
         browser_pages=sorted(
             (
                 PageRead(r.job_id, r.output.title, r.output.values)
@@ -208,6 +212,15 @@ def _side_effects(
     served = {name: sim.served_by_path() for name, sim in sites.items()}
     per_unit = [served.get(target, {}).get(path, 0) for target, path in units]
     return sum(per_unit), sum(1 for n in per_unit if n)
+
+
+def _over_applied(
+    results: list[CommittedResult], sites: Mapping[str, TargetSimulator]
+) -> dict[str, int]:
+    units = sorted({(r.target, urlsplit(r.url).path) for r in results})
+    served = {name: sim.served_by_path() for name, sim in sites.items()}
+    counts = {f"{t} {p}": served.get(t, {}).get(p, 0) for t, p in units}
+    return {unit: n for unit, n in counts.items() if n > 1}
 
 
 def _rates(settings: Settings, sites: Mapping[str, TargetSimulator]) -> dict[str, RateAtTarget]:
