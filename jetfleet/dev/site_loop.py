@@ -4,7 +4,8 @@ A simulator stamps each request as its handler runs. Sharing the caller's event 
 a request that arrives while the caller reads status or streams is stamped only when
 that read yields, so stamps bunch and a sliding 1 s count can exceed what any sender
 sent. On their own loop the sites stamp requests as they arrive (the caller's work holds
-them up only by the GIL's switch interval, milliseconds).
+them up only by the GIL's switch interval, milliseconds). Arrivals still trail their
+rate permits by each sender's own delay: docs/cli.md#jetfleet-demo.
 """
 
 from __future__ import annotations
