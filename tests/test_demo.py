@@ -27,9 +27,13 @@ def test_demo_ends_with_nothing_lost_exactly_once_within_caps_and_every_fault_ha
     # Quiet with --json: no progress bar, not even on stderr.
     assert "\r" not in out.stderr and "jobs [" not in out.stderr, out.stderr[-500:]
 
-    kinds = {k.name: n for k, n in demo_cast.counts(JOBS)}
+    # Chromium is installed here and in CI (as for tests/test_browser_page.py), so the
+    # demo runs its browser part: a browser worker, item pages read, removed prices.
+    assert demo_cast.find_chromium() is not None
+    assert report["browser"].startswith("ran: "), report["browser"]
+    kinds = {k.name: n for k, n in demo_cast.counts(JOBS, demo_cast.mix(browser=True))}
     dead_wanted = {
-        "selector-removed": kinds["removed-selector"],
+        "selector-removed": kinds["removed-selector"] + kinds["browser-removed"],
         "http-404": kinds["gone-page"],
     }
     assert report["submitted"] == JOBS
@@ -38,13 +42,18 @@ def test_demo_ends_with_nothing_lost_exactly_once_within_caps_and_every_fault_ha
     assert report["dead"] == sum(dead_wanted.values())
     assert report["committed"] == JOBS - report["dead"]
 
+    # Each committed browser job read its item's title and price in Chromium.
+    pages = report["browser_pages"]
+    assert len(pages) == kinds["browser-item"]
+    assert all(p["title"] and p["values"]["title"] and p["values"]["price"] for p in pages), pages
+
     # Exactly once, by the sites' own counts of pages served.
     assert report["over_apply_ratio"] == 1.0
     assert report["side_effects"] == report["distinct_jobs"] == report["committed"]
 
     # Every target saw no more in any 1 s than its cap.
     rates = report["largest_1s_rate"]
-    assert set(rates) == {"demo", "slow", "storm", "shop"}
+    assert set(rates) == {"demo", "slow", "storm", "shop", demo_cast.ITEMS}
     assert all(r["observed"] <= r["cap"] and r["within_cap"] for r in rates.values()), rates
 
     # The streak retired one identity on one target, and nothing more.

@@ -21,6 +21,20 @@ def test_the_mix_holds_exactly_the_jobs_asked_for_with_every_kind(total: int) ->
     assert len(ids) == len(set(ids)) == total
 
 
+@pytest.mark.parametrize("total", [demo_cast.least_jobs(demo_cast.mix(browser=True)), 300])
+def test_the_browser_mix_adds_item_pages_and_removed_prices_on_distinct_pages(total: int) -> None:
+    counts = dict((k.name, n) for k, n in demo_cast.counts(total, demo_cast.mix(browser=True)))
+    assert sum(counts.values()) == total
+    assert counts["browser-item"] == demo_cast.BROWSER_ITEMS
+    assert counts["browser-removed"] == demo_cast.BROWSER_REMOVED
+    items = demo_cast.by_target(total, browser=True)[demo_cast.ITEMS]
+    assert all(j.handler == "browser.page" and j.page is not None for j in items)
+    # A removed page's visit must not count as a second effect of a committed item.
+    paths = [j.url.split("?")[0] for j in items]
+    assert len(paths) == len(set(paths))
+    assert demo_cast.ITEMS not in demo_cast.by_target(total, browser=False)
+
+
 def test_too_few_jobs_for_the_mix_are_refused_with_the_least_that_fits() -> None:
     with pytest.raises(ValueError, match=f"at least {demo_cast.least_jobs()}"):
         demo_cast.counts(demo_cast.least_jobs() - 1)

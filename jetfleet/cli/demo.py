@@ -50,14 +50,16 @@ SETTLE_S = 10.0
 
 def run(args: argparse.Namespace) -> int:
     """Run the demo; exit 0 only if nothing was lost and every job reached an end."""
-    least = demo_cast.least_jobs()
+    chromium = demo_cast.find_chromium()
+    least = demo_cast.least_jobs(demo_cast.mix(chromium is not None))
     if args.jobs < least:
         raise JetfleetError(f"--jobs must be at least {least} (one job of every kind)")
     from jetfleet.cli.run_commands import temp_stack_dir
 
     folder = temp_stack_dir()
     try:
-        report = asyncio.run(_Demo(folder, args.jobs, args.timeout, quiet=args.json).run())
+        demo = _Demo(folder, args.jobs, args.timeout, quiet=args.json, chromium=chromium)
+        report = asyncio.run(demo.run())
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if args.json:
@@ -68,13 +70,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _Demo:
-    def __init__(self, folder: Path, jobs: int, timeout_s: float, quiet: bool) -> None:
+    def __init__(
+        self, folder: Path, jobs: int, timeout_s: float, quiet: bool, chromium: str | None
+    ) -> None:
         self.folder = folder
         self.jobs = jobs
         self.timeout_s = timeout_s
         self.quiet = quiet
         self.skew: ClockSkew = clock_skew(demo_cast.SKEW)
         self.cast = demo_cast.cast(self.skew.env)
+        self.chromium = chromium
+        """The Chromium the browser worker drives; None: the browser part is skipped."""
+        if chromium is not None:
+            profiles = str(folder / "browser-profiles")
+            self.cast.append(demo_cast.browser_worker(chromium, profiles))
         self.events: list[str] = []
         self.started = 0.0
         self.held_when_killed: list[str] = []
@@ -92,9 +101,12 @@ class _Demo:
             self.folder / "stack",
             workers=0,
             user_config=config,
-            scripted_targets=demo_cast.scripted_targets(),
+            scripted_targets=demo_cast.scripted_targets(browser=self.chromium is not None),
             worker_specs=self.cast,
             demo_table=demo_cast.demo_table(),
+            # The sites' 1 s counts are the report's rate check: stamped on their own loop,
+            # not when this one, reading status and streams, gets round to them.
+            sites_on_own_loop=True,
         )
         async with stack:
             assert stack.settings is not None
@@ -125,7 +137,8 @@ class _Demo:
         # Time the fleet, not the workers' start-up: wait until every worker pulls.
         await _workers_pulling(js, self.cast, deadline=time.monotonic() + 60)
         started = self.started = time.monotonic()
-        for target, batch in demo_cast.by_target(self.jobs).items():
+        mix = demo_cast.by_target(self.jobs, browser=self.chromium is not None)
+        for target, batch in mix.items():
             self.paths.update((job.id, urlsplit(job.url).path) for job in batch)
             await submit_jobs(js, settings, target, batch)
         self.say(f"{self.jobs} jobs submitted")
@@ -220,6 +233,7 @@ class _Demo:
             workers=len(self.stack.children) - len(_service_children(self.stack.children)),
             events=self.events,
             dashboard_url=self.stack.gateway_url + "/",
+            browser=f"ran: {self.chromium}" if self.chromium else demo_cast.NO_CHROMIUM,
         )
 
 
@@ -343,6 +357,9 @@ def print_report(report: DemoReport) -> None:
         )
     else:
         print(f"{skew.worker}'s clock skew {skew.via}")
+    read = report.browser_pages
+    shown_read = f"; {len(read)} pages read, e.g. {read[0].title}: {read[0].values}" if read else ""
+    print(f"browser: {report.browser}{shown_read}")
     print(f"dashboard was at {report.dashboard_url}")
     print()
     for event in report.events:

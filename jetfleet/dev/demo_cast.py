@@ -12,8 +12,11 @@ the site counts its own requests per second:
   ``id-a`` (the only shop worker then), and the quarantine service's default rule
   (three refusals on one target) retires it on ``shop`` alone; a standby worker joins.
 
-The job mix is a list of ``JobKind`` so more kinds (``browser.page`` on the shop's
-item pages) can be added without touching the run.
+- ``items`` (only where a Chromium is found, ``find_chromium``): ``browser.page`` jobs
+  for a browser worker, product pages read for title and price, and a few whose price
+  the site removed (``?removed=1``): dead letters ``selector-removed``.
+
+The job mix is a list of ``JobKind``; ``mix`` gives the one for this host.
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from jetfleet.dev.devstack import ScriptedTarget, WorkerSpec
+from jetfleet.errors import ConfigError
 from jetfleet.schemas import Job
+from jetfleet.schemas.browser import Extract, PageSpec
+from jetfleet.settings import BrowserSettings
 from jetfleet.simulator import SimulatorConfig
+from jetfleet.worker.browser_executable import chromium_path
 
 SLOW_LATENCY_S = 2.0
 STORM_S = 5.0
@@ -46,6 +53,26 @@ SKEWED = "w-2"
 """The worker whose wall clock runs ``SKEW`` ahead (libfaketime)."""
 SKEW = "+1h"
 SKEW_S = 3600.0
+ITEMS = "items"
+"""The target of the ``browser.page`` jobs, played by a simulator of its own."""
+BROWSER_WORKER = "w-5"
+BROWSER_ITEMS = 8
+BROWSER_REMOVED = 2
+REMOVED_FROM = 1000
+"""The removed-price pages' first item number: apart from the committed items', so a
+removed page's visit is never counted as a second side effect of a committed job."""
+PRICE_WAIT_S = 2.0
+"""How long a browser job waits for ``.price``: on a removed page, until it dead-letters."""
+NO_CHROMIUM = "skipped: no Chromium found (apt-get install chromium)"
+
+
+def find_chromium() -> str | None:
+    """The Chromium a browser worker would drive (the worker's own discovery:
+    chromium, chromium-browser, google-chrome on PATH), or None."""
+    try:
+        return chromium_path(BrowserSettings())
+    except ConfigError:
+        return None
 
 
 def demo_table() -> dict[str, object]:
@@ -53,22 +80,32 @@ def demo_table() -> dict[str, object]:
     return {"rate": 40.0, "burst": 10, "max_in_flight": 32}
 
 
-def scripted_targets() -> dict[str, ScriptedTarget]:
-    """The misbehaving targets besides ``demo``, each on its own simulator."""
-    return {
-        "slow": ScriptedTarget(
-            SimulatorConfig(latency_s=SLOW_LATENCY_S),
-            {"rate": 10.0, "burst": 5, "max_in_flight": 24, "timeout_s": 10.0},
-        ),
-        "storm": ScriptedTarget(
-            SimulatorConfig(storm_s=STORM_S, storm_retry_after_s=STORM_RETRY_AFTER_S),
-            # Each 429 is an attempt: enough of them to outlast the storm.
-            {"rate": 20.0, "burst": 5, "max_in_flight": 16, "max_attempts": 10},
-        ),
-        SHOP: ScriptedTarget(
+def scripted_targets(browser: bool = False) -> dict[str, ScriptedTarget]:
+    """The misbehaving targets besides ``demo``, each on its own simulator (and ``items``
+    for the browser jobs when ``browser``)."""
+    items = {
+        ITEMS: ScriptedTarget(
             SimulatorConfig(),
-            {"rate": 10.0, "burst": 3, "max_in_flight": 8, "max_attempts": 5},
-        ),
+            {"rate": 5.0, "burst": 3, "max_in_flight": 4, "timeout_s": 20.0},
+        )
+    }
+    return {
+        **(items if browser else {}),
+        **{
+            "slow": ScriptedTarget(
+                SimulatorConfig(latency_s=SLOW_LATENCY_S),
+                {"rate": 10.0, "burst": 5, "max_in_flight": 24, "timeout_s": 10.0},
+            ),
+            "storm": ScriptedTarget(
+                SimulatorConfig(storm_s=STORM_S, storm_retry_after_s=STORM_RETRY_AFTER_S),
+                # Each 429 is an attempt: enough of them to outlast the storm.
+                {"rate": 20.0, "burst": 5, "max_in_flight": 16, "max_attempts": 10},
+            ),
+            SHOP: ScriptedTarget(
+                SimulatorConfig(),
+                {"rate": 10.0, "burst": 3, "max_in_flight": 8, "max_attempts": 5},
+            ),
+        },
     }
 
 
@@ -99,6 +136,22 @@ def cast(skew_env: Mapping[str, str]) -> list[WorkerSpec]:
     ]
 
 
+def browser_worker(executable: str, profiles_dir: str) -> WorkerSpec:
+    """The worker that runs the ``browser.page`` jobs, its Chromium ``executable`` and its
+    profiles in ``profiles_dir`` (the demo's throwaway folder)."""
+    return WorkerSpec(
+        BROWSER_WORKER,
+        "id-f",
+        (ITEMS,),
+        {
+            "JETFLEET_WORKER__VERSION_FIELDS": "release=1.5",
+            "JETFLEET_WORKER__BROWSER__ENABLED": "true",
+            "JETFLEET_WORKER__BROWSER__EXECUTABLE": executable,
+            "JETFLEET_WORKER__BROWSER__PROFILES_DIR": profiles_dir,
+        },
+    )
+
+
 def standby() -> WorkerSpec:
     """The worker that joins for ``shop`` once ``id-a`` is retired there."""
     return WorkerSpec(
@@ -117,8 +170,10 @@ class JobKind:
         share: Its part of ``--jobs``; ``fixed`` instead gives an exact count.
         least: The fewest of it (so a small ``--jobs`` still shows it).
         fixed: An exact count, whatever ``--jobs`` is (0: use ``share``).
+        first: The ``{n}`` of its first job.
         args: The job's handler arguments.
         handler: The handler that runs it.
+        page: A ``browser.page`` job's page spec.
         ends: What it should end as (``committed`` or ``dead:<reason>``), for the docs
             and the report's expectations.
     """
@@ -129,8 +184,10 @@ class JobKind:
     share: float = 0.0
     least: int = 1
     fixed: int = 0
+    first: int = 0
     args: Mapping[str, str] = field(default_factory=dict)
     handler: str = "http.get"
+    page: PageSpec | None = None
     ends: str = "committed"
 
 
@@ -151,7 +208,42 @@ MIX: tuple[JobKind, ...] = (
     ),
     JobKind("gone-page", "demo", "/missing/{n}", share=0.01, ends="dead:http-404"),
 )
-"""Every kind but the plain demo pages, which take the rest of ``--jobs``."""
+"""Every kind but the plain demo pages (which take the rest of ``--jobs``) and the
+browser ones."""
+
+ITEM_PAGE = PageSpec(
+    wait_for=".price",
+    wait_timeout_s=PRICE_WAIT_S,
+    extract={"title": Extract("h1.title"), "price": Extract(".price")},
+)
+
+BROWSER_MIX: tuple[JobKind, ...] = (
+    JobKind(
+        "browser-item",
+        ITEMS,
+        "/shop/item/{n}",
+        fixed=BROWSER_ITEMS,
+        handler="browser.page",
+        page=ITEM_PAGE,
+    ),
+    JobKind(
+        "browser-removed",
+        ITEMS,
+        "/shop/item/{n}?removed=1",
+        fixed=BROWSER_REMOVED,
+        first=REMOVED_FROM,
+        handler="browser.page",
+        page=ITEM_PAGE,
+        ends="dead:selector-removed",
+    ),
+)
+"""The ``browser.page`` jobs, in the mix only where a Chromium is found."""
+
+
+def mix(browser: bool) -> tuple[JobKind, ...]:
+    """The kinds besides the plain pages: ``MIX``, and ``BROWSER_MIX`` when ``browser``."""
+    return MIX + BROWSER_MIX if browser else MIX
+
 
 PAGE = JobKind("page", "demo", "/page/{n}", args=EXTRACT)
 
@@ -182,15 +274,17 @@ def jobs_of(kind: JobKind, count: int) -> list[Job]:
             url=kind.path.format(n=n),
             handler=kind.handler,
             args=dict(kind.args),
+            page=kind.page,
         )
-        for n in range(count)
+        for n in range(kind.first, kind.first + count)
     ]
 
 
-def by_target(total: int) -> dict[str, list[Job]]:
-    """The whole mix of ``total`` jobs, grouped by target, streak first."""
+def by_target(total: int, browser: bool = False) -> dict[str, list[Job]]:
+    """The whole mix of ``total`` jobs (with the browser kinds when ``browser``), grouped
+    by target, streak first."""
     grouped: dict[str, list[Job]] = {}
-    for kind, count in counts(total):
+    for kind, count in counts(total, mix(browser)):
         grouped.setdefault(kind.target, []).extend(jobs_of(kind, count))
     return grouped
 

@@ -19,6 +19,7 @@ from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus
 from jetfleet.results import iter_results
 from jetfleet.schemas import Outcome
+from jetfleet.schemas.browser import ExtractedValue, PageVisit
 from jetfleet.schemas.events import CommittedResult
 from jetfleet.schemas.report import Versions
 from jetfleet.settings import Settings
@@ -106,6 +107,21 @@ class DemoReport(msgspec.Struct):
     """What the script did, and when (seconds from the first submission)."""
     unfinished_by_target: dict[str, int]
     """Of ``unfinished``, per target (queued + leased): where to look when it is not 0."""
+    browser: str = ""
+    """``ran: <Chromium>`` when browser.page jobs were in the mix, else ``skipped: why``."""
+    over_applied: dict[str, int] = msgspec.field(default_factory=dict)
+    """Committed units of work served more than once (``target path`` -> pages served):
+    where to look when ``over_apply_ratio`` is above 1."""
+    browser_pages: list[PageRead] = msgspec.field(default_factory=list)
+    """What the committed ``browser.page`` jobs read from their pages, by job id."""
+
+
+class PageRead(msgspec.Struct):
+    """One committed ``browser.page`` job: its page's title and what it extracted."""
+
+    job_id: str
+    title: str
+    values: dict[str, ExtractedValue]
 
 
 class Scripted(msgspec.Struct):
@@ -117,6 +133,7 @@ class Scripted(msgspec.Struct):
     workers: int
     dashboard_url: str
     events: list[str] = []
+    browser: str = ""
 
 
 async def build_report(
@@ -171,6 +188,16 @@ async def build_report(
         workers=scripted.workers,
         dashboard_url=scripted.dashboard_url,
         events=scripted.events,
+        browser=scripted.browser,
+        over_applied=_over_applied(results, sites),
+        browser_pages=sorted(
+            (
+                PageRead(r.job_id, r.output.title, r.output.values)
+                for r in results
+                if isinstance(r.output, PageVisit)
+            ),
+            key=lambda p: p.job_id,
+        ),
         unfinished_by_target={
             name: t.queued + t.leased for name, t in status.targets.items() if t.queued + t.leased
         },
@@ -185,6 +212,15 @@ def _side_effects(
     served = {name: sim.served_by_path() for name, sim in sites.items()}
     per_unit = [served.get(target, {}).get(path, 0) for target, path in units]
     return sum(per_unit), sum(1 for n in per_unit if n)
+
+
+def _over_applied(
+    results: list[CommittedResult], sites: Mapping[str, TargetSimulator]
+) -> dict[str, int]:
+    units = sorted({(r.target, urlsplit(r.url).path) for r in results})
+    served = {name: sim.served_by_path() for name, sim in sites.items()}
+    counts = {f"{t} {p}": served.get(t, {}).get(p, 0) for t, p in units}
+    return {unit: n for unit, n in counts.items() if n > 1}
 
 
 def _rates(settings: Settings, sites: Mapping[str, TargetSimulator]) -> dict[str, RateAtTarget]:

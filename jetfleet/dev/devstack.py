@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
 from jetfleet.dev.readiness import wait_answering
 from jetfleet.dev.settings_file import toml_tables
+from jetfleet.dev.site_loop import SiteLoop
 from jetfleet.dev.stack_env import write_env
 from jetfleet.errors import StackError
 from jetfleet.services import SERVICE_NAMES
@@ -88,6 +89,7 @@ class DevStack:
         scripted_targets: Mapping[str, ScriptedTarget] | None = None,
         worker_specs: Sequence[WorkerSpec] = (),
         demo_table: Mapping[str, Any] | None = None,
+        sites_on_own_loop: bool = False,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.trace_endpoint = trace_endpoint
@@ -119,6 +121,9 @@ class DevStack:
         """Keys of ``[targets.demo]`` that replace the defaults (rate, burst, ...)."""
         self.killed: set[str] = set()
         """Children ended on purpose by ``kill``: not counted as dead."""
+        self.site_loop = SiteLoop() if sites_on_own_loop else None
+        """Where the simulators run when not on the caller's loop (jetfleet/dev/site_loop.py):
+        for a caller that measures their request rates while busy itself."""
 
     @property
     def config_path(self) -> Path:
@@ -137,6 +142,16 @@ class DevStack:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _all_sites(self) -> list[TargetSimulator]:
+        return [self.simulator, *self.simulators.values()]
+
+    async def _on_site_loop(self, step: Coroutine[Any, Any, object]) -> None:
+        """Run a simulator's start or stop where the simulators live."""
+        if self.site_loop is None:
+            await step
+        else:
+            await self.site_loop.run(step)
+
     async def start(self) -> None:
         """Start servers, simulator, services and workers; write the config; declare the
         topology; wait until every child answers; then write the env file.
@@ -151,9 +166,8 @@ class DevStack:
             self.gateway_token = ensure_bundle(self.auth_dir).gateway_token
             await asyncio.to_thread(self.nats.start)
             await asyncio.to_thread(self.redis.start)
-            await self.simulator.start()
-            for sim in self.simulators.values():
-                await sim.start()
+            for sim in self._all_sites():
+                await self._on_site_loop(sim.start())
             self.gateway_port = free_port()
             self._write_config()
             self.settings = load_settings(self.config_path, {})
@@ -324,9 +338,11 @@ class DevStack:
                 await asyncio.to_thread(_wait_or_kill, self.children[name])
         self.children.clear()
         self.ready_urls.clear()
-        await self.simulator.stop()
-        for sim in self.simulators.values():
-            await sim.stop()
+        for sim in self._all_sites():
+            await self._on_site_loop(sim.stop())
+        if self.site_loop is not None:
+            self.site_loop.close()
+            self.site_loop = None  # stopped with the sites; a second stop has none to stop
         await asyncio.to_thread(self.redis.stop)
         await asyncio.to_thread(self.nats.stop)
         for leftover in ("dev.pid", "env"):

@@ -77,6 +77,7 @@ from jetfleet.schemas.permit import (
 from jetfleet.schemas.report import MAX_DECODE_ERROR_CHARS, Malformed
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
+from jetfleet.task_stop import stop_task
 from jetfleet.version_tuple import local_tuple, with_handler
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import attempt_spans
@@ -1794,10 +1795,10 @@ def _job_id_of(msg: Msg) -> str:
 
 
 async def _stop(task: asyncio.Task[None]) -> None:
-    """Cancel ``task`` and wait until it has stopped."""
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    """Cancel ``task`` until it has stopped: a cancel dropped inside it (nats-py's
+    requests on 3.11, jetfleet/task_stop.py) left the lease keeper renewing a committed
+    job's lease, unacked, for ever."""
+    await stop_task(task)
 
 
 def _rate_reason(reply: PermitWait) -> str:
