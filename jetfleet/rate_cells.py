@@ -187,6 +187,9 @@ class Cell:
     key: str
     rate: float
     burst: int
+    slack_us: int = 0
+    """Taken off the burst tolerance: requests permitted up to this far apart may arrive
+    together (a target's ``send_jitter_s``), and must still keep to rate and burst."""
 
     @property
     def interval_us(self) -> int:
@@ -195,7 +198,7 @@ class Cell:
 
     @property
     def tau_us(self) -> int:
-        return (self.burst - 1) * self.interval_us
+        return max(0, (self.burst - 1) * self.interval_us - self.slack_us)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,12 @@ class TargetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     changes it at run time."""
     burst: int = 1
     """How many requests may go at once after an idle spell."""
+    send_jitter_s: float = 0.0
+    """Allowance for the time between a permit and its request reaching the target,
+    which varies on a loaded worker: the target's burst tolerance is cut by this much,
+    so requests permitted up to ``send_jitter_s`` apart still arrive within ``rate`` x W
+    + ``burst`` in any window of W seconds. It only cuts the burst (with ``burst`` 1
+    there is nothing to cut: lower ``rate`` instead); 0: none (docs/rate-limits.md)."""
     daily: int = 0
     """Requests per UTC day (Redis's clock); 0: no daily budget."""
     egress_rate: float = 0.0
@@ -886,6 +892,11 @@ def _validate_target(name: str, target: TargetSettings) -> None:
     )
     _require(target.rate >= MIN_RATE and math.isfinite(target.rate), f"{key}.rate", _HINTS["rate"])
     _require(target.burst >= 1, f"{key}.burst", _HINTS["burst"])
+    _require(
+        0.0 <= target.send_jitter_s < 1.0,
+        f"{key}.send_jitter_s",
+        "seconds from 0 up to (not including) 1",
+    )
     _require(target.max_in_flight >= 1, f"{key}.max_in_flight", _HINTS["max_in_flight"])
     _require(target.max_attempts >= 1, f"{key}.max_attempts", _HINTS["max_attempts"])
     _require(target.timeout_s > 0, f"{key}.timeout_s", _HINTS["timeout_s"])

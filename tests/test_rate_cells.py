@@ -56,6 +56,22 @@ async def test_a_cell_allows_its_burst_at_once_then_asks_for_one_interval(
     assert 0.05 < refused.wait_s <= 0.1
 
 
+async def test_send_jitter_slack_cuts_the_burst_so_late_permits_still_arrive_within_the_cap(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    # rate 40, burst 10, 0.1 s of slack: a window of 1.1 s of permits (what one second at
+    # the target can hold when sends lag up to 0.1 s) must hold at most 40 + 10.
+    cell = Cell("target", cell_key("target", TARGET), 40, 10, slack_us=100_000)
+    assert cell.tau_us == 9 * 25_000 - 100_000
+    at_once = await _allowed_in_a_row(cells, [cell])
+    assert at_once == 6  # tau 125 ms at 25 ms: 5 more than the first
+    assert 40 * 1.1 + at_once <= 40 + 10
+    # Never below a single request, and no slack leaves the burst as it was.
+    assert Cell("t", "k", 40, 2, slack_us=900_000).tau_us == 0
+    assert Cell("t", "k", 40, 10).tau_us == 9 * 25_000
+
+
 async def test_a_refusal_by_one_limit_takes_nothing_from_the_others(
     cells: RateCells, redis_client: aioredis.Redis
 ) -> None:

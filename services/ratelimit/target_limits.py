@@ -105,9 +105,7 @@ class TargetLimitBook:
         target = request.target
         limits = self.effective(target)
         declared = self.settings.targets[target]
-        cells = [
-            Cell("target", cell_key("target", target), limits.target_rate, limits.target_burst)
-        ]
+        cells = [self.target_cell(target)]
         fleet = self.settings.fleet
         if fleet.rate > 0:
             cells.append(Cell("fleet", cell_key("fleet"), fleet.rate, fleet.burst))
@@ -124,7 +122,14 @@ class TargetLimitBook:
     def target_cell(self, target: str) -> Cell:
         """The target's own cell (a hold pushes it so the target resumes at its rate)."""
         limits = self.effective(target)
-        return Cell("target", cell_key("target", target), limits.target_rate, limits.target_burst)
+        slack_us = round(self.settings.targets[target].send_jitter_s * 1_000_000)
+        return Cell(
+            "target",
+            cell_key("target", target),
+            limits.target_rate,
+            limits.target_burst,
+            slack_us,
+        )
 
     async def _follow(self, watcher: Any, apply: Any, loaded: asyncio.Future[None]) -> None:
         async for entry in watcher:
