@@ -35,11 +35,13 @@ async def serve_until_signalled(
     drain_timeout_s: float = 30.0,
     metrics_port: int | None = None,
     stop: asyncio.Event | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> None:
     """Start ``service`` and run it until SIGINT or SIGTERM (or until ``stop`` is set, by
     the service itself), then drain it.
 
-    With ``metrics_port`` (0 picks a free one) its metrics are served on ``/metrics``;
+    With ``metrics_port`` (0 picks a free one) its metrics are served on ``/metrics`` at
+    ``metrics_host`` (loopback unless told otherwise);
     with the standard ``OTEL_METRICS_EXPORTER=otlp`` or
     ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`` they are also pushed over OTLP/HTTP.
     """
@@ -54,9 +56,10 @@ async def serve_until_signalled(
     meters = None
     if metrics_port is not None:
         exporter = MetricsServer(
-            service.metrics, port=metrics_port, service=service.name, otlp=otlp
+            service.metrics, metrics_host, metrics_port, service=service.name, otlp=otlp
         )
-        log.info("%s metrics on http://127.0.0.1:%d/metrics", service.name, await exporter.start())
+        port = await exporter.start()
+        log.info("%s metrics on http://%s:%d/metrics", service.name, metrics_host, port)
     elif otlp:
         meters = ServiceMeters(service.name, service.metrics, prometheus=False, otlp=True)
     log.info("%s started", service.name)

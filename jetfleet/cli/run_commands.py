@@ -90,7 +90,13 @@ def register(commands: Any) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any; docs/metrics.md)",
+        help="serve Prometheus metrics on HOST:PORT/metrics (0: any; docs/metrics.md)",
+    )
+    serve.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="the address --metrics-port listens on (default 127.0.0.1, loopback only; "
+        "0.0.0.0 in a container so Prometheus can scrape it)",
     )
     serve.set_defaults(run=_run_serve)
 
@@ -134,7 +140,13 @@ def register(commands: Any) -> None:
         "--metrics-port",
         type=int,
         default=None,
-        help="serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: any; docs/metrics.md)",
+        help="serve Prometheus metrics on HOST:PORT/metrics (0: any; docs/metrics.md)",
+    )
+    worker.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        help="the address --metrics-port listens on (default 127.0.0.1, loopback only; "
+        "0.0.0.0 in a container so Prometheus can scrape it)",
     )
     worker.set_defaults(run=_run_worker)
 
@@ -205,16 +217,18 @@ def _run_serve(args: argparse.Namespace) -> int:
     role = known_role(args.name)
     settings = settings_from(args, role)
     with tracing.traced_process(args.name, os.environ):
-        return asyncio.run(_serve(args.name, settings, args.metrics_port))
+        return asyncio.run(_serve(args.name, settings, args.metrics_port, args.metrics_host))
 
 
-async def _serve(name: str, settings: Settings, metrics_port: int | None) -> int:
+async def _serve(
+    name: str, settings: Settings, metrics_port: int | None, metrics_host: str = "127.0.0.1"
+) -> int:
     nc = await connect_nats(settings.nats, f"jetfleet-{name}", role=known_role(name))
     try:
         if declares_topology(settings):
             await declare(nc.jetstream(), settings)
         service = _make_service(name, settings, nc)
-        await serve_until_signalled(service, metrics_port=metrics_port)
+        await serve_until_signalled(service, metrics_port=metrics_port, metrics_host=metrics_host)
     finally:
         await nc.close()
     return 0
@@ -292,7 +306,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     identity = args.identity or settings.worker.identity
     described = {tracing.WORKER_ID: worker_id, tracing.IDENTITY: identity}
     with tracing.traced_process("worker", os.environ, described):
-        return asyncio.run(_worker(settings, worker_id, identity, targets, args.metrics_port))
+        return asyncio.run(
+            _worker(settings, worker_id, identity, targets, args.metrics_port, args.metrics_host)
+        )
 
 
 async def _worker(
@@ -301,6 +317,7 @@ async def _worker(
     identity: str,
     targets: list[str],
     metrics_port: int | None,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
     nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}", role="worker")
     try:
@@ -308,7 +325,10 @@ async def _worker(
             await declare(nc.jetstream(), settings)
         worker = Worker(settings, nc, worker_id, targets, identity=identity)
         await serve_until_signalled(
-            _WorkerService(worker), metrics_port=metrics_port, stop=worker.quit
+            _WorkerService(worker),
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            stop=worker.quit,
         )
     finally:
         await nc.close()
