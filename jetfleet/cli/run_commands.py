@@ -61,12 +61,19 @@ def register(commands: Any) -> None:
         description="A temporary dev stack with four targets that misbehave (slow pages, a "
         "429 storm with Retry-After, a challenge streak that retires one identity on one "
         "target, removed selectors and gone pages), five workers on two version releases "
-        "(one SIGKILLed mid-job, one with its wall clock an hour ahead), N jobs submitted, "
+        "(one SIGKILLed mid-job, one with its wall clock an hour ahead through libfaketime "
+        "where installed), and where a Chromium is on PATH a fifth target and a sixth, "
+        "browser worker for browser.page jobs; N jobs submitted, "
         "progress on a terminal, the dashboard URL, a report from the streams and the "
         "sites' own counts, everything stopped. Exit 0 only if nothing was lost and every "
         "job ended (docs/cli.md#jetfleet-demo).",
     )
-    demo.add_argument("--jobs", type=int, default=200, help="jobs to submit (default 200)")
+    demo.add_argument(
+        "--jobs",
+        type=int,
+        default=200,
+        help="jobs to submit (default 200; at least 15, 25 with the browser part)",
+    )
     demo.add_argument(
         "--timeout",
         type=float,
