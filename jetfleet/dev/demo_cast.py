@@ -49,6 +49,7 @@ BLOCKED_IDENTITY = "id-a"
 SHOP = "shop"
 VICTIM = "w-3"
 """The worker SIGKILLed while it holds leases on ``slow``."""
+VICTIM_SLOTS = "JETFLEET_WORKER__CONCURRENCY"
 SKEWED = "w-2"
 """The worker whose wall clock runs ``SKEW`` ahead (libfaketime)."""
 SKEW = "+1h"
@@ -161,8 +162,12 @@ def cast(skew_env: Mapping[str, str]) -> list[WorkerSpec]:
     return [
         WorkerSpec("w-0", BLOCKED_IDENTITY, ("demo", "storm", SHOP), release("1.4")),
         WorkerSpec("w-1", "id-b", ("demo", "storm", "slow"), release("1.4")),
-        WorkerSpec(SKEWED, "id-c", ("demo", "storm", "slow"), {**release("1.5"), **skew_env}),
-        WorkerSpec(VICTIM, "id-d", ("slow",), release("1.5")),
+        WorkerSpec(SKEWED, "id-c", ("demo", "storm"), {**release("1.5"), **skew_env}),
+        # Three slots: its leases start within a few permits of each other, so there
+        # are moments when all its requests wait at the site and none is answered, the
+        # only moment a kill can land mid-job without a page served twice. With eight,
+        # on a busy machine one was always just answered and the victim died holding none.
+        WorkerSpec(VICTIM, "id-d", ("slow",), {**release("1.5"), VICTIM_SLOTS: "3"}),
     ]
 
 
