@@ -14,12 +14,15 @@ refuses (fails closed) while Redis is unreachable.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any, Literal, cast
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
+from jetfleet.redis_topology import RedisClient, connect_redis
 
 KEY_PREFIX = "jf:inflight:"
 # Connections one leaser keeps to Redis; each call holds one for a single round trip.
@@ -76,7 +79,8 @@ return held
 """
 )
 
-# Every key given: drop expired places, then count. One round trip for many targets.
+# Every key given: drop expired places, then count. One round trip for many targets (per
+# slot of a Redis Cluster, whose scripts take keys of one slot only).
 _COUNT_MANY = """
 redis.replicate_commands()
 local t = redis.call('TIME')
@@ -99,7 +103,7 @@ class CapsUnavailable(JetfleetError):
 class InFlightCaps:
     """Take, keep and drop a job's place under its target's in-flight cap."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
         self._take = client.register_script(_TAKE)
         self._keep = client.register_script(_KEEP)
@@ -107,20 +111,14 @@ class InFlightCaps:
 
     @classmethod
     def connect(cls, url: str) -> InFlightCaps:
-        """A client for ``url`` that gives up quickly, so a grant never waits long on Redis.
+        """A client for ``url`` (any form of jetfleet/redis_topology.py) that gives up
+        quickly, so a grant never waits long on Redis.
 
         The pool blocks (up to a second) for a free connection rather than failing: the
         default pool refuses at once past its size, which under a burst of grants would
         refuse them as ``caps-unavailable`` and leave places to expire.
         """
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=POOL_SIZE,
-            timeout=1.0,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-        )
-        return cls(aioredis.Redis(connection_pool=pool))
+        return cls(connect_redis(url, POOL_SIZE))
 
     async def reachable(self) -> bool:
         """Whether Redis answers a ping now."""
@@ -130,8 +128,11 @@ class InFlightCaps:
             return False
 
     async def close(self) -> None:
-        """Close the connection pool (a pool given to the client is not closed with it)."""
-        await self.client.aclose(close_connection_pool=True)
+        """Close the connections (a pool given to the client is not closed with it)."""
+        if isinstance(self.client, RedisCluster):
+            await self.client.aclose()
+        else:
+            await self.client.aclose(close_connection_pool=True)
 
     async def take(
         self, target: str, job_id: str, cap: int, ttl_s: float
@@ -160,14 +161,25 @@ class InFlightCaps:
     async def counts(self, targets: list[str]) -> dict[str, int]:
         """Jobs of each target holding a place now, in one round trip per 500 targets."""
         found: dict[str, int] = {}
-        for start in range(0, len(targets), COUNT_BATCH):
-            batch = targets[start : start + COUNT_BATCH]
-            try:
-                values = await self._count_many(keys=[KEY_PREFIX + t for t in batch])
-            except RedisError as exc:
-                raise CapsUnavailable(f"redis: {exc}") from exc
-            found.update(zip(batch, (int(v) for v in values), strict=True))
+        for group in self._by_slot(targets):
+            for start in range(0, len(group), COUNT_BATCH):
+                batch = group[start : start + COUNT_BATCH]
+                try:
+                    values = await self._count_many(keys=[KEY_PREFIX + t for t in batch])
+                except RedisError as exc:
+                    raise CapsUnavailable(f"redis: {exc}") from exc
+                found.update(zip(batch, (int(v) for v in values), strict=True))
         return found
+
+    def _by_slot(self, targets: list[str]) -> list[list[str]]:
+        """``targets`` in groups a script may take together: all at once on one server,
+        one group per slot on a cluster."""
+        if not isinstance(self.client, RedisCluster):
+            return [targets]
+        groups: dict[int, list[str]] = defaultdict(list)
+        for target in targets:
+            groups[key_slot((KEY_PREFIX + target).encode())].append(target)
+        return list(groups.values())
 
     async def _call(self, script: Any, target: str, *args: object) -> int:
         try:

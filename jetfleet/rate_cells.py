@@ -24,33 +24,55 @@ round trip) would lose that lateness for good, and a backlogged target would get
 under its rate (about 60 % of 8/s in the I4 test) for the whole span. A cell that has
 state is accurate: the burst it allows is one the target has really gone without.
 
-Every key shares the hash tag ``{jf-rate}``, so the one script runs on one shard of a
-Redis Cluster.
+Keys and shards. A script's keys must live in one slot of a Redis Cluster, so they share
+a hash tag: everything of one target (its birth time, hold, streak, daily count and its
+target, egress and identity cells) is tagged ``{jf-rate:<target>}``, so targets spread
+over the shards and each permit's target part is one script on one shard. The fleet
+aggregate cell, its birth time and the index of holds are tagged ``{jf-rate}``: one
+shard serves every permit's fleet part (the price of one fleet-wide count; without a
+fleet rate nothing is asked of it). A permit under a fleet rate is two scripts: the
+target's cells are taken first, then the fleet's; when the fleet refuses, the target's
+are given back, each only if nobody took from it since (else it stays taken, which can
+only slow the target, never let one more through). Either step failing refuses the
+permit: a dead shard stops its own targets' permits (and every one under a fleet rate,
+if it holds ``{jf-rate}``), the others go on.
+
+Each tag has its own birth time: a shard restarted empty or failed over, or a tag this
+replica could not reach for ``OUTAGE_S``, restarts the no-burst span of that tag only.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
+from jetfleet.redis_topology import RedisClient, connect_redis
 
-TAG = "{jf-rate}"
-KEY_BORN = f"{TAG}:born"
-KEY_HOLDS = f"{TAG}:holds"
+log = logging.getLogger(__name__)
+
+FLEET_TAG = "{jf-rate}"
+"""The hash tag of the fleet aggregate's keys; a target's is ``target_tag(target)``."""
+KEY_PATTERN = "{jf-rate*"
+"""Every rate-limit key, the fleet's and each target's (the Redis ACL's key pattern)."""
+KEY_HOLDS = f"{FLEET_TAG}:holds"
 """Every target's hold by when it ends (microseconds): status reads it, no SCAN."""
+DOWN_FORGOTTEN_S = 10.0
+"""A tag not tried for this long no longer counts as failing (its target may be gone)."""
 RECOVERY_S = 10.0
 """How long after the state's birth (or a replica's recovery) cells start full."""
 OUTAGE_S = 2.0
 """How long a replica must have failed closed before its recovery restarts the span: a
 passing error (a pool wait, one slow answer) must not slow the whole fleet for 10 s."""
 POOL_SIZE = 128
-"""Connections one ratelimit replica keeps: a permit holds one for a single round trip,
-and up to ``fleet.service_concurrency`` permits may be in hand (a pool of 32 made the
+"""Connections one ratelimit replica keeps (per node of a cluster): a permit holds one
+for a single round trip, and up to ``fleet.service_concurrency`` permits may be in hand (a pool of 32 made the
 33rd wait, and the 100th fail closed, with Redis healthy)."""
 US = 1_000_000
 
@@ -72,10 +94,12 @@ local age = now - born
 local span = tonumber(ARGV[1])
 """
 
-# KEYS: born, hold, daily (hash: day, used), then one key per cell.
+# KEYS: born, hold, daily (hash: day, used), then one key per cell, all of one tag (the
+# fleet's part names a hold and a daily count that never exist, with daily 0).
 # ARGV: recovery_us, daily limit (0: none), then per cell: interval_us, tau_us.
-# Returns {1} when allowed, else {0, wait_us, which}: which is -1 hold, -2 daily, else the
-# cell's index (1-based).
+# Returns {1, day or -1, then per cell: its TAT before (-1: none) and after} when allowed
+# (what giving it back needs, as text: Lua would cut 16 digits), else {0, wait_us, which}:
+# which is -1 hold, -2 daily, else the cell's index (1-based).
 _PERMIT = (
     _PRELUDE
     + """
@@ -113,22 +137,90 @@ for i = 1, cells do
   tats[i] = math.max(tat, now) + interval
 end
 if wait > 0 then return {0, wait, which} end
+local taken = {1, -1}
 for i = 1, cells do
   local px = math.ceil((tats[i] - now) / 1000) + 1000
-  redis.call('SET', KEYS[3 + i], string.format('%d', tats[i]), 'PX', px)
+  local before = redis.call('GET', KEYS[3 + i]) or '-1'
+  local after = string.format('%d', tats[i])
+  redis.call('SET', KEYS[3 + i], after, 'PX', px)
+  taken[#taken + 1] = before
+  taken[#taken + 1] = after
 end
 if daily > 0 then
   redis.call('HSET', KEYS[3], 'day', day, 'used', used + 1)
   redis.call('PEXPIRE', KEYS[3], 2 * 86400000)
+  taken[2] = day
 end
-return {1}
+return taken
 """
 )
 
-# KEYS: born, hold, streak, the target's cell, the index of holds (a sorted set).
+# Gives back what a permit's target part took when its fleet part refused. KEYS: daily,
+# then the cells. ARGV: day (-1: no daily count taken), then per cell its TAT before (-1:
+# none) and after. A cell is put back only if its TAT is still the one this permit wrote:
+# if another permit took from it since, giving back now could free a slot already used
+# (and let one more through than the cap), so it stays taken (only ever slower).
+_GIVE_BACK = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local day = tonumber(ARGV[1])
+if day >= 0 then
+  local stored = redis.call('HMGET', KEYS[1], 'day', 'used')
+  if stored[1] and tonumber(stored[1]) == day and tonumber(stored[2] or '0') > 0 then
+    redis.call('HINCRBY', KEYS[1], 'used', -1)
+  end
+end
+for i = 2, #KEYS do
+  local before = ARGV[2 * i - 2]
+  if redis.call('GET', KEYS[i]) == ARGV[2 * i - 1] then
+    local px = -1
+    if before ~= '-1' then px = math.ceil((tonumber(before) - now) / 1000) + 1000 end
+    if px > 0 then
+      redis.call('SET', KEYS[i], before, 'PX', px)
+    else
+      redis.call('DEL', KEYS[i])
+    end
+  end
+end
+return 1
+"""
+
+# KEYS: a tag's birth time. Restarts its no-burst span now, by the clock of its shard.
+_REBORN = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+redis.call('SET', KEYS[1], string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])))
+return 1
+"""
+
+# KEYS: the index of holds. ARGV: when a hold ends (microseconds), the target. Lists the
+# hold (a longer one stays) and drops the ended ones.
+_INDEX_HOLD = """
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local old = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]) or '0')
+if tonumber(ARGV[1]) > old then redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2]) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return 1
+"""
+
+# KEYS: the index of holds. Returns {now, target, ends, target, ends, ...} for the holds
+# in force, by the clock of the index's shard.
+_HOLDS_NOW = """
+local t = redis.call('TIME')
+local now = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2]))
+local found = redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf', 'WITHSCORES')
+table.insert(found, 1, now)
+return found
+"""
+
+# KEYS: born, hold, streak, the target's cell (all of the target's tag).
 # ARGV: recovery_us, asked_us (-1: the target gave no Retry-After), base_us, cap_us,
-# forgive_ms, jitter (a factor drawn by the caller), the target cell's tau_us, target.
-# Returns {hold_us, streak}: the hold in force after this one (a longer one stays).
+# forgive_ms, jitter (a factor drawn by the caller), the target cell's tau_us.
+# Returns {hold_us, streak, ends}: the hold in force after this one (a longer one stays)
+# and when it ends (text), for the index of holds (on the fleet's tag: a second call).
 _HOLD = (
     _PRELUDE
     + """
@@ -155,13 +247,11 @@ wait = math.min(math.floor(wait), cap)
 local ends = now + wait
 if ends > old then
   redis.call('SET', KEYS[2], string.format('%d', ends), 'PX', math.ceil(wait / 1000) + 1)
-  redis.call('ZADD', KEYS[5], ends, ARGV[8])
 else
   ends = old
 end
 -- Forgiven only after a quiet spell counted from when the hold ends.
 redis.call('PEXPIRE', KEYS[3], math.ceil((ends - now) / 1000) + tonumber(ARGV[5]))
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
 -- No burst when the hold ends: the target's cell resumes full, at its rate.
 local tau = tonumber(ARGV[7])
 local tat = tonumber(redis.call('GET', KEYS[4]) or '0')
@@ -169,7 +259,7 @@ if tat < ends + tau then
   local px = math.ceil((ends + tau - now) / 1000) + 1000
   redis.call('SET', KEYS[4], string.format('%d', ends + tau), 'PX', px)
 end
-return {ends - now, streak}
+return {ends - now, streak, string.format('%d', ends)}
 """
 )
 
@@ -210,56 +300,115 @@ class Decision:
     limit: str = ""
 
 
+def target_tag(target: str) -> str:
+    """The hash tag of every key of ``target``: its slot, so its shard."""
+    return "{jf-rate:" + target + "}"
+
+
+def born_key(tag: str) -> str:
+    """When the state of ``tag`` was born (or last restarted its no-burst span)."""
+    return f"{tag}:born"
+
+
+KEY_FLEET_BORN = born_key(FLEET_TAG)
+
+
 def hold_key(target: str) -> str:
     """Where ``target``'s fleet-wide hold is kept (value: when it ends, microseconds)."""
-    return f"{TAG}:hold:{target}"
+    return f"{target_tag(target)}:hold"
 
 
-def cell_key(*parts: str) -> str:
-    """The key of the cell limiting ``parts`` (for example ``("target", "shop")``)."""
-    return ":".join((TAG, "cell", *parts))
+def streak_key(target: str) -> str:
+    """How many slow-down episodes in a row ``target`` has had."""
+    return f"{target_tag(target)}:streak"
+
+
+def daily_key(target: str) -> str:
+    """``target``'s daily count (a hash: the UTC day, the requests used)."""
+    return f"{target_tag(target)}:daily"
+
+
+def fleet_cell_key() -> str:
+    """The fleet aggregate's cell."""
+    return f"{FLEET_TAG}:cell:fleet"
+
+
+def target_cell_key(target: str, *parts: str) -> str:
+    """The key of a cell of ``target``: ``("target",)`` its own, ``("egress", label)``
+    or ``("identity", name)`` a sender's to it."""
+    return ":".join((target_tag(target), "cell", *parts))
+
+
+@dataclass
+class _Down:
+    """A tag whose scripts failed: since when (monotonic), and when last."""
+
+    since: float
+    last: float
 
 
 class RateCells:
-    """Permits and holds over one Redis (or one shard of a cluster)."""
+    """Permits and holds over one Redis, a Sentinel's master, or a Redis Cluster."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
         self._permit = client.register_script(_PERMIT)
+        self._give_back = client.register_script(_GIVE_BACK)
         self._hold = client.register_script(_HOLD)
+        self._reborn = client.register_script(_REBORN)
+        self._index_hold = client.register_script(_INDEX_HOLD)
+        self._holds_now = client.register_script(_HOLDS_NOW)
+        self._down: dict[str, _Down] = {}
 
     @classmethod
     def connect(cls, url: str) -> RateCells:
-        """Cells over the Redis at ``url`` (connects lazily, on the first call).
+        """Cells over the Redis at ``url`` (any form of jetfleet/redis_topology.py;
+        connects lazily, on the first call)."""
+        return cls(connect_redis(url, POOL_SIZE))
 
-        The pool blocks (up to a second) for a free connection: the default pool refuses
-        at once past its size, which under a burst of permits would fail them closed
-        (and restart the no-burst span) for want of a connection, not of Redis."""
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=POOL_SIZE,
-            timeout=1.0,
-            socket_timeout=1.0,
-            socket_connect_timeout=1.0,
-        )
-        return cls(aioredis.Redis(connection_pool=pool))
+    @property
+    def failing(self) -> bool:
+        """Whether some tag's scripts failed lately and have not worked since: its
+        permits are refused (with a cluster, perhaps only the targets of one shard)."""
+        now = time.monotonic()
+        return any(now - down.last < DOWN_FORGOTTEN_S for down in self._down.values())
 
     async def permit(self, target: str, cells: list[Cell], daily: int) -> Decision:
         """Take one permit from every cell (and the daily budget), or none.
 
+        ``cells`` are the target's (keys of ``target_tag(target)``) and at most the
+        fleet's (``fleet_cell_key()``), taken after them.
+
         Raises:
             RateUnavailable: Redis did not answer.
         """
-        keys = [KEY_BORN, hold_key(target), f"{TAG}:daily:{target}"] + [c.key for c in cells]
-        args: list[int] = [round(RECOVERY_S * US), daily]
-        for cell in cells:
-            args += [cell.interval_us, cell.tau_us]
-        reply = await self._call(self._permit, keys, args)
-        if int(reply[0]) == 1:
+        fleet = [c for c in cells if c.key == fleet_cell_key()]
+        own = [c for c in cells if c.key != fleet_cell_key()]
+        tag = target_tag(target)
+        keys = [born_key(tag), hold_key(target), daily_key(target)] + [c.key for c in own]
+        reply = await self._run(tag, self._permit, keys, _permit_args(own, daily))
+        if int(reply[0]) != 1:
+            return _refusal(reply, own)
+        if not fleet:
             return Decision(allowed=True)
-        which = int(reply[2])
-        limit = {-1: "hold", -2: "daily"}.get(which) or cells[which - 1].name
-        return Decision(allowed=False, wait_s=int(reply[1]) / US, limit=limit)
+        fleet_keys = [KEY_FLEET_BORN, f"{FLEET_TAG}:hold", f"{FLEET_TAG}:daily", fleet[0].key]
+        try:
+            answer = await self._run(FLEET_TAG, self._permit, fleet_keys, _permit_args(fleet, 0))
+        except RateUnavailable:
+            await self._return(tag, keys, own, reply)
+            raise
+        if int(answer[0]) == 1:
+            return Decision(allowed=True)
+        await self._return(tag, keys, own, reply)
+        return _refusal(answer, fleet)
+
+    async def _return(self, tag: str, keys: list[str], own: list[Cell], taken: list[Any]) -> None:
+        """Give back what the target part took (best effort: kept, it only slows)."""
+        args = [int(taken[1]), *(_text(v) for v in taken[2:])]
+        try:
+            await self._run(tag, self._give_back, [keys[2]] + [c.key for c in own], args)
+        except RateUnavailable as exc:
+            log.info("could not give back a permit's target part (it stays taken): %s", exc)
 
     async def hold(
         self,
@@ -279,13 +428,8 @@ class RateCells:
         Raises:
             RateUnavailable: Redis did not answer.
         """
-        keys = [
-            KEY_BORN,
-            hold_key(target),
-            f"{TAG}:streak:{target}",
-            target_cell.key,
-            KEY_HOLDS,
-        ]
+        tag = target_tag(target)
+        keys = [born_key(tag), hold_key(target), streak_key(target), target_cell.key]
         asked = -1 if asked_s is None else round(asked_s * US)
         args = [
             round(RECOVERY_S * US),
@@ -295,31 +439,34 @@ class RateCells:
             max(1, round(forgive_s * 1000)),
             repr(jitter),
             target_cell.tau_us,
-            target,
         ]
-        reply = await self._call(self._hold, keys, args)
+        reply = await self._run(tag, self._hold, keys, args)
+        try:
+            await self._run(FLEET_TAG, self._index_hold, [KEY_HOLDS], [_text(reply[2]), target])
+        except RateUnavailable as exc:
+            # The hold is in force (it lives with the target); only status misses it.
+            log.warning("hold of %s not listed for status: %s", target, exc)
         return int(reply[0]) / US, int(reply[1])
 
-    async def recovering(self) -> None:
-        """This replica could not reach Redis and now can: start the no-burst span again,
-        since permits refused meanwhile would otherwise all be asked for at once."""
-        try:
-            await self.client.set(KEY_BORN, await self._now_us())
-        except (RedisError, OSError) as exc:
-            raise RateUnavailable(f"redis: {exc}") from exc
+    async def recovering(self, target: str | None = None) -> None:
+        """Restart the no-burst span of ``target``'s keys (None: the fleet's), as after
+        an outage: permits refused meanwhile would otherwise all be asked for at once.
+
+        Raises:
+            RateUnavailable: Redis did not answer.
+        """
+        tag = FLEET_TAG if target is None else target_tag(target)
+        await self._call(self._reborn, [born_key(tag)], [])
 
     async def holds(self) -> dict[str, float]:
         """Every target held now and the seconds left (one read of the holds' index,
         however many targets there are)."""
-        try:
-            now = await self._now_us()
-            found = await self.client.zrangebyscore(KEY_HOLDS, f"({now}", "+inf", withscores=True)
-        except (RedisError, OSError) as exc:
-            raise RateUnavailable(f"redis: {exc}") from exc
-        pairs = cast(list[tuple[bytes | str, float]], found)
+        found = await self._call(self._holds_now, [KEY_HOLDS], [])
+        now = int(_text(found[0]))
+        pairs = found[1:]
         return {
-            (name.decode() if isinstance(name, bytes) else name): (int(ends) - now) / US
-            for name, ends in pairs
+            _text(pairs[i]): (int(float(_text(pairs[i + 1]))) - now) / US
+            for i in range(0, len(pairs), 2)
         }
 
     async def ping(self) -> bool:
@@ -330,18 +477,54 @@ class RateCells:
             return False
 
     async def close(self) -> None:
-        """Close the connection pool (a pool given to the client is not closed with it)."""
-        await self.client.aclose(close_connection_pool=True)
+        """Close the connections (a pool given to the client is not closed with it)."""
+        if isinstance(self.client, RedisCluster):
+            await self.client.aclose()
+        else:
+            await self.client.aclose(close_connection_pool=True)
 
-    async def _now_us(self) -> int:
-        seconds, micros = await self.client.time()
-        return int(seconds) * US + int(micros)
+    async def _run(self, tag: str, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run a script of ``tag``'s keys, first restarting its no-burst span if its
+        shard did not answer for ``OUTAGE_S`` or more (a passing error does not)."""
+        down = self._down.get(tag)
+        now = time.monotonic()
+        try:
+            if down is not None and now - down.since >= OUTAGE_S:
+                await self._call(self._reborn, [born_key(tag)], [])
+            reply = await self._call(script, keys, args)
+        except RateUnavailable:
+            if down is None:
+                self._down[tag] = _Down(now, now)
+            else:
+                down.last = now
+            raise
+        if down is not None:
+            del self._down[tag]
+            log.info("%s answers again after %.1f s", tag, now - down.since)
+        return reply
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
         try:
             return cast(list[Any], await script(keys=keys, args=args))
         except (RedisError, OSError) as exc:
             raise RateUnavailable(f"redis: {exc}") from exc
+
+
+def _permit_args(cells: list[Cell], daily: int) -> list[int]:
+    args = [round(RECOVERY_S * US), daily]
+    for cell in cells:
+        args += [cell.interval_us, cell.tau_us]
+    return args
+
+
+def _refusal(reply: list[Any], cells: list[Cell]) -> Decision:
+    which = int(reply[2])
+    limit = {-1: "hold", -2: "daily"}.get(which) or cells[which - 1].name
+    return Decision(allowed=False, wait_s=int(reply[1]) / US, limit=limit)
+
+
+def _text(value: bytes | str | int | float) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def jitter_factor(draw: float) -> float:

@@ -22,6 +22,7 @@ import msgspec
 
 from jetfleet.activity_window import WindowError, window_of
 from jetfleet.errors import ConfigError
+from jetfleet.redis_topology import parse_redis_url
 from jetfleet.subjects import TARGET_NAME_RE
 
 _T = TypeVar("_T")
@@ -118,6 +119,9 @@ class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Where the shared rate-limit state lives."""
 
     url: str = "redis://127.0.0.1:6379/0"
+    """One server (``redis://host:port/db``), a Redis Cluster
+    (``redis+cluster://host:port,host:port``) or a Sentinel-watched master
+    (``redis+sentinel://host:port,host:port/SERVICE``); jetfleet/redis_topology.py."""
 
 
 class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -464,7 +468,8 @@ _HINTS = {
     "max_attempts": "a whole number >= 1",
     "timeout_s": "a positive number of seconds",
     "max_retry_after_s": "a number of seconds from 1 to 86400 (a day)",
-    "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0",
+    "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0 "
+    "(redis+cluster://h1:6379,h2:6379 or redis+sentinel://s1:26379,s2:26379/SERVICE)",
     "port": "a TCP port number",
 }
 
@@ -606,6 +611,10 @@ def validate(settings: Settings) -> None:
     """Check the rules a type cannot express; raise ConfigError naming the key."""
     for name, target in settings.targets.items():
         _validate_target(name, target)
+    try:
+        parse_redis_url(settings.redis.url)
+    except ConfigError as exc:
+        raise ConfigError(f"config: {exc}") from None
     _require(settings.fleet.max_job_bytes >= 1024, "fleet.max_job_bytes", "at least 1024")
     _require(
         settings.fleet.max_inline_bytes >= 0,

@@ -19,10 +19,10 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Literal, cast
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from jetfleet.inflight_caps import NOW_MS_LUA, CapsUnavailable
+from jetfleet.redis_topology import RedisClient
 
 KEY_PREFIX = "jf:subnet:"
 
@@ -113,7 +113,7 @@ def member(job_id: str, worker: str, subnet: str) -> str:
 class SubnetHolds:
     """Take, keep and drop a job's hold on its target for its worker's subnet."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: RedisClient) -> None:
         self.client = client
         self._take = client.register_script(_TAKE)
         self._keep = client.register_script(_KEEP)

@@ -9,9 +9,23 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from jetfleet.rate_cells import KEY_BORN, RECOVERY_S, US, Cell, RateCells, cell_key
+from jetfleet.rate_cells import (
+    KEY_FLEET_BORN,
+    RECOVERY_S,
+    US,
+    Cell,
+    RateCells,
+    born_key,
+    daily_key,
+    fleet_cell_key,
+    hold_key,
+    streak_key,
+    target_cell_key,
+    target_tag,
+)
 
 TARGET = "shop"
+KEY_BORN = born_key(target_tag(TARGET))
 
 
 @pytest.fixture
@@ -24,7 +38,8 @@ async def cells(redis_url: str, redis_client: aioredis.Redis) -> AsyncIterator[R
 async def _settled_state(client: aioredis.Redis) -> None:
     """A limiter state born long ago (not in its no-burst span after a loss)."""
     seconds, micros = await client.time()
-    await client.set(KEY_BORN, (int(seconds) - 30 * 86400) * US + int(micros))
+    for key in (KEY_BORN, KEY_FLEET_BORN):
+        await client.set(key, (int(seconds) - 30 * 86400) * US + int(micros))
 
 
 async def _int(client: aioredis.Redis, key: str) -> int:
@@ -34,7 +49,7 @@ async def _int(client: aioredis.Redis, key: str) -> int:
 
 
 def _target(rate: float, burst: int) -> Cell:
-    return Cell("target", cell_key("target", TARGET), rate, burst)
+    return Cell("target", target_cell_key(TARGET, "target"), rate, burst)
 
 
 async def _allowed_in_a_row(cells: RateCells, cell_list: list[Cell], daily: int = 0) -> int:
@@ -62,7 +77,7 @@ async def test_send_jitter_slack_cuts_the_burst_so_late_permits_still_arrive_wit
     await _settled_state(redis_client)
     # rate 40, burst 10, 0.1 s of slack: a window of 1.1 s of permits (what one second at
     # the target can hold when sends lag up to 0.1 s) must hold at most 40 + 10.
-    cell = Cell("target", cell_key("target", TARGET), 40, 10, slack_us=100_000)
+    cell = Cell("target", target_cell_key(TARGET, "target"), 40, 10, slack_us=100_000)
     assert cell.tau_us == 9 * 25_000 - 100_000
     at_once = await _allowed_in_a_row(cells, [cell])
     assert at_once == 6  # tau 125 ms at 25 ms: 5 more than the first
@@ -76,7 +91,7 @@ async def test_a_refusal_by_one_limit_takes_nothing_from_the_others(
     cells: RateCells, redis_client: aioredis.Redis
 ) -> None:
     await _settled_state(redis_client)
-    fleet = Cell("fleet", cell_key("fleet"), 1, 1)
+    fleet = Cell("fleet", fleet_cell_key(), 1, 1)
     roomy = _target(rate=0.01, burst=50)  # no refill while the test runs
     assert (await cells.permit(TARGET, [roomy, fleet], 0)).allowed
     for _ in range(5):
@@ -84,6 +99,34 @@ async def test_a_refusal_by_one_limit_takes_nothing_from_the_others(
         assert not refused.allowed and refused.limit == "fleet"
     # The target's cell gave one permit only: 49 of its burst are still there.
     assert await _allowed_in_a_row(cells, [roomy]) == 49
+
+
+async def test_a_fleet_refusal_gives_back_the_targets_daily_count(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    # The target's part (its own tag's shard) is taken before the fleet's: a refusal by
+    # the fleet must give it back, daily count included.
+    await _settled_state(redis_client)
+    fleet = Cell("fleet", fleet_cell_key(), 1, 1)
+    roomy = _target(rate=0.01, burst=50)
+    assert (await cells.permit(TARGET, [roomy, fleet], 10)).allowed
+    for _ in range(5):
+        assert (await cells.permit(TARGET, [roomy, fleet], 10)).limit == "fleet"
+    assert await _allowed_in_a_row(cells, [roomy], daily=10) == 9
+
+
+async def test_a_give_back_never_frees_a_slot_another_permit_took_since(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    await _settled_state(redis_client)
+    cell = _target(rate=0.01, burst=3)
+    assert (await cells.permit(TARGET, [cell], 0)).allowed
+    first = (await redis_client.get(cell.key) or b"").decode()
+    assert (await cells.permit(TARGET, [cell], 0)).allowed
+    # Giving the first back now would free a slot the second one's TAT builds on, and
+    # let a fourth request through a burst of three: it stays taken.
+    await cells._give_back(keys=[daily_key(TARGET), cell.key], args=[-1, "-1", first])
+    assert await _allowed_in_a_row(cells, [cell]) == 1
 
 
 async def test_the_daily_budget_stops_at_its_count_until_the_next_utc_day(
@@ -115,7 +158,7 @@ async def test_a_replica_recovering_from_an_outage_restarts_the_no_burst_span(
 ) -> None:
     await _settled_state(redis_client)
     cell = _target(rate=10, burst=5)
-    await cells.recovering()
+    await cells.recovering(TARGET)
     assert await _allowed_in_a_row(cells, [cell]) == 1
 
 
@@ -134,7 +177,7 @@ async def test_a_hold_refuses_every_permit_for_its_time_then_resumes_without_a_b
     assert again > 2.9
     # The cell was pushed past the hold's end: when it ends, one at a time.
     tat = await _int(redis_client, cell.key)
-    hold_ends = await _int(redis_client, f"{{jf-rate}}:hold:{TARGET}")
+    hold_ends = await _int(redis_client, hold_key(TARGET))
     assert tat >= hold_ends + cell.tau_us
 
 
@@ -147,12 +190,12 @@ async def test_without_retry_after_the_hold_doubles_with_the_streak_up_to_the_ca
     for _ in range(5):
         holds.append((await cells.hold(TARGET, cell, None, 1.0, 5.0, 60.0, 1.0))[0])
         # The hold has passed (as if its time ran out) before the target says 429 again.
-        await redis_client.delete(f"{{jf-rate}}:hold:{TARGET}")
+        await redis_client.delete(hold_key(TARGET))
     # Each episode doubles the hold: 1, 2, 4, then the 5 s cap.
     assert [round(h) for h in holds[:3]] == [1, 2, 4]
     assert all(h <= 5.0 for h in holds) and round(holds[-1]) == 5
     # Retry-After: 0 still holds for the first backoff.
-    await redis_client.delete(f"{{jf-rate}}:hold:{TARGET}", f"{{jf-rate}}:streak:{TARGET}")
+    await redis_client.delete(hold_key(TARGET), streak_key(TARGET))
     zero, _ = await cells.hold(TARGET, cell, 0.0, 1.0, 5.0, 60.0, 1.0)
     assert abs(zero - 1.0) < 0.01
 
@@ -188,5 +231,5 @@ async def test_one_slow_down_episode_grows_the_backoff_once_and_is_remembered_pa
     assert all(round(hold) == 1 for hold, _ in first)
     # The streak outlives the hold by the quiet spell (0.5 s here), not 0.5 s from when
     # the hold began: so the backoff can grow.
-    ttl_ms = await redis_client.pttl(f"{{jf-rate}}:streak:{TARGET}")
+    ttl_ms = await redis_client.pttl(streak_key(TARGET))
     assert ttl_ms > 1000, ttl_ms

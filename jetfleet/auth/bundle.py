@@ -27,21 +27,25 @@ NATS_AUTH_FILE = "nats-auth.conf"
 REDIS_ACL_FILE = "redis-users.acl"
 GATEWAY_TOKEN_FILE = "gateway-token"
 
-# The keys jetfleet keeps in Redis: the rate cells and holds (one hash tag), the in-flight
-# places and the subnet holds. A service user touches no other key (a Redis shared with
-# other applications keeps theirs) and no pub/sub channel (jetfleet uses none).
+# The keys jetfleet keeps in Redis: the rate cells and holds (the fleet's hash tag and
+# each target's), the in-flight places and the subnet holds. A service user touches no
+# other key (a Redis shared with other applications keeps theirs) and no pub/sub channel
+# (jetfleet uses none).
 REDIS_KEY_PATTERNS = (
-    f"{rate_cells.TAG}:*",
+    rate_cells.KEY_PATTERN,
     f"{inflight_caps.KEY_PREFIX}*",
     f"{subnet_holds.KEY_PREFIX}*",
 )
 
 # What a service's Redis user may run: jetfleet's keys, everything but administration and
-# the commands that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...).
+# the commands that can wipe or scan the whole keyspace (FLUSHALL, KEYS, CONFIG, DEBUG, ...),
+# except CLUSTER SLOTS: a Redis Cluster client asks it to learn which node holds which
+# slot (Redis 6 files all of CLUSTER under @dangerous). A cluster loads the file on
+# every node (ACLs are per node, never shared by the cluster).
 SERVICE_REDIS_RULES = (
     "resetkeys "
     + " ".join(f"~{p}" for p in REDIS_KEY_PATTERNS)
-    + " resetchannels +@all -@dangerous"
+    + " resetchannels +@all -@dangerous +cluster|slots"
 )
 
 

@@ -93,10 +93,9 @@ def redis_url_for(url: str, credentials: RoleCredentials | None) -> str:
     parts = urlsplit(url)
     if credentials is None or parts.scheme == "unix":
         return url
-    host = parts.hostname or "127.0.0.1"
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = host + (f":{parts.port}" if parts.port else "")
+    # Everything after the userinfo, kept as written: one host:port, or a cluster's or
+    # the Sentinels' comma-separated list (jetfleet/redis_topology.py).
+    netloc = parts.netloc.rpartition("@")[2] or "127.0.0.1"
     if credentials.redis_user:
         user = quote(credentials.redis_user, safe="")
         netloc = f"{user}:{quote(credentials.redis_password, safe='')}@{netloc}"

@@ -1,9 +1,10 @@
 """Serve ``jf.ratelimit`` (permits and holds) in the ``ratelimit`` queue group.
 
-Stateless: the cells live in Redis and every decision is one atomic script there, so any
+Stateless: the cells live in Redis and every decision is atomic scripts there, so any
 number of replicas agree. Redis unreachable means no permits at all (``refused:
-ratelimit-unavailable``): the fleet stops sending rather than sending unlimited. A
-replica that recovers restarts the no-burst span (jetfleet/rate_cells.py), so the
+ratelimit-unavailable``): the fleet stops sending rather than sending unlimited (with a
+Redis Cluster, the targets of a shard that does not answer). A replica that recovers
+restarts the no-burst span of what it could not reach (jetfleet/rate_cells.py), so the
 requests refused meanwhile do not all go at once.
 """
 
@@ -31,7 +32,7 @@ from nats.aio.msg import Msg
 from jetfleet import subjects
 from jetfleet.auth.credentials import without_secrets
 from jetfleet.metrics import CounterFamily, GaugeFamily, MetricFamily
-from jetfleet.rate_cells import OUTAGE_S, RateCells, RateUnavailable, jitter_factor
+from jetfleet.rate_cells import RateCells, RateUnavailable, jitter_factor
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 
@@ -71,7 +72,8 @@ class RateLimiter:
         )
         self.failing = GaugeFamily(
             "jetfleet_ratelimit_failing_closed",
-            "1 while this replica cannot reach Redis and refuses every permit",
+            "1 while this replica cannot reach Redis (or a shard of its cluster) and refuses "
+            "the permits that need it",
         )
         self.metrics: list[MetricFamily] = [self.answers, self.failing, self.responder.refused]
         self.failing_since: float | None = None
@@ -119,13 +121,14 @@ class RateLimiter:
     async def answer(self, call: PermitCall) -> RatelimitReply:
         """Answer one permit or hold."""
         try:
-            if self.failing_since is not None:
-                # Before any permit: the cells must start full again, or the first
-                # answers after an outage would be a burst of everything refused in it.
-                await self._recover()
+            # Before the permit, the cells of a tag that was out of reach start full
+            # again (RateCells), or the first answers after an outage would be a burst of
+            # everything refused in it.
             reply = await (
                 self.permit(call) if isinstance(call, PermitRequest) else self.hold(call)
             )
+            if self.failing_since is not None and not self.cells.failing:
+                self._recovered()
         except RateUnavailable as exc:
             self._failed(exc)
             reply = PermitRefused(
@@ -186,12 +189,10 @@ class RateLimiter:
             )
             self._failing_logged_at = now
 
-    async def _recover(self) -> None:
-        """Redis answers again (raises RateUnavailable if not): restart the no-burst span."""
+    def _recovered(self) -> None:
+        """Redis answers again, for every tag that failed lately (RateCells)."""
         assert self.failing_since is not None
         down_s = time.monotonic() - self.failing_since
-        if down_s >= OUTAGE_S:
-            await self.cells.recovering()
         self.failing_since = None
         self.failing.set(0.0)
         log.warning(

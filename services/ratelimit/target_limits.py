@@ -19,7 +19,7 @@ from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 from nats.js import JetStreamContext
 
 from jetfleet import subjects
-from jetfleet.rate_cells import Cell, cell_key
+from jetfleet.rate_cells import Cell, fleet_cell_key, target_cell_key
 from jetfleet.settings import Settings, TargetSettings
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,14 @@ class TargetLimitBook:
         cells = [self.target_cell(target)]
         fleet = self.settings.fleet
         if fleet.rate > 0:
-            cells.append(Cell("fleet", cell_key("fleet"), fleet.rate, fleet.burst))
+            cells.append(Cell("fleet", fleet_cell_key(), fleet.rate, fleet.burst))
         # Workers that name no egress (or identity) share one cell: a limit that applies
         # must not be skipped for want of a label.
         if declared.egress_rate > 0:
-            key = cell_key("egress", request.egress or UNLABELLED, target)
+            key = target_cell_key(target, "egress", request.egress or UNLABELLED)
             cells.append(Cell("egress", key, declared.egress_rate, declared.egress_burst))
         if declared.identity_rate > 0:
-            key = cell_key("identity", request.identity or UNLABELLED, target)
+            key = target_cell_key(target, "identity", request.identity or UNLABELLED)
             cells.append(Cell("identity", key, declared.identity_rate, declared.identity_burst))
         return cells, limits.daily
 
@@ -125,7 +125,7 @@ class TargetLimitBook:
         slack_us = round(self.settings.targets[target].send_jitter_s * 1_000_000)
         return Cell(
             "target",
-            cell_key("target", target),
+            target_cell_key(target, "target"),
             limits.target_rate,
             limits.target_burst,
             slack_us,
