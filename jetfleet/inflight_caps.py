@@ -22,7 +22,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
-from jetfleet.redis_topology import RedisClient, connect_redis
+from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
 
 KEY_PREFIX = "jf:inflight:"
 # Connections one leaser keeps to Redis; each call holds one for a single round trip.
@@ -128,11 +128,8 @@ class InFlightCaps:
             return False
 
     async def close(self) -> None:
-        """Close the connections (a pool given to the client is not closed with it)."""
-        if isinstance(self.client, RedisCluster):
-            await self.client.aclose()
-        else:
-            await self.client.aclose(close_connection_pool=True)
+        """Close every connection the client opened."""
+        await close_redis(self.client)
 
     async def take(
         self, target: str, job_id: str, cap: int, ttl_s: float

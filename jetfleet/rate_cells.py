@@ -49,11 +49,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
-from jetfleet.redis_topology import RedisClient, connect_redis
+from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +71,8 @@ OUTAGE_S = 2.0
 passing error (a pool wait, one slow answer) must not slow the whole fleet for 10 s."""
 POOL_SIZE = 128
 """Connections one ratelimit replica keeps (per node of a cluster): a permit holds one
-for a single round trip, and up to ``fleet.service_concurrency`` permits may be in hand (a pool of 32 made the
-33rd wait, and the 100th fail closed, with Redis healthy)."""
+for a single round trip, and up to ``fleet.service_concurrency`` permits may be in hand
+(a pool of 32 made the 33rd wait, and the 100th fail closed, with Redis healthy)."""
 US = 1_000_000
 
 # Shared prelude: now (microseconds, Redis clock) and whether the state is recovering.
@@ -477,11 +476,8 @@ class RateCells:
             return False
 
     async def close(self) -> None:
-        """Close the connections (a pool given to the client is not closed with it)."""
-        if isinstance(self.client, RedisCluster):
-            await self.client.aclose()
-        else:
-            await self.client.aclose(close_connection_pool=True)
+        """Close every connection the client opened."""
+        await close_redis(self.client)
 
     async def _run(self, tag: str, script: Any, keys: list[str], args: list[Any]) -> list[Any]:
         """Run a script of ``tag``'s keys, first restarting its no-burst span if its
@@ -498,8 +494,9 @@ class RateCells:
             else:
                 down.last = now
             raise
-        if down is not None:
-            del self._down[tag]
+        # Permits of one tag run concurrently: only the first success after a failure
+        # finds its record.
+        if down is not None and self._down.pop(tag, None) is not None:
             log.info("%s answers again after %.1f s", tag, now - down.since)
         return reply
 

@@ -211,3 +211,16 @@ def _sentinel_master(topology: RedisTopology, pool_size: int) -> aioredis.Redis:
         timeout=TIMEOUT_S,
     )
     return master
+
+
+async def close_redis(client: RedisClient) -> None:
+    """Close ``client`` and everything it opened: a cluster's node connections, or the
+    pool of one server (not closed with a client it was given to), and for a Sentinel's
+    master the connections to the Sentinels as well."""
+    if isinstance(client, RedisCluster):
+        await client.aclose()
+        return
+    pool = client.connection_pool
+    await client.aclose(close_connection_pool=True)
+    if isinstance(pool, SentinelConnectionPool):
+        await pool.sentinel_manager.aclose()

@@ -121,7 +121,7 @@ async def test_a_give_back_never_frees_a_slot_another_permit_took_since(
     await _settled_state(redis_client)
     cell = _target(rate=0.01, burst=3)
     assert (await cells.permit(TARGET, [cell], 0)).allowed
-    first = (await redis_client.get(cell.key) or b"").decode()
+    first = str(await _int(redis_client, cell.key))
     assert (await cells.permit(TARGET, [cell], 0)).allowed
     # Giving the first back now would free a slot the second one's TAT builds on, and
     # let a fourth request through a burst of three: it stays taken.

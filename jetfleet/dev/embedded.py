@@ -234,10 +234,14 @@ class EmbeddedNats(EmbeddedServer):
 class EmbeddedRedis(EmbeddedServer):
     """redis-server on a free loopback port, keeping nothing on disk."""
 
-    def __init__(self, data_dir: Path, acl_file: Path | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, acl_file: Path | None = None, extra_args: tuple[str, ...] = ()
+    ) -> None:
         super().__init__("redis-server", data_dir)
         self.acl_file = acl_file
         """A Redis ACL file (``jetfleet auth init``) to load; None: no auth."""
+        self.extra_args = extra_args
+        """More ``--option value`` arguments (a cluster node's, a replica's)."""
 
     @property
     def url(self) -> str:
@@ -271,6 +275,7 @@ class EmbeddedRedis(EmbeddedServer):
                     "--dir",
                     str(self.data_dir),
                     *(["--aclfile", str(self.acl_file.resolve())] if self.acl_file else []),
+                    *self.extra_args,
                 ]
             )
             try:
