@@ -23,6 +23,7 @@ from jetfleet.rate_cells import (
     target_cell_key,
     target_tag,
 )
+from jetfleet.rate_layout_upgrade import adopt_one_tag_state
 
 TARGET = "shop"
 KEY_BORN = born_key(target_tag(TARGET))
@@ -233,3 +234,31 @@ async def test_one_slow_down_episode_grows_the_backoff_once_and_is_remembered_pa
     # the hold began: so the backoff can grow.
     ttl_ms = await redis_client.pttl(streak_key(TARGET))
     assert ttl_ms > 1000, ttl_ms
+
+
+async def test_a_replica_carries_the_older_layouts_hold_daily_count_and_cell_over(
+    cells: RateCells, redis_client: aioredis.Redis
+) -> None:
+    # State written by a ratelimit replica from before issue 14 (one tag for every key).
+    await _settled_state(redis_client)
+    seconds, micros = await redis_client.time()
+    now_us = int(seconds) * US + int(micros)
+    day = now_us // (86400 * US)
+    await redis_client.set(f"{{jf-rate}}:hold:{TARGET}", now_us + 20 * US, px=20_000)
+    await redis_client.set(f"{{jf-rate}}:streak:{TARGET}", 3, px=60_000)
+    await redis_client.hset(f"{{jf-rate}}:daily:{TARGET}", mapping={"day": day, "used": 7})
+    await redis_client.pexpire(f"{{jf-rate}}:daily:{TARGET}", 86_400_000)
+    await redis_client.set(f"{{jf-rate}}:cell:target:{TARGET}", now_us + 5 * US, px=6_000)
+    # A key of the new layout already written (by an upgraded replica) is left alone.
+    await redis_client.set(streak_key(TARGET), 1, px=60_000)
+
+    assert await adopt_one_tag_state(cells.client, [TARGET, "other"]) == 3
+
+    held = await cells.permit(TARGET, [_target(10, 1)], 0)
+    assert held.limit == "hold" and 19 < held.wait_s <= 20
+    assert 19_000 < await redis_client.pttl(hold_key(TARGET)) <= 20_000
+    assert await _int(redis_client, streak_key(TARGET)) == 1
+    assert await redis_client.hget(daily_key(TARGET), "used") == b"7"
+    assert await _int(redis_client, target_cell_key(TARGET, "target")) == now_us + 5 * US
+    # Copied once: a replica started later copies nothing.
+    assert await adopt_one_tag_state(cells.client, [TARGET]) == 0

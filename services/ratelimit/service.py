@@ -33,6 +33,7 @@ from jetfleet import subjects
 from jetfleet.auth.credentials import without_secrets
 from jetfleet.metrics import CounterFamily, GaugeFamily, MetricFamily
 from jetfleet.rate_cells import RateCells, RateUnavailable, jitter_factor
+from jetfleet.rate_layout_upgrade import adopt_one_tag_state
 from jetfleet.responder import Refusals, Responder, Route
 from jetfleet.settings import Settings
 
@@ -90,6 +91,8 @@ class RateLimiter:
                     f"redis at {without_secrets(self.settings.redis.url)} does not answer"
                 )
             )
+        else:
+            await self._adopt_one_tag_state()
         self.failing.set(1.0 if self.failing_since is not None else 0.0)
         await self.responder.serve(
             Route(
@@ -102,6 +105,22 @@ class RateLimiter:
             )
         )
         await self.nc.flush()
+
+    async def _adopt_one_tag_state(self) -> None:
+        """Carry holds, daily counts and cells over from the key layout before issue 14
+        (jetfleet/rate_layout_upgrade.py)."""
+        try:
+            copied = await adopt_one_tag_state(self.cells.client, list(self.settings.targets))
+        except RateUnavailable as exc:
+            log.warning("could not carry the older key layout's rate state over: %s", exc)
+            return
+        if copied:
+            log.warning(
+                "carried %d rate keys over from the older key layout ({jf-rate}:...:<target>); "
+                "a ratelimit replica of that older jetfleet still running counts in those "
+                "keys only: stop it",
+                copied,
+            )
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop taking requests, answer those in hand, close."""
