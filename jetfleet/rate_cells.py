@@ -49,6 +49,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
@@ -467,6 +468,19 @@ class RateCells:
             _text(pairs[i]): (int(float(_text(pairs[i + 1]))) - now) / US
             for i in range(0, len(pairs), 2)
         }
+
+    async def silent_masters(self) -> list[str]:
+        """The masters of a Redis Cluster that do not answer a ping now (``host:port``):
+        the targets whose keys they hold get no permits. Empty for one server."""
+        if not isinstance(self.client, RedisCluster):
+            return []
+        silent = []
+        for node in self.client.get_primaries():
+            try:
+                await self.client.ping(target_nodes=node)
+            except (RedisError, OSError):
+                silent.append(node.name)
+        return silent
 
     async def ping(self) -> bool:
         """Whether Redis answers now."""

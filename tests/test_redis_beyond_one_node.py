@@ -11,6 +11,10 @@ burst above its cap (the issue's bound: replication is asynchronous, so a promot
 replica may lack the last permits' writes, and the failover's stalls in this one process
 bunch up sends the permits spaced); no job is lost and every one commits.
 
+Without replicas, a dead master's targets fail closed (no permit at all) while the other
+masters' targets go on and status names the silent master; restarted empty, it gives
+permits again, with no burst.
+
 Sentinel: one master, one replica, one Sentinel; the master is killed and the limiter
 follows the Sentinel to the promoted replica, with the same promises.
 
@@ -29,9 +33,19 @@ import pytest
 from nats.js import JetStreamContext
 
 from jetfleet.auth.bundle import Bundle
+from jetfleet.auth.credentials import redis_url_for
+from jetfleet.ops.limiter_state import limiter_state
 from jetfleet.ops.status import confirmed_status
-from jetfleet.rate_cells import FLEET_TAG, target_tag
-from jetfleet.settings import Settings
+from jetfleet.rate_cells import (
+    FLEET_TAG,
+    Cell,
+    RateCells,
+    RateUnavailable,
+    fleet_cell_key,
+    target_cell_key,
+    target_tag,
+)
+from jetfleet.settings import RedisSettings, Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator, most_in_any_window
 from tests.conftest import wait_for
 from tests.queueing.helpers import committed, dead, queue_settings, submit_paths, target
@@ -214,3 +228,46 @@ async def test_I4_the_limiter_follows_sentinel_to_the_promoted_replica_with_caps
     assert {a.path for a in arrivals} == set(paths), "a job was never sent"
     assert status.conserved, status
     assert (status.totals.committed, status.totals.queued, status.totals.leased) == (JOBS, 0, 0)
+
+
+async def test_a_dead_master_without_replica_fails_its_targets_closed_and_the_rest_go_on(
+    tmp_path: Path, auth_bundle: Bundle | None
+) -> None:
+    cluster = LoopbackCluster(tmp_path / "cluster", auth_bundle, replicas=0)
+    try:
+        await cluster.start()
+        names, victim = await _spread_targets(cluster)
+        url = cluster.url
+        if auth_bundle is not None:
+            url = redis_url_for(url, auth_bundle.credentials["ratelimit"])
+        cells = RateCells.connect(url)
+        fleet = Cell("fleet", fleet_cell_key(), 1000, 100)
+        try:
+
+            def own(name: str) -> Cell:
+                return Cell("target", target_cell_key(name, "target"), 10, 5)
+
+            for name in names:
+                assert (await cells.permit(name, [own(name), fleet], 0)).allowed
+            dead = await cluster.master_of(target_tag(victim))
+            dead.kill()
+            for _ in range(3):
+                with pytest.raises(RateUnavailable):
+                    await cells.permit(victim, [own(victim), fleet], 0)
+                for name in names:
+                    if name != victim:
+                        assert (await cells.permit(name, [own(name), fleet], 0)).allowed
+            state = await limiter_state(Settings(redis=RedisSettings(url=cluster.url)))
+            assert state.health == "failing-closed" and f":{dead.port}" in state.detail, state
+
+            await cluster.restart(dead)
+            # Back, empty: its target's cell starts full (no burst of what was refused).
+            assert (await cells.permit(victim, [own(victim), fleet], 0)).allowed
+            assert not (await cells.permit(victim, [own(victim), fleet], 0)).allowed
+            assert (
+                await limiter_state(Settings(redis=RedisSettings(url=cluster.url)))
+            ).health == "ok"
+        finally:
+            await cells.close()
+    finally:
+        cluster.stop()

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from jetfleet.errors import ConfigError
+from jetfleet.redis_topology import parse_redis_url
 from jetfleet.settings import Settings, load_settings
 
 TARGET = '[targets.demo]\nbase_url = "https://example.org/"\n'
@@ -272,6 +273,49 @@ def test_nats_url_and_redis_url_from_the_environment_override_the_file(
     )
     assert settings.nats.url == "nats://env:4333"
     assert settings.redis.url == "redis://env:6380/2"
+
+
+@pytest.mark.parametrize(
+    ("url", "kind", "nodes", "service"),
+    [
+        ("redis://r:6379/2", "single", (), ""),
+        ("redis+cluster://u:p%40w@r1:7000,r2:7001,[::1]:7002", "cluster", 3, ""),
+        ("redis+cluster://r1", "cluster", 1, ""),
+        ("rediss+sentinel://s1:26379,s2/jf-master/3", "sentinel", 2, "jf-master"),
+    ],
+)
+def test_a_redis_url_names_one_server_a_cluster_or_a_sentinel_master(
+    url: str, kind: str, nodes: int | tuple[()], service: str
+) -> None:
+    settings = load_settings(None, {"REDIS_URL": url})
+    topology = parse_redis_url(settings.redis.url)
+    assert topology.kind == kind and topology.service == service
+    if kind != "single":
+        assert len(topology.nodes) == nodes
+    if "p%40w" in url:
+        assert (topology.username, topology.password) == ("u", "p@w")
+        assert topology.nodes[2] == ("::1", 7002)
+    if kind == "sentinel":
+        assert topology.db == 3 and topology.tls and topology.nodes[1] == ("s2", 26379)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("redis+cluster://r1:7000/2", "a Redis Cluster has only database 0"),
+        ("redis+sentinel://s1:26379", "name the master Sentinel watches"),
+        ("redis+cluster://r1:70000", "'r1:70000' is not a startup node host:port"),
+        ("redis+cluster://r1:7000,", "'' is not a startup node host:port"),
+        ("redis+sentinel://u:secret@s1:x/m", "'s1:x' is not a Sentinel host:port"),
+        ("redis+cluster://r1:7000?ssl=1", "takes no ?options"),
+        ("rediscluster://r1:7000", "unknown scheme 'rediscluster'"),
+    ],
+)
+def test_a_bad_redis_url_is_refused_at_start_saying_what_to_fix(url: str, says: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_settings(None, {"REDIS_URL": url})
+    assert says in str(refused.value) and "redis.url" in str(refused.value)
+    assert "secret" not in str(refused.value)
 
 
 def test_a_section_key_variable_becomes_a_typed_float(tmp_path: Path) -> None:

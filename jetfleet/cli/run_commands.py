@@ -90,7 +90,9 @@ def register(commands: Any) -> None:
         epilog="scheduler: admission; ratelimit: permits (Redis); leaser: leases and "
         "quarantine commands; sink: commits and dead letters; gateway: HTTP API and "
         "dashboard; quarantine: applies [[quarantine.rules]] to outcome events and sets "
-        "records through the leaser (docs/quarantine.md).",
+        "records through the leaser (docs/quarantine.md). Redis (REDIS_URL or [redis] "
+        "url): redis://host:port/db, a cluster redis+cluster://h1:p1,h2:p2 or a Sentinel "
+        "master redis+sentinel://s1:p1,s2:p2/SERVICE (docs/rate-limits.md).",
     )
     serve.add_argument("name", choices=SERVICE_NAMES, help="the service to run")
     serve.add_argument(

@@ -7,7 +7,9 @@ it no replica can give a permit either (each fails closed). Holds are keys there
 when the hold ends, microseconds by Redis's clock, jetfleet/rate_cells.py), so they
 survive any restart of the services and every process reads the same ones. What this
 cannot see is a single replica cut off from a Redis the others reach; that replica's
-``jetfleet_ratelimit_failing_closed`` gauge shows it (docs/rate-limits.md).
+``jetfleet_ratelimit_failing_closed`` gauge shows it (docs/rate-limits.md). With a Redis
+Cluster the holds live on one shard, so status also pings every master: one silent
+master fails its targets' permits closed, and status says so.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ async def limiter_state(settings: Settings, max_shown: int = MAX_HOLDS_SHOWN) ->
     cells = RateCells.connect(settings.redis.url)
     try:
         found = await cells.holds()
+        silent = await cells.silent_masters()
     except RateUnavailable as exc:
         return LimiterState(
             health="failing-closed",
@@ -61,6 +64,11 @@ async def limiter_state(settings: Settings, max_shown: int = MAX_HOLDS_SHOWN) ->
         await cells.close()
     longest = sorted(found.items(), key=lambda item: (-item[1], item[0]))[:max_shown]
     return LimiterState(
+        health="failing-closed" if silent else "ok",
+        detail=f"Redis Cluster masters {', '.join(silent)} do not answer: the targets whose "
+        "rate keys they hold get no permits until a replica takes over or they return"
+        if silent
+        else "",
         holds=[TargetHold(target=name, seconds_left=round(left, 3)) for name, left in longest],
         held=len(found),
     )
