@@ -22,6 +22,7 @@ import msgspec
 
 from jetfleet.activity_window import WindowError, window_of
 from jetfleet.errors import ConfigError
+from jetfleet.event_loop import EventLoopChoice
 from jetfleet.subjects import TARGET_NAME_RE
 
 _T = TypeVar("_T")
@@ -426,6 +427,14 @@ class VersionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     incumbent's."""
 
 
+class ProcessSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How each long-running process runs (not behaviour: left out of the config hash)."""
+
+    event_loop: EventLoopChoice = "auto"
+    """``auto``: uvloop where it is installed, else asyncio's loop; ``uvloop`` (an error
+    where it is missing); ``asyncio`` (docs/configuration.md#process)."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Everything a jetfleet process is configured with."""
 
@@ -441,6 +450,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     of them. None declared: an identity is free text, with no state folder, region or
     egress of its own."""
     versions: VersionSettings = VersionSettings()
+    process: ProcessSettings = ProcessSettings()
 
     def target(self, name: str) -> TargetSettings:
         """The declared target ``name``; raises ConfigError if it is not declared."""
@@ -466,6 +476,7 @@ _HINTS = {
     "max_retry_after_s": "a number of seconds from 1 to 86400 (a day)",
     "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0",
     "port": "a TCP port number",
+    "event_loop": 'one of "auto", "uvloop" or "asyncio"',
 }
 
 
