@@ -72,8 +72,9 @@ def _problems(lock: dict[str, Pin], wanted: list[Requirement], name: str) -> lis
             found.append(f"{name}: {package} says nothing requires it")
         for source in pin.via:
             if source == SELF and package not in direct:
-                found.append(f"{name}: {package} is pinned for pyproject.toml, which no "
-                             "longer asks for it")
+                found.append(
+                    f"{name}: {package} is pinned for pyproject.toml, which no longer asks for it"
+                )
             elif source != SELF and source not in lock:
                 found.append(f"{name}: {package} is pinned for {source}, which is not pinned")
     return found
