@@ -39,7 +39,7 @@ schemas:
 # lock-check (part of `check`) fails when pyproject.toml changed without a relock.
 UV ?= uv
 LOCK_FOR := --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
-	--generate-hashes --index-url https://pypi.org/simple --custom-compile-command "make lock"
+	--generate-hashes --custom-compile-command "make lock"
 
 lock:
 	$(UV) pip compile pyproject.toml $(LOCK_FOR) $(LOCK_FLAGS) -o requirements.lock
