@@ -50,7 +50,7 @@ import nats  # noqa: E402
 from harness import fmt_table, run_with_tree, start_nats  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js import api as js_api  # noqa: E402
-from stats import latency_summary, process_usage  # noqa: E402
+from stats import cpu_snapshot, latency_summary, usage_since  # noqa: E402
 
 from jetfleet.dev.embedded import die_with_parent  # noqa: E402
 
@@ -101,7 +101,7 @@ async def batched_floor(jobs: int) -> dict[str, Any]:
             async with gate:
                 await js.publish(f"floor.demo.{n % 3}", BODY)
 
-        cpu0 = _cpu(pids)
+        cpu0 = cpu_snapshot(pids)
         started = time.monotonic()
         await asyncio.wait_for(asyncio.gather(*(publish(n) for n in range(jobs))), TIMEOUT_S)
         published = time.monotonic()
@@ -113,7 +113,7 @@ async def batched_floor(jobs: int) -> dict[str, Any]:
                 acked += 1
         await nc.flush()
         done = time.monotonic()
-        cpu1 = _cpu(pids)
+        usage = usage_since(pids, cpu0)
         return {
             "system": "nats-py",
             "jobs": jobs,
@@ -123,30 +123,12 @@ async def batched_floor(jobs: int) -> dict[str, Any]:
             "fetch_ack_per_s": acked / (done - published),
             "elapsed_s": done - started,
             "jobs_per_s": acked / (done - started),
-            "processes": _usage_between(pids, cpu0, cpu1),
+            "processes": usage,
         }
     finally:
         await nc.close()
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _cpu(pids: dict[str, int | None]) -> dict[str, float | None]:
-    return {k: (process_usage(p) or {}).get("cpu_s") for k, p in pids.items()}
-
-
-def _usage_between(
-    pids: dict[str, int | None], before: dict[str, float | None], after: dict[str, float | None]
-) -> dict[str, dict[str, float | None]]:
-    """Per process: CPU seconds spent between two readings, and RSS now."""
-    out: dict[str, dict[str, float | None]] = {}
-    for name, pid in pids.items():
-        b, a = before.get(name), after.get(name)
-        out[name] = {
-            "cpu_s": (a - b) if a is not None and b is not None else None,
-            "rss_mib": (process_usage(pid) or {}).get("rss_mib"),
-        }
-    return out
 
 
 def _spawn_consumer(
@@ -210,7 +192,7 @@ async def flow_floor(
             **{f"consumer-{n}": p.pid for n, p in enumerate(procs)},
             "bench (producer)": os.getpid(),
         }
-        cpu0 = _cpu(pids)
+        cpu0 = cpu_snapshot(pids)
         published_at = [0.0] * jobs
         gate = asyncio.Semaphore(IN_FLIGHT)
 
@@ -240,8 +222,7 @@ async def flow_floor(
                 result["stop_reason"] = "a consumer died"
                 break
             await asyncio.sleep(0.02)
-        cpu1 = _cpu(pids)
-        result["processes"] = _usage_between(pids, cpu0, cpu1)
+        result["processes"] = usage_since(pids, cpu0)
         acks = _stop_consumers(procs, folder)
         acked = {n: t for n, t in acks.items() if 0 <= n < jobs}
         last = max(acked.values()) if acked else time.monotonic()
