@@ -476,6 +476,8 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             f"< {RENEW_P99_TARGET_MS:g}",
             None if p99r is None else p99r < RENEW_P99_TARGET_MS,
         )
+    if not (results.get("fleet-leases") or {}).get("cases"):
+        add("10k workers: no spurious loss, renew p99 < 250 ms", None, "0 / < 250", None)
     mem = (results.get("memory") or {}).get("summary")
     if mem:
         add(
@@ -489,6 +491,18 @@ def targets(results: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             mem.get("slowest_status_ms"),
             "< 1000",
             mem.get("slowest_status_ms") is not None and mem["slowest_status_ms"] < 1000,
+        )
+        add(
+            "memory: services' growth, first mark to last, MB",
+            max(mem.get("growth_mb", {}).values(), default=None),
+            "-",
+            None,
+        )
+        add(
+            "memory: `jetfleet status` CLI incl. Python start-up, ms",
+            max(mem.get("cli_status_ms") or [], default=None),
+            "-",
+            None,
         )
     else:
         add("memory: services < 150 MB, status < 1 s", None, "--memory", None)
