@@ -20,14 +20,16 @@ Set up the honest way, as a fleet gets there:
    subject, the process's version tuple, ``sends_request`` false). The grants are
    spread evenly over ``--ramp-s`` (default ttl/3), as a running fleet's leases start
    at scattered moments; ``--ramp-s 0`` grants all at once (the worst case: every
-   renewal then falls due in the same instant).
+   renewal then falls due in the same instant). A refused grant is asked again after
+   its retry-after (up to 10 times), as the job would come back to a worker.
 4. Each then renews as the worker's lease keeper does (jetfleet/worker/runtime.py,
    ``_keep_lease``): every ttl/3 from when its last renewal was asked,
    ``LeaseClient.renew`` waited for no longer than the TTL has left, then ``+WPI``
    (``msg.in_progress()``) on its delivery; an unanswered or busy renewal is asked again
    soon (``Backoff``); ``lease-lost``, or no renewal answered for a whole TTL, is a lost
    lease. Nothing revokes or expires anything on purpose, so every loss is spurious.
-   Each worker stops after ``--rounds`` renewals.
+   Each worker renews at least ``--rounds`` times and goes on until every worker has
+   (so no lease lapses before the bucket is read).
 
 Figures: spurious lease losses (must be 0), renew latency p50/p99/max (answered calls;
 unanswered ones counted apart, as the worker's metric does), renewals/s, and CPU ms
@@ -50,6 +52,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +92,7 @@ TARGET = "fleet"
 GRANTS_IN_FLIGHT = 64  # grant calls at once during the ramp (a fleet starting up)
 SETUP_TIMEOUT_S = 180.0
 PULL_BATCH = 500
+GRANT_TRIES = 10  # a refused grant is asked again after its retry-after, this many times
 RENEW_P99_TARGET_MS = 250.0
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 
@@ -105,9 +110,15 @@ class Tally:
     lost_expired: int = 0
     wpi_failed: int = 0
     held: dict[str, int] = field(default_factory=dict)
+    never_granted: int = 0
     expected: int = 0
+    grants_settled: int = 0
     all_answered: asyncio.Event = field(default_factory=asyncio.Event)
-    """Set once every simulated worker's grant was answered."""
+    """Set once every simulated worker has its lease (or gave up asking)."""
+    through: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once every simulated worker has renewed ``rounds`` times (or lost its lease):
+    then all stop renewing, and every lease is still held when the bucket is read."""
 
 
 def config_tables(workers: int, redis_url: str, ttl_s: float | None) -> dict[str, Any]:
@@ -169,10 +180,40 @@ async def _keeper(
     rounds: int,
     tally: Tally,
 ) -> None:
-    """One simulated worker: take its job's lease at ``start_at``, then renew it
-    ``rounds`` times as the worker's lease keeper does."""
-    order = _order_decoder.decode(msg.data)
-    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+    """One simulated worker: take its job's lease at ``start_at``, then renew it as the
+    worker's lease keeper does, at least ``rounds`` times and until every worker has
+    (so every lease is still held when the bench reads the bucket)."""
+    marked = [False]
+
+    def through() -> None:
+        """This worker has its rounds (or will never have them): once each."""
+        if not marked[0]:
+            marked[0] = True
+            tally.through += 1
+            if tally.through >= tally.expected:
+                tally.stop.set()
+
+    try:
+        order = _order_decoder.decode(msg.data)
+        await asyncio.sleep(max(0.0, start_at - time.monotonic()))
+        granted = await _take_lease(n, order, msg, client, versions, gate, tally)
+        if granted is not None:
+            await _renew(order.job.id, msg, client, *granted, ttl_s, rounds, tally, through)
+    finally:
+        through()
+
+
+async def _take_lease(
+    n: int,
+    order: WorkOrder,
+    msg: Any,
+    client: LeaseClient,
+    versions: Any,
+    gate: asyncio.Semaphore,
+    tally: Tally,
+) -> tuple[int, float, float] | None:
+    """The grant (asked again after a refusal's retry-after, as the job would come back);
+    its fence, TTL and when it was asked; None if it never came."""
     request = LeaseRequest(
         job_id=order.job.id,
         target=order.target,
@@ -182,28 +223,64 @@ async def _keeper(
         reply_subject=msg.reply or "",
         sends_request=False,
     )
-    async with gate:
-        asked_at = time.monotonic()
-        reply = await client.grant(request)
-        tally.grant_latency.append(time.monotonic() - asked_at)
-        if len(tally.grant_latency) >= tally.expected:
-            tally.all_answered.set()
-    if not isinstance(reply, LeaseGrant):
-        tally.grant_refused.append(str(reply)[:200])
-        return
-    fence, ttl = reply.fence, reply.ttl_s or ttl_s
-    tally.held[order.job.id] = fence
+    reply = None
+    for _ in range(GRANT_TRIES):
+        async with gate:
+            asked_at = time.monotonic()
+            reply = await client.grant(request)
+            tally.grant_latency.append(time.monotonic() - asked_at)
+        if isinstance(reply, LeaseGrant):
+            tally.held[order.job.id] = reply.fence
+            _granted(tally)
+            return reply.fence, reply.ttl_s, asked_at
+        reason = "unanswered" if reply is None else getattr(reply, "reason", type(reply).__name__)
+        tally.grant_refused.append(f"{reason}: {getattr(reply, 'detail', '')}"[:160])
+        await asyncio.sleep(max(0.1, getattr(reply, "retry_after_s", 0.0)))
+    tally.never_granted += 1
+    _granted(tally)
+    return None
+
+
+def _granted(tally: Tally) -> None:
+    tally.grants_settled += 1
+    if tally.grants_settled >= tally.expected:
+        tally.all_answered.set()
+
+
+async def _renew(
+    job_id: str,
+    msg: Any,
+    client: LeaseClient,
+    fence: int,
+    ttl: float,
+    asked_at: float,
+    ttl_s: float,
+    rounds: int,
+    tally: Tally,
+    through: Callable[[], None],
+) -> None:
+    """The worker's ``_keep_lease`` loop (jetfleet/worker/runtime.py), counting; after
+    ``rounds`` renewals it calls ``through`` and goes on until ``tally.stop``."""
+    ttl = ttl or ttl_s
     interval = ttl / 3
     renewed_at, retry, wait_s, done = asked_at, Backoff(), interval, 0
-    while done < rounds:
-        await asyncio.sleep(max(0.0, min(wait_s, renewed_at + ttl - time.monotonic())))
+    while True:
+        wake = max(0.0, min(wait_s, renewed_at + ttl - time.monotonic()))
+        if done >= rounds:
+            through()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(tally.stop.wait(), wake)
+            if tally.stop.is_set():
+                return
+        else:
+            await asyncio.sleep(wake)
         asked_at = time.monotonic()
         left = renewed_at + ttl - asked_at
         renewed: bool | None = None
         if left > 0:
             try:
                 async with asyncio.timeout(left):
-                    renewed = await client.renew(order.job.id, fence)
+                    renewed = await client.renew(job_id, fence)
             except TimeoutError:
                 renewed = None
         if renewed:
@@ -309,7 +386,8 @@ async def run_case(
                 {
                     "grants": len(tally.held),
                     "grant_refusals": len(tally.grant_refused),
-                    "grant_refusal_examples": tally.grant_refused[:3],
+                    "grant_refusal_kinds": dict(Counter(tally.grant_refused).most_common(5)),
+                    "never_granted": tally.never_granted,
                     "grant_s": t_granted - t0,
                     "grant": latency_summary(tally.grant_latency),
                     "renewals": len(tally.renew_latency),
@@ -429,7 +507,8 @@ def render(results: list[dict[str, Any]]) -> str:
             )
         if r.get("grant_refusals"):
             out.append(
-                f"{label}: {r['grant_refusals']} grants refused, e.g. {r['grant_refusal_examples']}"
+                f"{label}: {r['grant_refusals']} grant asks refused (each asked again after its "
+                f"retry-after; {r.get('never_granted')} never granted): {r['grant_refusal_kinds']}"
             )
         if r.get("error"):
             out.append(f"{label}: ERROR {r['error']}")
