@@ -91,12 +91,15 @@ async def run_jetfleet(
     keep: bool = False,
     leases: bool = True,
     rate: float | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """Run one jetfleet scenario and return its figures (never leaves a process behind).
 
     ``leases=False`` sets ``fleet.leases = false``: the unfenced direct path, a baseline
     for what leasing costs, never a way to run production. ``rate`` submits at a steady
-    ``rate`` jobs/s instead of all at once (the latency scenario).
+    ``rate`` jobs/s instead of all at once (the latency scenario), after ``warmup``
+    jobs run to their commit and not counted. Status counts (dead, rejected) include
+    the warm-up jobs; they all commit, so ``lost`` does not.
     """
     folder = Path(tempfile.mkdtemp(prefix=f"jetfleet-bench-{handler.replace('.', '-')}-"))
     user_config = None
@@ -126,6 +129,8 @@ async def run_jetfleet(
         submitted_at: dict[str, float] = {}
         arrived_at: dict[str, float] = {}
         extra = {"duplicates": 0, "unknown": 0, "redelivered_commits": 0}
+        warming: set[str] = set()  # warm-up jobs not committed yet
+        warmed = asyncio.Event()
 
         async def on_result(msg: Any) -> None:
             now = time.monotonic()
@@ -138,6 +143,10 @@ async def run_jetfleet(
                 arrived_at[head.job_id] = now
                 if head.attempt > 1:
                     extra["redelivered_commits"] += 1
+                if head.job_id in warming:
+                    warming.discard(head.job_id)
+                    if not warming:
+                        warmed.set()
 
         sub = await nc.subscribe(
             "jf.results.>",
@@ -159,6 +168,19 @@ async def run_jetfleet(
                 if outcome.rejection is not None:
                     rejected_at_submit += 1
 
+        if warmup:
+            # Not counted: connections, buckets and code paths warmed, as in a fleet
+            # that has been running.
+            paths = [f"/warm/{n}" for n in range(warmup)]
+            warm = jobs_for(TARGET, settings, paths, handler=handler)
+            warming.update(j.id for j in warm)
+            await asyncio.wait_for(asyncio.gather(*(submit_one(j) for j in warm)), timeout_s)
+            await asyncio.wait_for(warmed.wait(), timeout_s)
+            submitted_at.clear()
+            arrived_at.clear()
+            extra.update(duplicates=0, unknown=0, redelivered_commits=0)
+            rejected_at_submit = 0
+            result["warmup"] = warmup
         pids: dict[str, int | None] = {n: p.pid for n, p in stack.children.items()}
         pids["nats-server"] = stack.nats.process.pid if stack.nats.process else None
         pids["redis-server"] = stack.redis.process.pid if stack.redis.process else None

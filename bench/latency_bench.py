@@ -5,8 +5,9 @@
 1. The peak: jetfleet's full path (noop, W workers) with N jobs submitted at once
    (bench/jetfleet_bench.py), unless ``--peak`` gives it (``python -m bench`` passes
    the jetfleet-noop figure of the same run).
-2. jetfleet at half of it: a fresh DevStack, jobs submitted at a steady peak/2 per
-   second for S seconds; latency is submit -> CommittedResult seen, per job.
+2. jetfleet at half of it: a fresh DevStack, 200 warm-up jobs run to their commit (not
+   counted), then jobs submitted at a steady peak/2 per second for S seconds; latency is
+   submit -> CommittedResult seen, per job.
 3. The raw round trip at the same rate: bench/floor_bench.py's flow floor paced at
    peak/2, its W consumer processes acking with ``ack_sync``; latency is publish ->
    fetch -> ack confirmed by the server, per message.
@@ -32,6 +33,7 @@ from harness import fmt_table, run_with_tree  # noqa: E402
 from jetfleet_bench import run_jetfleet  # noqa: E402
 
 PEAK_JOBS = 5000
+WARMUP_JOBS = 200  # jetfleet's, run to their commit before the paced jobs, not counted
 DEFAULT_SECONDS = 10.0
 P50_TARGET = 5.0
 P99_TARGET = 10.0
@@ -54,7 +56,9 @@ async def latency_at_half_peak(
     rate = peak / 2.0
     jobs = max(1, round(rate * seconds))
     result.update({"rate_per_s": rate, "jobs": jobs})
-    result["jetfleet"] = await run_jetfleet("noop", jobs, workers, TIMEOUT_S, keep=keep, rate=rate)
+    result["jetfleet"] = await run_jetfleet(
+        "noop", jobs, workers, TIMEOUT_S, keep=keep, rate=rate, warmup=WARMUP_JOBS
+    )
     result["raw"] = await flow_floor(jobs, workers, rate=rate)
     result["ratios"] = latency_ratios(result["jetfleet"], result["raw"])
     return result
