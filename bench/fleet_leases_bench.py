@@ -319,6 +319,8 @@ async def run_case(
     redis = EmbeddedRedis(folder / "redis")
     nc = None
     children: Children | None = None
+    keepers: list[asyncio.Task[None]] = []
+    tally = Tally(expected=workers)
     with counting_problems() as problems:
         try:
             nats = await start_nats(folder)
@@ -351,7 +353,6 @@ async def run_case(
             pids["bench (the simulated workers)"] = os.getpid()
             client = LeaseClient(nc)
             versions = with_handler(local_tuple(settings), "noop@1")
-            tally = Tally(expected=workers)
             gate = asyncio.Semaphore(GRANTS_IN_FLIGHT)
             cpu0 = cpu_snapshot(pids)
             t0 = time.monotonic()
@@ -371,12 +372,26 @@ async def run_case(
                 )
                 for n, msg in enumerate(msgs)
             ]
+            # Bounded: an overloaded leaser ends the case with what it got, not a hang.
             deadline = ramp + ttl * (rounds + 2) + 60.0
-            await asyncio.wait_for(tally.all_answered.wait(), deadline)
+            result["stop_reason"] = "every worker renewed its rounds"
+            try:
+                await asyncio.wait_for(tally.all_answered.wait(), deadline)
+            except TimeoutError:
+                result["stop_reason"] = (
+                    f"{workers - tally.grants_settled} grants unanswered after {deadline:.0f} s"
+                )
+                tally.stop.set()
             t_granted = time.monotonic()
             renewals_before = len(tally.renew_latency)
             cpu1 = cpu_snapshot(pids)
-            await asyncio.wait_for(asyncio.gather(*keepers), deadline)
+            done, pending = await asyncio.wait(keepers, timeout=deadline)
+            if pending:
+                result["stop_reason"] = f"{len(pending)} workers still renewing after the deadline"
+                await _stop_keepers(keepers, tally)
+            result["keeper_errors"] = sorted(
+                {repr(t.exception())[:160] for t in done if not t.cancelled() and t.exception()}
+            )
             t_end = max(tally.renew_done_at, default=time.monotonic())
             renewals = len(tally.renew_latency) - renewals_before
             phase_s = t_end - t_granted
@@ -417,6 +432,7 @@ async def run_case(
         except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"
         finally:
+            await _stop_keepers(keepers, tally)
             if nc is not None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(nc.close(), 10.0)
@@ -436,6 +452,14 @@ async def run_case(
             else:
                 shutil.rmtree(folder, ignore_errors=True)
     return result
+
+
+async def _stop_keepers(keepers: list[asyncio.Task[None]], tally: Tally) -> None:
+    """Stop every simulated worker still running (before its connection closes)."""
+    tally.stop.set()
+    for task in keepers:
+        task.cancel()
+    await asyncio.gather(*keepers, return_exceptions=True)
 
 
 async def _check_end(js: Any, tally: Tally, workers: int, result: dict[str, Any]) -> None:
@@ -510,6 +534,10 @@ def render(results: list[dict[str, Any]]) -> str:
                 f"{label}: {r['grant_refusals']} grant asks refused (each asked again after its "
                 f"retry-after; {r.get('never_granted')} never granted): {r['grant_refusal_kinds']}"
             )
+        if r.get("stop_reason") and r["stop_reason"] != "every worker renewed its rounds":
+            out.append(f"{label}: STOPPED EARLY: {r['stop_reason']}")
+        if r.get("keeper_errors"):
+            out.append(f"{label}: simulated workers failed: {r['keeper_errors']}")
         if r.get("error"):
             out.append(f"{label}: ERROR {r['error']}")
     return "\n".join(out)

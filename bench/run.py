@@ -316,6 +316,8 @@ def _lease_rows(r: dict[str, Any]) -> list[list[str]]:
             f"spurious losses {c.get('spurious_losses')}, unanswered "
             f"{c.get('unanswered_renewals')}, live after {c.get('live_leases_after')}"
         )
+        if c.get("stop_reason") not in (None, "every worker renewed its rounds"):
+            note = f"STOPPED EARLY: {c['stop_reason']}; {note}"
         rows.append(
             [
                 f"fleet-leases {c['workers']} x{c['replicas']} leaser",
