@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,15 +17,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from peer_marks import DONE_KEY, READY_KEY, peer_figures, read_marks
-from stats import cpu_snapshot, scan_logs, usage_since
+from child_procs import spawn_logged
+from peer_marks import DONE_KEY, READY_KEY, close_peer_run, peer_figures, read_marks
+from stats import cpu_snapshot, usage_since
 
-from jetfleet.dev.embedded import EmbeddedRedis, die_with_parent
+from jetfleet.dev.embedded import EmbeddedRedis
 
 HERE = Path(__file__).resolve().parent
 IN_FLIGHT = 256  # enqueues awaiting redis at once (the same as the jetfleet submitter)
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 
 
 def _spawn_worker(
@@ -41,28 +40,8 @@ def _spawn_worker(
             "PYTHONDONTWRITEBYTECODE": "1",
         }
     )
-    with (log_dir / f"arq-worker-{n}.log").open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, str(HERE / "arq_tasks.py")],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=str(log_dir),
-            preexec_fn=die_with_parent,
-        )
-
-
-def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = [sys.executable, str(HERE / "arq_tasks.py")]
+    return spawn_logged(argv, log_dir / f"arq-worker-{n}.log", env=env, cwd=log_dir)
 
 
 async def run_arq(
@@ -162,11 +141,5 @@ async def run_arq(
         if pool is not None:
             with contextlib.suppress(Exception):  # best effort; the server is stopped next
                 await asyncio.wait_for(pool.aclose(), 10.0)
-        await asyncio.to_thread(_stop_workers, procs)
-        await asyncio.to_thread(redis.stop)
-        result["log_problems"] = scan_logs(
-            [*sorted((folder / "logs").glob("*.log")), redis.log_path]
-        )
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        await close_peer_run(procs, redis, folder, keep, result)
     return result

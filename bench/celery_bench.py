@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,14 +29,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from peer_marks import DONE_KEY, READY_KEY, peer_figures, read_marks
-from stats import cpu_snapshot, scan_logs, usage_since
+from child_procs import spawn_logged
+from peer_marks import DONE_KEY, READY_KEY, close_peer_run, peer_figures, read_marks
+from stats import cpu_snapshot, usage_since
 
-from jetfleet.dev.embedded import EmbeddedRedis, die_with_parent
+from jetfleet.dev.embedded import EmbeddedRedis
 
 HERE = Path(__file__).resolve().parent
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 MODES = ("live", "drain")
 
 
@@ -68,27 +67,7 @@ def _spawn_worker(redis_port: int, concurrency: int, log_dir: Path) -> subproces
         "--without-mingle",
         "--without-gossip",
     ]
-    with (log_dir / "celery-worker.log").open("ab") as out:
-        return subprocess.Popen(
-            argv,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=str(log_dir),
-            preexec_fn=die_with_parent,
-        )
-
-
-def _stop(proc: subprocess.Popen[bytes] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.terminate()  # Celery's warm shutdown; its pool processes go with it
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+    return spawn_logged(argv, log_dir / "celery-worker.log", env=env, cwd=log_dir)
 
 
 async def _wait_ready(client: Any, proc: subprocess.Popen[bytes], log_dir: Path) -> float:
@@ -187,13 +166,7 @@ async def run_celery(
         if app is not None:
             with contextlib.suppress(Exception):
                 app.close()
-        await asyncio.to_thread(_stop, proc)
-        await asyncio.to_thread(redis.stop)
-        result["log_problems"] = scan_logs(
-            [*sorted((folder / "logs").glob("*.log")), redis.log_path]
-        )
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        await close_peer_run([proc], redis, folder, keep, result)
     return result
 
 

@@ -47,12 +47,11 @@ if str(HERE) not in sys.path:  # bench/ is not a package: its modules import eac
     sys.path.insert(0, str(HERE))
 
 import nats  # noqa: E402
+from child_procs import spawn_logged, stop_all  # noqa: E402
 from harness import fmt_table, run_with_tree, start_nats  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
 from nats.js import api as js_api  # noqa: E402
 from stats import cpu_snapshot, latency_summary, usage_since  # noqa: E402
-
-from jetfleet.dev.embedded import die_with_parent  # noqa: E402
 
 IN_FLIGHT = 256  # PubAcks awaited at once (= jetfleet.client.IN_FLIGHT)
 FETCH_BATCH = 200  # the batched floor's pull size
@@ -144,15 +143,7 @@ def _spawn_consumer(
         str(slots),
         str(batch),
     ]
-    log = (folder / f"consumer-{n}.log").open("ab")
-    with log:
-        return subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            preexec_fn=die_with_parent,
-        )
+    return spawn_logged(argv, folder / f"consumer-{n}.log")
 
 
 async def flow_floor(
@@ -261,15 +252,7 @@ async def _wait_files(paths: list[Path], procs: list[subprocess.Popen[bytes]]) -
 
 def _stop_consumers(procs: list[subprocess.Popen[bytes]], folder: Path) -> dict[int, float]:
     """SIGTERM the consumers (they write their ack times on the way out); the times."""
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(15.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_all(procs)
     acks: dict[int, float] = {}
     for n in range(len(procs)):
         path = folder / f"c{n}.acks"

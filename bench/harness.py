@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from child_procs import wait_or_kill
 from stats import latency_summary
 
 from jetfleet.dev.devstack import start_jetfleet
@@ -26,7 +27,6 @@ from jetfleet.dev.settings_file import toml_tables
 from jetfleet.settings import Settings, load_settings
 
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 _READY = re.compile(r"jetfleet\.service: \S+ started")
 
 
@@ -97,18 +97,10 @@ class Children:
             if proc.poll() is None:
                 proc.terminate()
         for proc in self.procs.values():
-            await asyncio.to_thread(_wait_or_kill, proc)
+            await asyncio.to_thread(wait_or_kill, proc)
 
     def logs(self) -> list[Path]:
         return sorted((self.folder / "logs").glob("*.log"))
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def start_nats(folder: Path) -> EmbeddedNats:

@@ -8,11 +8,16 @@ report.
 
 from __future__ import annotations
 
+import asyncio
+import shutil
+import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from stats import latency_summary
+from child_procs import stop_all
+from stats import latency_summary, scan_logs
 
 START_KEY = "bench:start"
 END_KEY = "bench:end"
@@ -64,3 +69,19 @@ def peer_figures(
             starts[j] - enqueued_at[j] for j in completed if j in starts
         ),
     }
+
+
+async def close_peer_run(
+    procs: Sequence[subprocess.Popen[bytes] | None],
+    redis: Any,
+    folder: Path,
+    keep: bool,
+    result: dict[str, Any],
+) -> None:
+    """Stop the peer's workers and its redis-server, scan their logs for problems into
+    ``result["log_problems"]``, and remove ``folder`` unless ``keep``."""
+    await asyncio.to_thread(stop_all, procs)
+    await asyncio.to_thread(redis.stop)
+    result["log_problems"] = scan_logs([*sorted((folder / "logs").glob("*.log")), redis.log_path])
+    if not keep:
+        shutil.rmtree(folder, ignore_errors=True)
