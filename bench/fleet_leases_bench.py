@@ -48,7 +48,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ if str(HERE) not in sys.path:  # bench/ is not a package: its modules import eac
 import msgspec  # noqa: E402
 from harness import (  # noqa: E402
     Children,
+    close_case,
     counting_problems,
     fmt_table,
     load,
@@ -75,7 +75,7 @@ from harness import (  # noqa: E402
 from jetfleet.schemas.job import WorkOrder  # noqa: E402
 from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
 from nats.errors import TimeoutError as NatsTimeoutError  # noqa: E402
-from stats import cpu_snapshot, latency_summary, scan_logs, usage_since  # noqa: E402
+from stats import cpu_snapshot, latency_summary, usage_since  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.backoff import Backoff  # noqa: E402
@@ -433,24 +433,7 @@ async def run_case(
             result["error"] = f"{type(exc).__name__}: {exc}"
         finally:
             await _stop_keepers(keepers, tally)
-            if nc is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(nc.close(), 10.0)
-            if children is not None:
-                await children.stop()
-            if nats is not None:
-                await asyncio.to_thread(nats.stop)
-            await asyncio.to_thread(redis.stop)
-            logs = children.logs() if children is not None else []
-            if nats is not None:
-                logs.append(nats.log_path)
-            logs.append(redis.log_path)
-            result["log_problems"] = scan_logs(logs)
-            result["inproc_log_problems"] = {"count": problems.count, "first": problems.first}
-            if keep:
-                result["data_dir"] = str(folder)
-            else:
-                shutil.rmtree(folder, ignore_errors=True)
+            await close_case(nc, children, [nats, redis], folder, keep, result, problems)
     return result
 
 
