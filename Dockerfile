@@ -16,12 +16,23 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # credentials owned by this uid (compose.yaml).
 RUN useradd --uid 10001 --create-home --home-dir /var/lib/jetfleet jetfleet
 
+# Dependencies from the runtime lock only: exact versions, every file checked against its
+# hash (docs/deploy.md#the-lock-files). Their own layer, so a code change reuses it.
 WORKDIR /src
+COPY requirements.lock ./
+RUN pip install --require-hashes -r requirements.lock
+
+# jetfleet itself as a built wheel, installed without dependencies (the lock has them
+# all; pip check proves it). A wheel file, not the folder: pip records its hash, so the
+# workers' version tuple is not marked unpinned ("local folder", docs/versions.md).
 COPY pyproject.toml README.md ./
 COPY jetfleet ./jetfleet
 COPY schemas ./schemas
 COPY services ./services
-RUN pip install . && rm -rf /src
+RUN pip wheel --no-deps --wheel-dir /tmp/dist . \
+    && pip install --no-deps /tmp/dist/jetfleet-*.whl \
+    && pip check \
+    && rm -rf /src /tmp/dist
 
 WORKDIR /var/lib/jetfleet
 USER jetfleet

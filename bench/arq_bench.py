@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,14 +17,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from stats import latency_summary, process_usage, scan_logs
+from child_procs import spawn_logged
+from peer_marks import DONE_KEY, READY_KEY, close_peer_run, peer_figures, read_marks
+from stats import cpu_snapshot, usage_since
 
-from jetfleet.dev.embedded import EmbeddedRedis, die_with_parent
+from jetfleet.dev.embedded import EmbeddedRedis
 
 HERE = Path(__file__).resolve().parent
 IN_FLIGHT = 256  # enqueues awaiting redis at once (the same as the jetfleet submitter)
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 
 
 def _spawn_worker(
@@ -40,28 +40,8 @@ def _spawn_worker(
             "PYTHONDONTWRITEBYTECODE": "1",
         }
     )
-    with (log_dir / f"arq-worker-{n}.log").open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, str(HERE / "arq_tasks.py")],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=str(log_dir),
-            preexec_fn=die_with_parent,
-        )
-
-
-def _stop_workers(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    argv = [sys.executable, str(HERE / "arq_tasks.py")]
+    return spawn_logged(argv, log_dir / f"arq-worker-{n}.log", env=env, cwd=log_dir)
 
 
 async def run_arq(
@@ -101,7 +81,7 @@ async def run_arq(
         procs = [
             _spawn_worker(n, redis.port, max_jobs, poll_delay, log_dir) for n in range(workers)
         ]
-        while int(await pool.get("bench:ready") or 0) < workers:
+        while int(await pool.get(READY_KEY) or 0) < workers:
             dead = [p.pid for p in procs if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"arq worker(s) {dead} exited during start; see {log_dir}")
@@ -122,6 +102,9 @@ async def run_arq(
                 if await pool.enqueue_job("noop", _job_id=job_id) is None:
                     refused += 1  # arq refuses a job id it already knows
 
+        pids: dict[str, int | None] = {f"arq-worker-{n}": p.pid for n, p in enumerate(procs)}
+        pids["redis-server"] = redis.process.pid if redis.process else None
+        cpu0 = cpu_snapshot(pids)
         first = time.monotonic()
         await asyncio.wait_for(asyncio.gather(*(enqueue_one(j) for j in ids)), timeout_s)
         enqueue_done = time.monotonic()
@@ -129,7 +112,7 @@ async def run_arq(
         deadline = first + timeout_s
         stop_reason = "all completed"
         while True:
-            done = int(await pool.get("bench:done") or 0)
+            done = int(await pool.get(DONE_KEY) or 0)
             if done >= jobs:
                 break
             if time.monotonic() > deadline:
@@ -141,37 +124,14 @@ async def run_arq(
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # a job run twice would be counted by now
 
-        done = int(await pool.get("bench:done") or 0)
-        starts = {k.decode(): float(v) for k, v in (await pool.hgetall("bench:start")).items()}
-        ends = {k.decode(): float(v) for k, v in (await pool.hgetall("bench:end")).items()}
-        completed = [j for j in ids if j in ends]
-        last = max(ends.values()) if ends else time.monotonic()
-        elapsed = last - first
-        result.update(
-            {
-                "stop_reason": stop_reason,
-                "committed": len(completed),
-                "dead": 0,
-                "rejected": refused,
-                "lost": jobs - len(completed) - refused,
-                "runs_counted": done,
-                "duplicates": max(0, done - len(completed)),
-                "queued_at_end": await pool.zcard("arq:queue"),
-                "submit_s": enqueue_done - first,
-                "elapsed_s": elapsed,
-                "jobs_per_s": len(completed) / elapsed if elapsed > 0 else 0.0,
-                "latency": latency_summary(ends[j] - enqueued_at[j] for j in completed),
-                "latency_label": "enqueue -> result stored",
-                "latency_to_start": latency_summary(
-                    starts[j] - enqueued_at[j] for j in completed if j in starts
-                ),
-            }
+        marks = await read_marks(pool)
+        result["processes"] = usage_since(pids, cpu0)
+        figures = peer_figures(
+            ids, enqueued_at, marks, first, enqueue_done, refused, label="enqueue -> result stored"
         )
-        usage: dict[str, Any] = {
-            f"arq-worker-{n}": process_usage(p.pid) for n, p in enumerate(procs)
-        }
-        usage["redis-server"] = process_usage(redis.process.pid if redis.process else None)
-        result["processes"] = usage
+        result.update(figures)
+        result["stop_reason"] = stop_reason
+        result["queued_at_end"] = await pool.zcard("arq:queue")
         result["dead_children"] = [
             f"arq-worker-{n}" for n, p in enumerate(procs) if p.poll() is not None
         ]
@@ -181,11 +141,5 @@ async def run_arq(
         if pool is not None:
             with contextlib.suppress(Exception):  # best effort; the server is stopped next
                 await asyncio.wait_for(pool.aclose(), 10.0)
-        await asyncio.to_thread(_stop_workers, procs)
-        await asyncio.to_thread(redis.stop)
-        result["log_problems"] = scan_logs(
-            [*sorted((folder / "logs").glob("*.log")), redis.log_path]
-        )
-        if not keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        await close_peer_run(procs, redis, folder, keep, result)
     return result

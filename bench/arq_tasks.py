@@ -16,11 +16,7 @@ import time
 from typing import Any, ClassVar
 
 from arq.connections import RedisSettings
-
-START_KEY = "bench:start"
-END_KEY = "bench:end"
-DONE_KEY = "bench:done"
-READY_KEY = "bench:ready"
+from peer_marks import DONE_KEY, END_KEY, READY_KEY, START_KEY
 
 
 async def noop(ctx: dict[str, Any]) -> None:

@@ -30,7 +30,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -44,11 +43,13 @@ if str(HERE) not in sys.path:
 import msgspec  # noqa: E402
 from harness import (  # noqa: E402
     Children,
+    close_case,
     counting_problems,
     fmt_table,
     load,
     run_with_tree,
     start_nats,
+    start_redis,
     stop_stack,
     summary,
     timed_calls,
@@ -67,7 +68,7 @@ from jetfleet.schemas import (  # noqa: E402
     WorkOrder,
 )
 from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
-from stats import latency_summary, process_usage, scan_logs  # noqa: E402
+from stats import latency_summary, process_usage  # noqa: E402
 
 import jetfleet  # noqa: E402
 from jetfleet import subjects  # noqa: E402
@@ -144,19 +145,24 @@ async def run_micro(reports: int, mode: str, keep: bool) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="jetfleet-bench-dlq-micro-"))
     result: dict[str, Any] = {"part": "micro", "mode": mode, "reports_per_phase": reports}
     nats = None
+    redis = None
     nc = None
     services: list[Any] = []
     children: Children | None = None
     with counting_problems() as problems:
         try:
             nats = await start_nats(folder)
+            redis = await start_redis(folder)
             config = write_config(
                 folder,
                 nats.url,
                 {
                     "fleet": {"lease_ttl_s": LEASE_TTL_S, "ack_wait_s": 2 * LEASE_TTL_S},
-                    f"targets.{TARGET}": {"base_url": BASE + "/", "max_in_flight": 64},
+                    # The in-flight cap (places in Redis) must admit every lease the
+                    # phases take: it is not what this bench measures.
+                    f"targets.{TARGET}": {"base_url": BASE + "/", "max_in_flight": 100_000},
                 },
+                redis.url,
             )
             settings = load(config)
             nc = await connect_nats(settings.nats, "bench-dlq-client")
@@ -293,20 +299,7 @@ async def run_micro(reports: int, mode: str, keep: bool) -> dict[str, Any]:
                     await asyncio.wait_for(svc.drain(10.0), 15.0)
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(snc.close(), 10.0)
-            if children is not None:
-                await children.stop()
-            if nc is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(nc.close(), 10.0)
-            if nats is not None:
-                await asyncio.to_thread(nats.stop)
-            logs = children.logs() if children is not None else []
-            if nats is not None:
-                logs.append(nats.log_path)
-            result["log_problems"] = scan_logs(logs)
-            result["inproc_log_problems"] = {"count": problems.count, "first": problems.first}
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
+            await close_case(nc, children, [nats, redis], folder, keep, result, problems)
     return result
 
 

@@ -18,25 +18,35 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from child_procs import wait_or_kill
 from stats import latency_summary
 
 from jetfleet.dev.devstack import start_jetfleet
-from jetfleet.dev.embedded import EmbeddedNats
+from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.dev.settings_file import toml_tables
 from jetfleet.settings import Settings, load_settings
 
 READY_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 15.0
 _READY = re.compile(r"jetfleet\.service: \S+ started")
 
 
-def write_config(folder: Path, nats_url: str, tables: dict[str, dict[str, Any]]) -> Path:
-    """Write ``folder/jetfleet.toml`` for ``nats_url`` plus ``tables`` and return its path.
+NO_REDIS_URL = "redis://127.0.0.1:1/0"
+"""Where a config without a redis-server points: nothing listens on port 1, so a service
+that reaches for Redis fails loudly instead of using the machine's own Redis on the
+standard port (the settings' default URL)."""
 
-    ``tables`` maps a table name (``fleet``, ``targets.demo``) to its keys. No redis is
-    started: the leaser and sink do not use it (the URL is never connected to).
+
+def write_config(
+    folder: Path, nats_url: str, tables: dict[str, dict[str, Any]], redis_url: str = NO_REDIS_URL
+) -> Path:
+    """Write ``folder/jetfleet.toml`` for ``nats_url`` and ``redis_url`` plus ``tables``
+    and return its path.
+
+    ``tables`` maps a table name (``fleet``, ``targets.demo``) to its keys. The leaser
+    keeps every target's in-flight places in Redis: a bench that runs one starts an
+    embedded redis-server (``start_redis``) and passes its URL.
     """
-    body: dict[str, dict[str, Any]] = {"nats": {"url": nats_url}}
+    body: dict[str, dict[str, Any]] = {"nats": {"url": nats_url}, "redis": {"url": redis_url}}
     body.update(tables)
     path = folder / "jetfleet.toml"
     path.write_text(toml_tables(body))
@@ -97,18 +107,10 @@ class Children:
             if proc.poll() is None:
                 proc.terminate()
         for proc in self.procs.values():
-            await asyncio.to_thread(_wait_or_kill, proc)
+            await asyncio.to_thread(wait_or_kill, proc)
 
     def logs(self) -> list[Path]:
         return sorted((self.folder / "logs").glob("*.log"))
-
-
-def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 async def start_nats(folder: Path) -> EmbeddedNats:
@@ -116,6 +118,13 @@ async def start_nats(folder: Path) -> EmbeddedNats:
     nats = EmbeddedNats(folder / "nats")
     await asyncio.to_thread(nats.start)
     return nats
+
+
+async def start_redis(folder: Path) -> EmbeddedRedis:
+    """An embedded redis-server (no persistence) under ``folder/redis``."""
+    redis = EmbeddedRedis(folder / "redis")
+    await asyncio.to_thread(redis.start)
+    return redis
 
 
 async def timed_calls(
@@ -184,6 +193,38 @@ async def wait_until_done(
             return "a child died"
         await asyncio.sleep(0.05)
     return done_reason
+
+
+async def close_case(
+    nc: Any,
+    children: Children | None,
+    servers: Sequence[Any],
+    folder: Path,
+    keep: bool,
+    result: dict[str, Any],
+    problems: ProblemCounter,
+) -> None:
+    """End a case on bare servers: close the bench's connection, stop the children and
+    then the servers (embedded nats-server or redis-server; None for one that never
+    started), scan every log into ``result["log_problems"]``, add the in-process
+    warnings, and remove ``folder`` unless ``keep``."""
+    from stats import scan_logs
+
+    if nc is not None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.close(), 10.0)
+    if children is not None:
+        await children.stop()
+    started = [s for s in servers if s is not None]
+    for server in started:
+        await asyncio.to_thread(server.stop)
+    logs = children.logs() if children is not None else []
+    result["log_problems"] = scan_logs([*logs, *(s.log_path for s in started)])
+    result["inproc_log_problems"] = {"count": problems.count, "first": problems.first}
+    if keep:
+        result["data_dir"] = str(folder)
+    else:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def fmt_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

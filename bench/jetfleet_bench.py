@@ -12,12 +12,13 @@ import asyncio
 import re
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from harness import stop_stack
-from stats import latency_summary, process_usage
+from stats import cpu_snapshot, latency_summary, usage_since
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
@@ -65,13 +66,40 @@ def _read(path: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
+async def _submit_all(
+    batch: list[Any], submit_one: Callable[[Any], Awaitable[None]], rate: float | None
+) -> None:
+    """All at once (the gate in ``submit_one`` bounds what is in flight), or paced at a
+    steady ``rate`` per second."""
+    if not rate:
+        await asyncio.gather(*(submit_one(j) for j in batch))
+        return
+    started = time.monotonic()
+    pending: set[asyncio.Task[None]] = set()
+    for n, job in enumerate(batch):
+        await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
+        pending.add(asyncio.create_task(submit_one(job)))
+        pending = {t for t in pending if not t.done()}
+    await asyncio.gather(*pending)
+
+
 async def run_jetfleet(
-    handler: str, jobs: int, workers: int, timeout_s: float, keep: bool = False, leases: bool = True
+    handler: str,
+    jobs: int,
+    workers: int,
+    timeout_s: float,
+    keep: bool = False,
+    leases: bool = True,
+    rate: float | None = None,
+    warmup: int = 0,
 ) -> dict[str, Any]:
     """Run one jetfleet scenario and return its figures (never leaves a process behind).
 
     ``leases=False`` sets ``fleet.leases = false``: the unfenced direct path, a baseline
-    for what leasing costs, never a way to run production.
+    for what leasing costs, never a way to run production. ``rate`` submits at a steady
+    ``rate`` jobs/s instead of all at once (the latency scenario), after ``warmup``
+    jobs run to their commit and not counted. Status counts (dead, rejected) include
+    the warm-up jobs; they all commit, so ``lost`` does not.
     """
     folder = Path(tempfile.mkdtemp(prefix=f"jetfleet-bench-{handler.replace('.', '-')}-"))
     user_config = None
@@ -85,6 +113,7 @@ async def run_jetfleet(
         "jobs": jobs,
         "workers": workers,
         "leases": leases,
+        "paced_per_s": rate,
         "data_dir": str(folder) if keep else None,
     }
     nc = None
@@ -100,6 +129,8 @@ async def run_jetfleet(
         submitted_at: dict[str, float] = {}
         arrived_at: dict[str, float] = {}
         extra = {"duplicates": 0, "unknown": 0, "redelivered_commits": 0}
+        warming: set[str] = set()  # warm-up jobs not committed yet
+        warmed = asyncio.Event()
 
         async def on_result(msg: Any) -> None:
             now = time.monotonic()
@@ -112,6 +143,10 @@ async def run_jetfleet(
                 arrived_at[head.job_id] = now
                 if head.attempt > 1:
                     extra["redelivered_commits"] += 1
+                if head.job_id in warming:
+                    warming.discard(head.job_id)
+                    if not warming:
+                        warmed.set()
 
         sub = await nc.subscribe(
             "jf.results.>",
@@ -133,8 +168,25 @@ async def run_jetfleet(
                 if outcome.rejection is not None:
                     rejected_at_submit += 1
 
+        if warmup:
+            # Not counted: connections, buckets and code paths warmed, as in a fleet
+            # that has been running.
+            paths = [f"/warm/{n}" for n in range(warmup)]
+            warm = jobs_for(TARGET, settings, paths, handler=handler)
+            warming.update(j.id for j in warm)
+            await asyncio.wait_for(asyncio.gather(*(submit_one(j) for j in warm)), timeout_s)
+            await asyncio.wait_for(warmed.wait(), timeout_s)
+            submitted_at.clear()
+            arrived_at.clear()
+            extra.update(duplicates=0, unknown=0, redelivered_commits=0)
+            rejected_at_submit = 0
+            result["warmup"] = warmup
+        pids: dict[str, int | None] = {n: p.pid for n, p in stack.children.items()}
+        pids["nats-server"] = stack.nats.process.pid if stack.nats.process else None
+        pids["redis-server"] = stack.redis.process.pid if stack.redis.process else None
+        cpu0 = cpu_snapshot(pids)
         first_submit = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*(submit_one(j) for j in batch)), timeout_s)
+        await asyncio.wait_for(_submit_all(batch, submit_one, rate), timeout_s)
         submit_done = time.monotonic()
 
         deadline = first_submit + timeout_s
@@ -157,6 +209,7 @@ async def run_jetfleet(
                     stop_reason = "all terminal"
                     break
             await asyncio.sleep(0.05)
+        usage = usage_since(pids, cpu0)  # before the checks below add their own work
         await asyncio.sleep(0.5)  # late duplicates, if any, would show up now
         await sub.unsubscribe()
 
@@ -197,13 +250,6 @@ async def run_jetfleet(
             "max_in_any_1s": stack.simulator.max_in_any_window(1.0),
             "configured_rate_per_s": settings.target(TARGET).rate,
         }
-        usage: dict[str, Any] = {}
-        for name, proc in stack.children.items():
-            usage[name] = process_usage(proc.pid)
-        usage["nats-server"] = process_usage(stack.nats.process.pid if stack.nats.process else None)
-        usage["redis-server"] = process_usage(
-            stack.redis.process.pid if stack.redis.process else None
-        )
         result["processes"] = usage
         result["dead_children"] = stack.dead_children()
     except Exception as exc:

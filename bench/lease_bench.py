@@ -3,8 +3,10 @@
     python bench/lease_bench.py [--leases N] [--rounds R] [--concurrency 1,50]
                                 [--replicas 1,2] [--mode inproc,process] [--json]
 
-Each case (mode x replicas x concurrency) gets a fresh embedded nats-server and topology
-(``jetfleet.topology.declare``), then its leaser replica(s):
+Each case (mode x replicas x concurrency) gets a fresh embedded nats-server and
+redis-server (the leaser keeps the target's in-flight places there; the cap is set to
+admit every lease) and topology (``jetfleet.topology.declare``), then its leaser
+replica(s):
 
 * ``inproc``: ``jetfleet.services.leaser.Leaser`` objects in this process, each on its own
   NATS connection, sharing this process's event loop (and CPU) with the caller;
@@ -25,7 +27,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import shutil
 import sys
 import tempfile
 import time
@@ -38,18 +39,20 @@ if str(HERE) not in sys.path:
 
 from harness import (  # noqa: E402
     Children,
+    close_case,
     counting_problems,
     fmt_table,
     load,
     run_with_tree,
     start_nats,
+    start_redis,
     summary,
     timed_calls,
     write_config,
 )
 from jetfleet.schemas.lease import LeaseGrant, LeaseRequest  # noqa: E402
 from jetfleet.schemas.report import Versions  # noqa: E402
-from stats import process_usage, scan_logs  # noqa: E402
+from stats import process_usage  # noqa: E402
 
 import jetfleet  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
@@ -63,12 +66,16 @@ CASE_TIMEOUT_S = 300.0
 WARMUP = 50
 
 
-def config_tables() -> dict[str, dict[str, Any]]:
+def config_tables(leases: int) -> dict[str, dict[str, Any]]:
     return {
         # ack_wait must exceed the lease TTL (settings.validate).
         "fleet": {"lease_ttl_s": LEASE_TTL_S, "ack_wait_s": 2 * LEASE_TTL_S},
-        # The leaser never contacts the target; base_url only has to be valid.
-        f"targets.{TARGET}": {"base_url": "http://127.0.0.1:9/", "max_in_flight": 64},
+        # The leaser never contacts the target; base_url only has to be valid. Its
+        # in-flight cap (places in Redis) must admit every lease held at once.
+        f"targets.{TARGET}": {
+            "base_url": "http://127.0.0.1:9/",
+            "max_in_flight": max(64, leases + WARMUP),
+        },
     }
 
 
@@ -137,13 +144,15 @@ async def run_case(
         "lease_ttl_s": LEASE_TTL_S,
     }
     nats = None
+    redis = None
     nc = None
     pairs: list[Any] = []
     children: Children | None = None
     with counting_problems() as problems:
         try:
             nats = await start_nats(folder)
-            config = write_config(folder, nats.url, config_tables())
+            redis = await start_redis(folder)
+            config = write_config(folder, nats.url, config_tables(leases), redis.url)
             settings = load(config)
             nc = await connect_nats(settings.nats, "bench-lease-client")
             js = nc.jetstream()
@@ -160,7 +169,10 @@ async def run_case(
                     await client.renew(job_id, reply.fence)
                     await client.release(job_id, reply.fence)
 
-            pids = {"nats-server": nats.process.pid if nats.process else None}
+            pids = {
+                "nats-server": nats.process.pid if nats.process else None,
+                "redis-server": redis.process.pid if redis.process else None,
+            }
             if children is not None:
                 pids.update({n: p.pid for n, p in children.procs.items()})
             else:
@@ -207,21 +219,8 @@ async def run_case(
         except Exception as exc:
             result["error"] = f"{type(exc).__name__}: {exc}"
         finally:
-            await stop_leasers(pairs, children)
-            if nc is not None:
-                with contextlib.suppress(Exception):
-                    await asyncio.wait_for(nc.close(), 10.0)
-            if nats is not None:
-                await asyncio.to_thread(nats.stop)
-            logs = children.logs() if children is not None else []
-            if nats is not None:
-                logs.append(nats.log_path)
-            result["log_problems"] = scan_logs(logs)
-            result["inproc_log_problems"] = {"count": problems.count, "first": problems.first}
-            if not keep:
-                shutil.rmtree(folder, ignore_errors=True)
-            else:
-                result["data_dir"] = str(folder)
+            await stop_leasers(pairs, None)
+            await close_case(nc, children, [nats, redis], folder, keep, result, problems)
     return result
 
 

@@ -134,6 +134,7 @@ async def run(
         nc = await connect_nats(settings.nats, "bench-queue")
         js = nc.jetstream()
         pids: dict[str, int | None] = {n: p.pid for n, p in stack.children.items()}
+        result["services"] = list(stack.children)  # workers=0: every child is a service
         pids["nats-server"] = stack.nats.process.pid if stack.nats.process else None
         pids["redis-server"] = stack.redis.process.pid if stack.redis.process else None
         pids["bench (submitter)"] = os.getpid()
@@ -285,6 +286,42 @@ async def run(
         # Logs are scanned after the stop, so errors logged while draining count too.
         await stop_stack(stack, nc, folder, keep, result)
     return result
+
+
+SERVICE_LIMIT_MB = 150.0
+STATUS_LIMIT_MS = 1000.0
+_MB = 1.048576  # MB per MiB
+
+
+def memory_summary(r: dict[str, Any]) -> dict[str, Any]:
+    """The issue's memory target read off a run: each jetfleet service's RSS (MB) at
+    every mark, its growth from the first mark above 0 to the last, the slowest status
+    read, and whether every service stayed under 150 MB and status under a second."""
+    services = r.get("services") or []
+    marks = {k: v for k, v in (r.get("marks_reached") or {}).items() if k.isdigit() and k != "0"}
+    rss = {
+        label: {name: (mib or 0.0) * _MB for name, mib in s["rss_mib"].items()}
+        for label, s in marks.items()
+    }
+    first, last = (next(iter(rss.values())), list(rss.values())[-1]) if rss else ({}, {})
+    end = r.get("status_timing_at_end") or {}
+    status_ms = [s["status_ms"] for s in r.get("samples") or []] + list(end.get("inproc_ms", []))
+    gateway_ms = list(end.get("gateway_ms", []))
+    largest = max((v for m in rss.values() for k, v in m.items() if k in services), default=None)
+    slowest = max(status_ms + gateway_ms, default=None)
+    return {
+        "rss_mb_at_mark": rss,
+        "growth_mb": {k: last.get(k, 0.0) - first.get(k, 0.0) for k in services if k in first},
+        "largest_service_mb": largest,
+        "slowest_status_ms": slowest,
+        "cli_status_ms": end.get("cli_ms"),
+        "queued_at_end": r.get("queued_at_end"),
+        "ok": largest is not None
+        and largest < SERVICE_LIMIT_MB
+        and slowest is not None
+        and slowest < STATUS_LIMIT_MS
+        and not r.get("error"),
+    }
 
 
 def render(r: dict[str, Any]) -> str:

@@ -7,6 +7,8 @@ Two measurements, one after the other, each on its own nats-server in a temp fol
     floor      plain nats-py: publish N messages to a WorkQueue stream (256 awaiting their
                PubAck at once), pull them in batches of 200 and ack each: what one
                process gets from the server with no leases, no results, no workers
+               (bench/floor_bench.py's batched floor; ``python -m bench`` also prints
+               the per-job flow floor the throughput target is judged against)
     full path  ``jetfleet dev``'s defaults (every service, 2 workers, the demo target)
                running N ``noop`` jobs, submit -> CommittedResult (bench/jetfleet_bench.py)
 
@@ -21,10 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -32,66 +31,17 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # bench/ is not a package: its modules import each other flat
     sys.path.insert(0, str(HERE))
 
-import nats  # noqa: E402
-from harness import fmt_table, run_with_tree, start_nats  # noqa: E402
+from floor_bench import batched_floor  # noqa: E402
+from harness import fmt_table, run_with_tree  # noqa: E402
 from jetfleet_bench import run_jetfleet  # noqa: E402
-from nats.js import api as js_api  # noqa: E402
 
 DEFAULT_JOBS = 3000
 WORKERS = 2  # jetfleet dev's default
-IN_FLIGHT = 256
-FETCH_BATCH = 200
 TIMEOUT_S = 300.0
 
 
-async def raw_floor(jobs: int) -> dict[str, Any]:
-    """Publish ``jobs`` messages with acks, then fetch and ack them all; jobs/s overall."""
-    folder = Path(tempfile.mkdtemp(prefix="jetfleet-bench-floor-"))
-    server = await start_nats(folder)
-    nc = await nats.connect(server.url)
-    try:
-        js = nc.jetstream()
-        await js.add_stream(
-            js_api.StreamConfig(
-                name="FLOOR",
-                subjects=["floor.>"],
-                retention=js_api.RetentionPolicy.WORK_QUEUE,
-                storage=js_api.StorageType.FILE,
-            )
-        )
-        sub = await js.pull_subscribe("floor.>", durable="floor", stream="FLOOR")
-        gate = asyncio.Semaphore(IN_FLIGHT)
-        body = b'{"id":"job","url":"http://127.0.0.1/page"}'
-
-        async def publish(n: int) -> None:
-            async with gate:
-                await js.publish(f"floor.demo.{n % 3}", body)
-
-        started = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*(publish(n) for n in range(jobs))), TIMEOUT_S)
-        published = time.monotonic()
-        acked = 0
-        deadline = published + TIMEOUT_S
-        while acked < jobs and time.monotonic() < deadline:
-            for msg in await sub.fetch(FETCH_BATCH, timeout=5.0):
-                await msg.ack()
-                acked += 1
-        done = time.monotonic()
-        return {
-            "jobs": jobs,
-            "acked": acked,
-            "publish_per_s": jobs / (published - started),
-            "fetch_ack_per_s": acked / (done - published),
-            "jobs_per_s": acked / (done - started),
-        }
-    finally:
-        await nc.close()
-        server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
 async def smoke(jobs: int) -> dict[str, Any]:
-    floor = await raw_floor(jobs)
+    floor = await batched_floor(jobs)
     full = await run_jetfleet("noop", jobs, WORKERS, TIMEOUT_S)
     ratio = full.get("jobs_per_s", 0.0) / floor["jobs_per_s"] if floor["jobs_per_s"] else 0.0
     return {"floor": floor, "full_path": full, "ratio": ratio}
@@ -100,7 +50,13 @@ async def smoke(jobs: int) -> dict[str, Any]:
 def _table(result: dict[str, Any]) -> str:
     floor, full = result["floor"], result["full_path"]
     rows = [
-        ["raw nats-py publish+fetch+ack", floor["jobs"], floor["acked"], floor["jobs_per_s"], ""],
+        [
+            "raw nats-py publish+fetch+ack",
+            floor["jobs"],
+            floor["committed"],
+            floor["jobs_per_s"],
+            "",
+        ],
         [
             f"jetfleet full path (noop, {WORKERS} workers)",
             full["jobs"],

@@ -66,3 +66,46 @@ def scan_logs(paths: Iterable[Path], samples: int = 5) -> dict[str, dict[str, An
         if lines:
             found[path.name] = {"count": len(lines), "first": [ln[:300] for ln in lines[:samples]]}
     return found
+
+
+def process_tree_usage(pid: int | None) -> dict[str, float] | None:
+    """As ``process_usage``, summed over ``pid`` and its live descendants (a Celery
+    worker's pool processes); None if ``pid`` is gone."""
+    if pid is None:
+        return None
+    try:
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+    total = {"rss_mib": 0.0, "cpu_s": 0.0}
+    for proc in procs:
+        usage = process_usage(proc.pid)
+        if usage is not None:
+            total["rss_mib"] += usage["rss_mib"]
+            total["cpu_s"] += usage["cpu_s"]
+    return total
+
+
+def cpu_snapshot(pids: dict[str, int | None], tree: bool = False) -> dict[str, float | None]:
+    """CPU seconds used so far by each named process (with its descendants if ``tree``)."""
+    read = process_tree_usage if tree else process_usage
+    return {name: (read(pid) or {}).get("cpu_s") for name, pid in pids.items()}
+
+
+def usage_since(
+    pids: dict[str, int | None], before: dict[str, float | None], tree: bool = False
+) -> dict[str, dict[str, float | None]]:
+    """Per named process: CPU seconds since ``before`` (``cpu_s``: the scenario's own
+    work, no start-up), CPU over its life so far (``cpu_s_life``) and RSS now."""
+    read = process_tree_usage if tree else process_usage
+    out: dict[str, dict[str, float | None]] = {}
+    for name, pid in pids.items():
+        now = read(pid)
+        was = before.get(name)
+        out[name] = {
+            "cpu_s": now["cpu_s"] - was if now is not None and was is not None else None,
+            "cpu_s_life": now["cpu_s"] if now else None,
+            "rss_mib": now["rss_mib"] if now else None,
+        }
+    return out

@@ -9,11 +9,11 @@ import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import nats
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.auth.credentials import RoleCredentials, load_credentials, without_secrets
 from jetfleet.auth.roles import Role, inbox_family
+from jetfleet.coalescing_client import CoalescingClient
 from jetfleet.errors import JetfleetError
 from jetfleet.settings import NatsSettings
 
@@ -46,21 +46,23 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
     """
     credentials = load_credentials(settings.credentials, role)
     refused = asyncio.Event()
-    connecting = asyncio.ensure_future(
-        nats.connect(
-            # A cluster is given as a comma-separated list of seed URLs.
-            servers=[u.strip() for u in settings.url.split(",") if u.strip()],
-            name=name,
-            connect_timeout=settings.connect_timeout_s,
-            ping_interval=settings.ping_interval_s,
-            max_outstanding_pings=3,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            allow_reconnect=True,
-            error_cb=_error_logger(role, name, refused),
-            **_auth_options(credentials, role, name),
-        )
-    )
+    nc = CoalescingClient()
+    # nats-py annotates the timeouts as int, but takes seconds as floats (as nats.connect's
+    # untyped **options passed them before).
+    options: dict[str, Any] = {
+        # A cluster is given as a comma-separated list of seed URLs.
+        "servers": [u.strip() for u in settings.url.split(",") if u.strip()],
+        "name": name,
+        "connect_timeout": settings.connect_timeout_s,
+        "ping_interval": settings.ping_interval_s,
+        "max_outstanding_pings": 3,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "allow_reconnect": True,
+        "error_cb": _error_logger(role, name, refused),
+        **_auth_options(credentials, role, name),
+    }
+    connecting = asyncio.ensure_future(nc.connect(**options))
     # nats-py retries refused credentials forever (max_reconnect_attempts=-1): stop at
     # the first refusal, the credentials will not get better by themselves.
     waiting = asyncio.ensure_future(refused.wait())
@@ -77,7 +79,7 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
             "give the server and the process one bundle, or set nats.credentials"
         )
     try:
-        nc = connecting.result()
+        connecting.result()
     except Exception as exc:  # nats-py raises several unrelated types here
         raise JetfleetError(
             f"cannot connect to NATS at {without_secrets(settings.url)}: {exc}; start one "

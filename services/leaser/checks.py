@@ -38,11 +38,9 @@ from jetfleet.services.leaser.quarantine_book import QuarantineBook
 from jetfleet.services.leaser.version_commands import ApprovedVersions
 from nats.js import JetStreamContext
 
-from jetfleet import subjects
 from jetfleet.activity_window import window_of
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.inflight_caps import CapsUnavailable
-from jetfleet.leader_reads import last_message
 from jetfleet.lease_store import HistoryEntry
 from jetfleet.pause_book import PauseBook
 from jetfleet.permit_client import PermitClient
@@ -144,15 +142,6 @@ async def already_done(ctx: GrantContext) -> LeaseAlreadyDone | None:
     if committed_by is not None:
         return LeaseAlreadyDone(key=ctx.request.key, committed_by=committed_by)
     return None
-
-
-async def dead_lettered(ctx: GrantContext) -> LeaseRefusal | None:
-    """The job was dead-lettered already (its terminate was lost): it must not run again,
-    or it would end both dead and committed. The worker terminates this delivery."""
-    subject = subjects.dead_letter(ctx.request.target, ctx.request.job_id)
-    if await last_message(ctx.js, subjects.STREAM_DLQ, subject) is None:
-        return None
-    return LeaseRefusal(reason="dead-lettered", detail="the job is in the dead letter queue")
 
 
 async def paused(ctx: GrantContext) -> LeaseRefusal | None:
@@ -471,10 +460,12 @@ async def rate_permit(ctx: GrantContext) -> LeaseRefusal | None:
     )
 
 
-# settled first: the job's own decision is the most final answer. dead_lettered before
-# already_done: a job dead-lettered (its term lost) whose key another job has since
-# committed must end dead only, not also be recorded as that commit's duplicate.
-ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, dead_lettered, already_done)
+# settled first: the job's own decision is the most final answer, so a job dead-lettered
+# (its term lost) whose key another job has since committed ends dead only, not also as
+# that commit's duplicate. Every dead letter is sealed before it is written, so the seal
+# answers for it; there is no read of JF_DLQ per grant (a seal landing after the history
+# read makes record_grant's compare-and-set fail, and the grant then answers the seal).
+ASKING_CHECKS: tuple[GrantCheck, ...] = (settled, already_done)
 """Read-only checks that ask the server: they run at once."""
 LOCAL_CHECKS: tuple[GrantCheck, ...] = (
     paused,
