@@ -30,10 +30,12 @@ target, egress and identity cells) is tagged ``{jf-rate:<target>}``, so targets 
 over the shards and each permit's target part is one script on one shard. The fleet
 aggregate cell, its birth time and the index of holds are tagged ``{jf-rate}``: one
 shard serves every permit's fleet part (the price of one fleet-wide count; without a
-fleet rate nothing is asked of it). A permit under a fleet rate is two scripts: the
-target's cells are taken first, then the fleet's; when the fleet refuses, the target's
-are given back, each only if nobody took from it since (else it stays taken, which can
-only slow the target, never let one more through). Either step failing refuses the
+fleet rate nothing is asked of it). On one server (or a Sentinel's master) a permit is
+still one script over all its keys, the fleet's cell judged by the target's birth time.
+On a cluster a permit under a fleet rate is two scripts: the target's cells are taken
+first, then the fleet's; when the fleet refuses, the target's are given back, each only
+if nobody took from it since (else it stays taken, which can only slow the target,
+never let one more through). Either step failing refuses the
 permit: a dead shard stops its own targets' permits (and every one under a fleet rate,
 if it holds ``{jf-rate}``), the others go on.
 
@@ -377,13 +379,17 @@ class RateCells:
         """Take one permit from every cell (and the daily budget), or none.
 
         ``cells`` are the target's (keys of ``target_tag(target)``) and at most the
-        fleet's (``fleet_cell_key()``), taken after them.
+        fleet's (``fleet_cell_key()``): on one server all in one script, on a cluster the
+        fleet's taken after the target's (see the module's docstring).
 
         Raises:
             RateUnavailable: Redis did not answer.
         """
         fleet = [c for c in cells if c.key == fleet_cell_key()]
         own = [c for c in cells if c.key != fleet_cell_key()]
+        if not isinstance(self.client, RedisCluster):
+            # One server holds every key: one script takes them all, in one round trip.
+            own, fleet = own + fleet, []
         tag = target_tag(target)
         keys = [born_key(tag), hold_key(target), daily_key(target)] + [c.key for c in own]
         reply = await self._run(tag, self._permit, keys, _permit_args(own, daily))

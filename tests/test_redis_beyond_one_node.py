@@ -41,6 +41,8 @@ from jetfleet.rate_cells import (
     Cell,
     RateCells,
     RateUnavailable,
+    born_key,
+    daily_key,
     fleet_cell_key,
     target_cell_key,
     target_tag,
@@ -241,11 +243,13 @@ async def test_a_dead_master_without_replica_fails_its_targets_closed_and_the_re
         if auth_bundle is not None:
             url = redis_url_for(url, auth_bundle.credentials["ratelimit"])
         cells = RateCells.connect(url)
-        fleet = Cell("fleet", fleet_cell_key(), 1000, 100)
+        # Cells that never bind (one permit a microsecond, even in the no-burst span of
+        # a fresh state): only the shards' answers decide here.
+        fleet = Cell("fleet", fleet_cell_key(), 1e6, 100)
         try:
 
-            def own(name: str) -> Cell:
-                return Cell("target", target_cell_key(name, "target"), 10, 5)
+            def own(name: str, rate: float = 1e6) -> Cell:
+                return Cell("target", target_cell_key(name, "target"), rate, 5)
 
             for name in names:
                 assert (await cells.permit(name, [own(name), fleet], 0)).allowed
@@ -261,12 +265,30 @@ async def test_a_dead_master_without_replica_fails_its_targets_closed_and_the_re
             assert state.health == "failing-closed" and f":{dead.port}" in state.detail, state
 
             await cluster.restart(dead)
-            # Back, empty: its target's cell starts full (no burst of what was refused).
-            assert (await cells.permit(victim, [own(victim), fleet], 0)).allowed
-            assert not (await cells.permit(victim, [own(victim), fleet], 0)).allowed
+            # Back, empty: its target's cell starts full (no burst of what was refused):
+            # at 10/s with a burst of 5, one now and the next 0.1 s later.
+            assert (await cells.permit(victim, [own(victim, 10), fleet], 0)).allowed
+            refused = await cells.permit(victim, [own(victim, 10), fleet], 0)
+            assert refused.limit == "target" and refused.wait_s > 0.05, refused
             assert (
                 await limiter_state(Settings(redis=RedisSettings(url=cluster.url)))
             ).health == "ok"
+
+            # On a cluster the fleet's cell is a second script: when it refuses, the
+            # target's part taken first is given back (cell and daily count).
+            other = next(n for n in names if n != victim)
+            roomy = Cell("target", target_cell_key(other, "roomy"), 0.01, 50)
+            slow_fleet = Cell("fleet", fleet_cell_key(), 0.01, 1)
+            await cells.client.delete(slow_fleet.key)  # its state at 1e6/s is not at 0.01/s
+            for tag in (target_tag(other), FLEET_TAG):  # long born: cells start empty
+                await cells.client.set(born_key(tag), 0)
+            assert (await cells.permit(other, [roomy, slow_fleet], 10)).allowed
+            taken = await cells.client.get(roomy.key)
+            for _ in range(3):
+                refused = await cells.permit(other, [roomy, slow_fleet], 10)
+                assert refused.limit == "fleet", refused
+            assert await cells.client.get(roomy.key) == taken
+            assert await cells.client.hget(daily_key(other), "used") == b"1"
         finally:
             await cells.close()
     finally:
