@@ -7,9 +7,10 @@ import asyncio
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from jetfleet.errors import SubmitError
+from jetfleet.js_errors import is_msg_id_in_process
 
 RETRY_FOR_S = 30.0
 """How long a publish is retried. It must outlast a stream leader election after a node
@@ -32,7 +33,8 @@ async def publish_durably(
 
     nats-py does not retry a publish that meets an election (no responders: the stream
     has no leader; a 503; or no answer); the ``Nats-Msg-Id`` makes our retries safe (the
-    stream drops a repeat inside its duplicate window). Without one (``msg_id=None``) a
+    stream drops a repeat inside its duplicate window, and answers a repeat that arrives
+    while the first is still being replicated with 10158, which is tried again too). Without one (``msg_id=None``) a
     retry after a lost PubAck may store the message twice.
 
     Args:
@@ -59,6 +61,11 @@ async def publish_durably(
         try:
             return await js.publish(subject, payload, headers=dict(all_headers), timeout=timeout_s)
         except (NoStreamResponseError, NatsTimeoutError, ServiceUnavailableError) as exc:
+            last = exc
+        except APIError as exc:
+            # Our own earlier try, still being replicated: the next try is its duplicate.
+            if not is_msg_id_in_process(exc):
+                raise
             last = exc
         pause = min(_MAX_PAUSE_S, 0.05 * 2**tries)
         if loop.time() + pause >= deadline:
