@@ -34,8 +34,8 @@ async def publish_durably(
     nats-py does not retry a publish that meets an election (no responders: the stream
     has no leader; a 503; or no answer); the ``Nats-Msg-Id`` makes our retries safe (the
     stream drops a repeat inside its duplicate window, and answers a repeat that arrives
-    while the first is still being replicated with 10158, which is tried again too). Without one (``msg_id=None``) a
-    retry after a lost PubAck may store the message twice.
+    while the first is still being replicated with 10158, which is tried again too).
+    Without one (``msg_id=None``) a retry after a lost PubAck may store the message twice.
 
     Args:
         js: the JetStream context.

@@ -95,9 +95,7 @@ class EmbeddedCluster:
     client port, so the seed URLs stay right, with its store as it was).
     """
 
-    def __init__(
-        self, data_dir: Path, size: int = 3, auth_include: Path | None = None
-    ) -> None:
+    def __init__(self, data_dir: Path, size: int = 3, auth_include: Path | None = None) -> None:
         if size not in CLUSTER_SIZES:
             raise StackError(f"a dev cluster has 3 nodes, not {size}")
         self.data_dir = data_dir
