@@ -95,12 +95,21 @@ class EmbeddedCluster:
     client port, so the seed URLs stay right, with its store as it was).
     """
 
-    def __init__(self, data_dir: Path, size: int = 3, auth_include: Path | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        size: int = 3,
+        auth_include: Path | None = None,
+        sync_always: bool = True,
+    ) -> None:
         if size not in CLUSTER_SIZES:
             raise StackError(f"a dev cluster has 3 nodes, not {size}")
         self.data_dir = data_dir
         self.auth_include = auth_include
         """An ``authorization {}`` file (``jetfleet auth init``) every node includes."""
+        self.sync_always = sync_always
+        """``sync_interval: always`` on every node; False (the server's default, a sync
+        every 2 minutes) only for tests of the durability checks."""
         self.name = f"jf-{os.getpid()}-{id(self) % 100000}"
         self.nodes = [
             ClusterNode(data_dir / f"n{i + 1}", i, f"{self.name}-n{i + 1}") for i in range(size)
@@ -162,13 +171,14 @@ class EmbeddedCluster:
             # nats-server reads an include path relative to the including file.
             conf_dir = node.data_dir.resolve()
             include = f'include "{os.path.relpath(self.auth_include.resolve(), conf_dir)}"\n'
+        sync = "  sync_interval: always\n" if self.sync_always else ""
         # Client and monitor on -1 the first time (the server picks, no race); the same
         # ports again on a restart, so the clients' seed URLs still name the node.
         return (
             f'listen: "127.0.0.1:{node.port or -1}"\n'
             f'http: "127.0.0.1:{node.monitor_port or -1}"\n'
             f'server_name: "{node.server_name}"\n'
-            f'jetstream {{\n  store_dir: "{store}"\n  sync_interval: always\n}}\n'
+            f'jetstream {{\n  store_dir: "{store}"\n{sync}}}\n'
             f'cluster {{\n  name: "{self.name}"\n'
             f'  listen: "127.0.0.1:{node.route_port}"\n'
             # A node ignores the route to itself.
