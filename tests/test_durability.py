@@ -19,9 +19,10 @@ from jetfleet.cli import doctor_command, run_commands
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.ops.doctor import DoctorWarning
-from jetfleet.settings import Settings
+from jetfleet.settings import Settings, TargetSettings
+from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
-from tests.conftest import admin_url, make_settings
+from tests.conftest import admin_url, make_settings, sim_target
 
 
 def _codes(warnings: list[DoctorWarning]) -> list[str]:
@@ -32,8 +33,10 @@ def _with_nats(settings: Settings, **nats: object) -> Settings:
     return msgspec.structs.replace(settings, nats=msgspec.structs.replace(settings.nats, **nats))
 
 
-def _on_cluster(cluster: EmbeddedCluster, redis_url: str) -> Settings:
-    settings = make_settings(admin_url(cluster.url), redis_url, {})
+def _on_cluster(
+    cluster: EmbeddedCluster, redis_url: str, targets: dict[str, TargetSettings] | None = None
+) -> Settings:
+    settings = make_settings(admin_url(cluster.url), redis_url, targets or {})
     return _with_nats(settings, replicas=3, monitor_url=",".join(cluster.monitor_urls))
 
 
@@ -76,12 +79,24 @@ async def test_a_service_says_it_once_at_start_as_a_warning_or_for_dev_as_info(
 
 
 async def test_an_r3_cluster_that_syncs_always_passes_every_check(
-    nats_cluster: EmbeddedCluster, redis_url: str
+    nats_cluster: EmbeddedCluster, redis_url: str, simulator: TargetSimulator
 ) -> None:
-    settings = _on_cluster(nats_cluster, redis_url)
+    settings = _on_cluster(nats_cluster, redis_url, {"demo": sim_target(simulator)})
     nc = await connect_nats(settings.nats, "tests")
     try:
-        await declare(nc.jetstream(), settings)
+        js = nc.jetstream()
+        await declare(js, settings)
+        # Every stream, bucket and the object store R3; the consumers inherit it.
+        streams = await js.streams_info()
+        assert {s.config.name for s in streams} >= set(durability.KEPT_SAFE)
+        assert {s.config.name: s.config.num_replicas for s in streams if s.config.name} == {
+            s.config.name: 3 for s in streams if s.config.name
+        }
+        assert any(s.config.name == f"OBJ_{subjects.OBJECTS_RESULTS}" for s in streams)
+        consumers = await js.consumers_info(subjects.STREAM_WORK)
+        assert consumers and all(
+            c.cluster is not None and len(c.cluster.replicas or []) == 2 for c in consumers
+        ), [c.cluster for c in consumers]
     finally:
         await nc.close()
     report = await doctor_command.collect(settings)
