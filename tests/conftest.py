@@ -112,9 +112,7 @@ def admin_url(url: str) -> str:
     if _AUTH is None:
         return url
     admin = _AUTH.credentials["admin"]
-    return ",".join(
-        _with_userinfo(u, admin.nats_user, admin.nats_password) for u in url.split(",")
-    )
+    return ",".join(_with_userinfo(u, admin.nats_user, admin.nats_password) for u in url.split(","))
 
 
 def start_redis(data_dir: Path, port: int = 0) -> EmbeddedRedis:
