@@ -264,6 +264,10 @@ async def test_doctor_sees_slow_jobs_and_warns_when_ack_wait_is_below_p99(
 async def test_empty_or_missing_stream_yields_no_attempts_observed(
     settings: Settings, nc: NatsClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # A dev server: its R1 is a note, not a warning (tests/test_durability.py).
+    settings = msgspec.structs.replace(
+        settings, nats=msgspec.structs.replace(settings.nats, dev=True)
+    )
     report = await doctor_command.collect(settings)
     assert report.message == NO_ATTEMPTS and report.targets == []
     assert doctor_command.show(report) == 0
@@ -409,8 +413,10 @@ def test_cli_end_to_end_with_no_events(
 ) -> None:
     config = tmp_path / "jetfleet.toml"
     config.write_text(
-        f'[nats]\nurl = "{nats_url}"\n[targets.demo]\nbase_url = "http://127.0.0.1:9/"\n'
+        f'[nats]\nurl = "{nats_url}"\ndev = true\n'
+        '[targets.demo]\nbase_url = "http://127.0.0.1:9/"\n'
     )
     args = _parser().parse_args(["--config", str(config), "--stack", str(tmp_path), "doctor"])
     assert args.run(args) == 0
-    assert capsys.readouterr().out.strip() == NO_ATTEMPTS
+    # Then the dev server's durability note (tests/test_durability.py).
+    assert capsys.readouterr().out.splitlines()[0] == NO_ATTEMPTS

@@ -40,7 +40,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 
-from jetfleet import subjects
+from jetfleet import durability, subjects
 from jetfleet.outcome_events import MAX_OUTCOME_BYTES, read_outcome
 from jetfleet.schemas import Outcome
 from jetfleet.settings import Settings
@@ -75,6 +75,11 @@ WarningCode = Literal[
     "ack-wait-below-p99",
     "timeout-near-p99",
     "timeouts-observed",
+    # Durability (docs/cluster.md), checked by ``durability_warnings``.
+    "replicas-below-3",
+    "stream-replicas-below-3",
+    "sync-not-always",
+    "sync-unreadable",
 ]
 
 
@@ -178,6 +183,9 @@ class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
     targets: list[TargetReport]
     message: str = ""
     """Set when there was nothing to check, e.g. ``no attempts observed yet; ...``."""
+    notes: list[str] = msgspec.field(default_factory=list)
+    """What was not checked and why, or (on ``jetfleet dev``'s own server) what would be
+    a warning in production: no effect on the exit code."""
 
     def all_warnings(self) -> list[DoctorWarning]:
         """Fleet-wide warnings, then each target's, in target order."""
@@ -569,6 +577,35 @@ async def diagnose(
     """
     attempts, read = await read_attempts(js, target, since_s, limit, now)
     return build_report(attempts, settings, read)
+
+
+async def durability_warnings(
+    js: JetStreamContext, settings: Settings
+) -> tuple[list[DoctorWarning], list[str]]:
+    """Replicas (the setting and the live streams and buckets) and each server's sync
+    (through ``nats.monitor_url``) against docs/cluster.md: warnings, and notes.
+
+    On ``jetfleet dev``'s embedded server (``nats.dev``) the findings are one note, not
+    warnings: it is single-node by design.
+    """
+    findings = durability.replica_findings(settings)
+    if not findings:
+        # Declared R3, but a bucket made before keeps its replicas (docs/topology.md).
+        findings += await durability.live_replica_findings(js)
+    urls = durability.monitor_urls(settings)
+    notes = []
+    if urls:
+        findings += durability.sync_findings(await durability.read_sync(urls))
+    else:
+        notes.append(
+            "sync_interval not checked: no client API tells it; list each server's "
+            "monitoring endpoint in nats.monitor_url (http://nats-1:8222,...) to check it "
+            f"({durability.DOCS})"
+        )
+    if settings.nats.dev:
+        line = durability.start_line(findings, bool(urls), dev=True)
+        return [], [line, *notes] if line else notes
+    return [DoctorWarning(code=f.code, message=f.message) for f in findings], notes
 
 
 class _Event(msgspec.Struct, frozen=True):
