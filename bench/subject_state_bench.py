@@ -1,8 +1,8 @@
 """What per-job subjects cost nats-server: memory, disk and read/write time at N settled jobs.
 
     python bench/subject_state_bench.py [--jobs 1000000] [--marks 100000,1000000]
-        [--layouts per-job,per-target] [--targets 100] [--dead-every 100] [--msg-ids]
-        [--budget-s 900] [--data-dir /tmp] [--json] [--keep]
+        [--layouts per-job,per-target,per-job-ttl] [--ttl-s 60] [--targets 100]
+        [--dead-every 100] [--msg-ids] [--budget-s 900] [--data-dir /tmp] [--json] [--keep]
 
 For each layout, a fresh nats-server (``EmbeddedNats``, file storage, a temp folder under
 ``--data-dir``) gets jetfleet's topology (``jetfleet.topology.declare`` with default
@@ -31,6 +31,11 @@ token dropped from every subject (``jf.results.<target>``, ``jf.outcome.<target>
 instead, so the two runs differ only in the number of subjects. For that run the bench
 lifts ``KV_jf-fences``'s one-message-per-subject limit (else it would keep one entry per
 target) and drops the put-if-absent header (there is no per-key subject to test).
+
+``per-job-ttl`` is ``per-job`` with ``Nats-TTL: --ttl-s`` on every message (the streams
+get ``allow_msg_ttl``; jetfleet's KV buckets have it already): after each mark the bench
+waits (bounded) until the subjects are gone and measures again, to show that per-message
+expiry gives the subject state back.
 
 ``Nats-Msg-Id`` headers (``res-<key>``, ``dlq-<id>``, ``out-<id>-<fence>``) are left out
 unless ``--msg-ids``: the server keeps each id for the stream's duplicate window (120 s
@@ -103,7 +108,7 @@ from jetfleet.direct_batch import read_subject  # noqa: E402
 from jetfleet.settings import load_settings  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 
-LAYOUTS = ("per-job", "per-target")
+LAYOUTS = ("per-job", "per-target", "per-job-ttl")
 FENCES_STREAM = f"KV_{subjects.BUCKET_FENCES}"
 WRITTEN_STREAMS = (
     subjects.STREAM_RESULTS,
@@ -140,7 +145,12 @@ class Batches:
         default_factory=lambda: {s: [] for s in WRITTEN_STREAMS}
     )
 
+    ttl: str = ""
+    """Nats-TTL for every message (per-job-ttl), empty for none."""
+
     def add(self, stream: str, subject: str, payload: bytes, headers: dict[str, str]) -> None:
+        if self.ttl:
+            headers = {**headers, "Nats-TTL": self.ttl}
         self.by_stream[stream].append((subject, headers, payload))
 
 
@@ -158,8 +168,11 @@ VERSIONS = Versions(
 class JobWriter:
     """Builds each job's durable state as jetfleet writes it, in one layout."""
 
-    def __init__(self, layout: str, targets: int, dead_every: int, msg_ids: bool) -> None:
-        self.per_job = layout == "per-job"
+    def __init__(
+        self, layout: str, targets: int, dead_every: int, msg_ids: bool, ttl_s: int = 0
+    ) -> None:
+        self.per_job = layout != "per-target"
+        self.ttl_s = ttl_s
         self.targets = [f"t{n:03d}" for n in range(targets)]
         self.dead_every = dead_every
         self.msg_ids = msg_ids
@@ -174,6 +187,9 @@ class JobWriter:
         return SettledJob(job_id, target, key, dead)
 
     def add(self, batches: Batches, i: int, job: SettledJob) -> None:
+        """Add job ``i``'s messages to ``batches``."""
+        if self.ttl_s:
+            batches.ttl = str(self.ttl_s)
         order = WorkOrder(
             job=Job(id=job.job_id, url=f"https://{job.target}.example.com/catalogue/item/{i}"),
             target=job.target,
@@ -345,7 +361,7 @@ def du_bytes(path: Path) -> int:
 
 
 async def time_reads(
-    nc: NatsClient, per_job: bool, written: list[SettledJob], rng: random.Random
+    nc: NatsClient, per_job: bool, written: list[SettledJob], rng: random.Random, ttl_s: int = 0
 ) -> dict[str, dict[str, float | int]]:
     """p50/p90/p99/max (ms) of the hot path's reads and of a put-if-absent publish."""
     if not written:
@@ -375,6 +391,8 @@ async def time_reads(
         key = hashlib.sha256(f"new-{n}-{rng.random()}".encode()).hexdigest()[:40]
         subject = subjects.result_key(job.target, key) if per_job else result_subject(job)
         headers = {**IF_ABSENT} if per_job else {"Jf-Key": key}
+        if ttl_s:
+            headers["Nats-TTL"] = str(ttl_s)
         await js.publish(subject, b'{"probe":true}', headers=headers)
 
     def missing(job: SettledJob) -> str:
@@ -409,7 +427,8 @@ class Run:
         self.layout = layout
         self.folder = root / layout
         self.server = EmbeddedNats(self.folder)
-        self.writer = JobWriter(layout, args.targets, args.dead_every, args.msg_ids)
+        self.ttl_s = args.ttl_s if layout == "per-job-ttl" else 0
+        self.writer = JobWriter(layout, args.targets, args.dead_every, args.msg_ids, self.ttl_s)
         self.sampled: list[SettledJob] = []
         self.nc: NatsClient | None = None
 
@@ -428,6 +447,8 @@ class Run:
             changes: dict[str, Any] = {"allow_atomic": True}
             if stream == FENCES_STREAM and self.layout == "per-target":
                 changes["max_msgs_per_subject"] = -1
+            if self.ttl_s:
+                changes["allow_msg_ttl"] = True  # KV buckets have it already
             await js.update_stream(dataclasses.replace(config, **changes))
 
     async def write(self, start: int, stop: int, deadline: float) -> int:
@@ -466,7 +487,10 @@ class Run:
         await nc.flush()
         return i
 
-    async def measure(self, jobs: int, write_s: float, partial: bool) -> dict[str, Any]:
+    async def measure(
+        self, jobs: int, write_s: float, partial: bool, phase: str = "written", read: bool = True
+    ) -> dict[str, Any]:
+        """The server's memory, store and read times now (restarting the server)."""
         assert self.nc is not None
         pid = self.server.process.pid if self.server.process else None
         rss_live = (process_usage(pid) or {}).get("rss_mib")
@@ -482,11 +506,18 @@ class Run:
         pid = self.server.process.pid if self.server.process else None
         rss_rest = (process_usage(pid) or {}).get("rss_mib")
         nc = await self.connect()
-        reads = await time_reads(nc, self.layout == "per-job", self.sampled, random.Random(jobs))
+        per_job = self.layout != "per-target"
+        reads = (
+            await time_reads(nc, per_job, self.sampled, random.Random(jobs), self.ttl_s)
+            if read
+            else {}
+        )
         rss_after_reads = (process_usage(pid) or {}).get("rss_mib")
         messages = sum(s["messages"] for s in streams.values())
         return {
             "layout": self.layout,
+            "phase": phase,
+            "ttl_s": self.ttl_s,
             "jobs": jobs,
             "partial": partial,
             "write_s": round(write_s, 1),
@@ -502,6 +533,18 @@ class Run:
             "start_s": round(start_s, 2),
             "reads": reads,
         }
+
+    async def wait_expired(self, subjects_before: int) -> float:
+        """Wait (bounded: TTL + 300 s) until the TTL'd subjects are gone; seconds waited."""
+        assert self.nc is not None
+        started = time.monotonic()
+        deadline = started + self.ttl_s + 300.0
+        while time.monotonic() < deadline:
+            states = [await stream_state(self.nc, s) for s in WRITTEN_STREAMS]
+            if sum(s["num_subjects"] for s in states) <= subjects_before // 1000:
+                break
+            await asyncio.sleep(2.0)
+        return round(time.monotonic() - started, 1)
 
     def close(self) -> None:
         self.server.stop(timeout_s=120.0)
@@ -522,6 +565,11 @@ async def run_layout(args: argparse.Namespace, layout: str, root: Path) -> list[
             partial = written < mark
             rows.append(await run.measure(written, write_s, partial))
             _progress(rows[-1])
+            if run.ttl_s:
+                waited = await run.wait_expired(rows[-1]["subjects"])
+                rows.append(await run.measure(written, write_s, partial, "expired", read=False))
+                rows[-1]["expiry_wait_s"] = waited
+                _progress(rows[-1])
             if partial:
                 break
     finally:
@@ -570,7 +618,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         rate = row["jobs"] / row["write_s"] if row["write_s"] else 0.0
         body.append(
             [
-                row["layout"],
+                row["layout"] + ("" if row["phase"] == "written" else f", {row['phase']}"),
                 f"{row['jobs']:,}" + (" (partial)" if row["partial"] else ""),
                 f"{row['messages']:,}",
                 f"{row['subjects']:,}",
@@ -610,10 +658,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="",
         help="comma-separated job counts to measure at (default 100000 and --jobs)",
     )
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help="per-job, per-target or both")
+    p.add_argument(
+        "--layouts",
+        default="per-job,per-target",
+        help=f"comma-separated, of {', '.join(LAYOUTS)}",
+    )
     p.add_argument("--targets", type=int, default=100, help="targets the jobs spread over")
     p.add_argument("--dead-every", type=int, default=100, help="every Nth job is dead (0: none)")
     p.add_argument("--msg-ids", action="store_true", help="also send jetfleet's Nats-Msg-Ids")
+    p.add_argument(
+        "--ttl-s", type=int, default=60, help="per-job-ttl: each message's Nats-TTL (seconds)"
+    )
     p.add_argument("--chunk", type=int, default=250, help="jobs per atomic batch set")
     p.add_argument("--in-flight", type=int, default=8, help="chunks awaiting their commit")
     p.add_argument("--budget-s", type=float, default=900.0, help="writing time per layout")
