@@ -55,7 +55,8 @@ the reads jetfleet's hot path makes: the leader read of a result by subject (the
 leaser's and sink's committed-key check, hit and miss), the leader read of a job's
 ``jf-fences`` entry, the batched direct get of a job's outcome subject (the dead
 letter's attempt history), and a put-if-absent result publish to a new subject. For
-``per-target`` the same reads name the target's subject (last message on it).
+``per-target`` the result and entry reads and the publish name the target's subject (the
+last message on it, always in the newest block); it has no per-job miss or history read.
 
 The bench stops itself: after ``--budget-s`` of writing it measures where it got to
 (marked partial). It refuses to start when the data folder lacks room. The temp folder
@@ -99,7 +100,7 @@ from jetfleet.schemas import (  # noqa: E402
 from jetfleet.schemas.lease import JobLeaseHistory, SealedCommit, SealedDeath  # noqa: E402
 from nats.aio.client import Client as NatsClient  # noqa: E402
 from nats.js.errors import NotFoundError  # noqa: E402
-from stats import latency_summary, process_usage  # noqa: E402
+from stats import folder_bytes, latency_summary, process_usage  # noqa: E402
 from tree_state import tree_state  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
@@ -351,15 +352,6 @@ async def stream_state(nc: NatsClient, stream: str) -> dict[str, int]:
     return {k: int(state.get(k, 0)) for k in ("messages", "bytes", "num_subjects")}
 
 
-def du_bytes(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            if p.is_file():
-                total += p.stat().st_size
-    return total
-
-
 async def time_reads(
     nc: NatsClient, per_job: bool, written: list[SettledJob], rng: random.Random, ttl_s: int = 0
 ) -> dict[str, dict[str, float | int]]:
@@ -495,7 +487,7 @@ class Run:
         pid = self.server.process.pid if self.server.process else None
         rss_live = (process_usage(pid) or {}).get("rss_mib")
         streams = {s: await stream_state(self.nc, s) for s in WRITTEN_STREAMS}
-        disk = du_bytes(self.folder / "jetstream")
+        disk = folder_bytes(self.folder / "jetstream")
         await self.nc.drain()
         started = time.monotonic()
         self.server.stop(timeout_s=120.0)
@@ -638,7 +630,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     return fmt_table(header, body)
 
 
-def check_room(folder: Path, jobs: int, layouts: int) -> None:
+def check_room(folder: Path, jobs: int) -> None:
+    """Refuse to start when ``folder``'s disk cannot hold one layout's store."""
     need = jobs * DISK_BYTES_PER_JOB
     free = shutil.disk_usage(folder).free
     if free < need:
@@ -647,7 +640,6 @@ def check_room(folder: Path, jobs: int, layouts: int) -> None:
             f"{need / 2**30:.1f} GiB (each layout's folder is deleted before the next): "
             "pass --data-dir on a disk with room, or fewer --jobs"
         )
-    del layouts
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -691,7 +683,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 async def collect(args: argparse.Namespace) -> dict[str, Any]:
     """Run every layout; the results with the code fingerprint and times."""
-    check_room(Path(args.data_dir), args.jobs, len(args.layouts))
+    check_room(Path(args.data_dir), args.jobs)
     tree = tree_state()["sha256"]
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     rows: list[dict[str, Any]] = []
