@@ -43,7 +43,7 @@ import msgspec  # noqa: E402
 from harness import fmt_table, run_with_tree, stop_stack  # noqa: E402
 from jetfleet.schemas import Job  # noqa: E402
 from jetfleet_bench import _wait_ready  # noqa: E402
-from stats import process_usage  # noqa: E402
+from stats import folder_bytes, process_usage  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
@@ -67,12 +67,7 @@ def _cpu(pids: dict[str, int | None]) -> dict[str, float | None]:
 
 
 def _du_mib(path: Path) -> float:
-    total = 0
-    for p in path.rglob("*"):
-        with contextlib.suppress(OSError):
-            if p.is_file():
-                total += p.stat().st_size
-    return total / 2**20
+    return folder_bytes(path) / 2**20
 
 
 async def _time_status(stack: DevStack, js: Any, settings: Any, tries: int = 3) -> dict[str, Any]:

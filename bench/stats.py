@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Iterable, Sequence
@@ -43,6 +44,16 @@ def process_usage(pid: int | None) -> dict[str, float] | None:
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
     return {"rss_mib": rss / (1024 * 1024), "cpu_s": cpu.user + cpu.system}
+
+
+def folder_bytes(path: Path) -> int:
+    """Bytes in the files under ``path`` (a file removed meanwhile counts 0)."""
+    total = 0
+    for p in path.rglob("*"):
+        with contextlib.suppress(OSError):
+            if p.is_file():
+                total += p.stat().st_size
+    return total
 
 
 _PROBLEM = re.compile(r"\b(ERROR|CRITICAL|WARNING|Traceback)\b|\[ERR\]|\[WRN\]")

@@ -21,6 +21,17 @@ from jetfleet.errors import SubmitError
 WRONG_LAST_SEQUENCE_CODES = frozenset({10071, 10164})
 
 
+# 10158: "duplicate message id is in process": a publish carrying the Nats-Msg-Id of one
+# the stream is still storing (replicating), as a retry after a lost PubAck meets on a
+# clustered stream. Asked again a moment later, it is answered as a duplicate.
+MSG_ID_IN_PROCESS_CODE = 10158
+
+
+def is_msg_id_in_process(exc: APIError) -> bool:
+    """Whether ``exc`` says the same message id is being stored right now."""
+    return exc.err_code == MSG_ID_IN_PROCESS_CODE
+
+
 def is_wrong_last_sequence(exc: APIError) -> bool:
     """Whether ``exc`` is a compare-and-set that lost (the subject moved since it was read)."""
     return exc.err_code in WRONG_LAST_SEQUENCE_CODES

@@ -111,6 +111,16 @@ class NatsSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     # nats-py pings every 120 s by default: a dead server would go unnoticed for minutes.
     ping_interval_s: float = 10.0
     replicas: int = 1
+    """Replicas of every stream, consumer and bucket: 3 on a 3-node cluster in production
+    (docs/cluster.md); services warn at start below that."""
+    monitor_url: str = ""
+    """Each server's monitoring endpoint (its ``http:`` port), comma-separated, such as
+    ``http://nats-1:8222``: where the start-up check and ``jetfleet doctor`` read whether
+    the servers sync every write (``/varz``). Empty: the sync is not checked."""
+    dev: bool = False
+    """Written by ``jetfleet dev`` and ``demo`` into the configuration they generate: the
+    server is their embedded one, so the start-up durability check says "dev" in one
+    quiet line instead of warning."""
     credentials: str = ""
     """One role's credentials file, or the folder ``jetfleet auth init`` wrote (each process
     then reads its own role's file); empty: connect without credentials (docs/security.md)."""
@@ -692,6 +702,16 @@ def validate(settings: Settings) -> None:
         "a number of seconds above 0, at most 300",
     )
     _require(settings.nats.replicas in (1, 3, 5), "nats.replicas", "1, 3 or 5")
+    _require(
+        all(
+            u.strip().startswith(("http://", "https://"))
+            for u in settings.nats.monitor_url.split(",")
+            if u.strip()
+        ),
+        "nats.monitor_url",
+        "http(s):// URLs of the servers' monitoring ports, comma-separated "
+        "(http://nats-1:8222,http://nats-2:8222)",
+    )
     for name in settings.worker.targets:
         _require(name in settings.targets, "worker.targets", f"declared targets, not {name!r}")
     for name in settings.worker.standby_targets:

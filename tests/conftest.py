@@ -18,6 +18,7 @@ from nats.aio.client import Client as NatsClient
 from jetfleet.auth.bundle import Bundle, init_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
+from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import (
     FleetSettings,
@@ -138,11 +139,12 @@ def _with_userinfo(url: str, user: str, password: str) -> str:
 
 def admin_url(url: str) -> str:
     """``url`` carrying the admin role's user, so a test's own ad-hoc connection (also a
-    plain ``nats.connect(url)``) may do anything; unchanged without auth."""
+    plain ``nats.connect(url)``) may do anything; unchanged without auth. A cluster's
+    comma-separated seed URLs each get the user."""
     if _AUTH is None:
         return url
     admin = _AUTH.credentials["admin"]
-    return _with_userinfo(url, admin.nats_user, admin.nats_password)
+    return ",".join(_with_userinfo(u, admin.nats_user, admin.nats_password) for u in url.split(","))
 
 
 def start_redis(data_dir: Path, port: int = 0) -> EmbeddedRedis:
@@ -175,6 +177,23 @@ def nats_url(
         return
     with server_provider.nats(tmp_path / "nats", auth_bundle) as url:
         yield admin_url(url)
+
+
+@pytest.fixture(scope="module")
+def nats_cluster(
+    tmp_path_factory: pytest.TempPathFactory, auth_bundle: Bundle | None
+) -> Iterator[EmbeddedCluster]:
+    """Three nats-server processes in one JetStream cluster (``sync_interval: always``,
+    the session's auth), shared by a module's tests: starting it costs about a second.
+    Always our own servers, also with NATS_URL set: the tests kill its nodes. Tests that
+    kill a node restart it before they end, and use targets of their own."""
+    include = auth_bundle.nats_include if auth_bundle is not None else None
+    cluster = EmbeddedCluster(tmp_path_factory.mktemp("cluster"), auth_include=include)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture(scope="session")

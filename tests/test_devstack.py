@@ -35,7 +35,7 @@ STOP_TIMEOUT_S = 80.0
 class RunningDev:
     """A `jetfleet dev` process and everything it started."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, *options: str) -> None:
         self.folder = folder
         env = {
             k: v
@@ -45,7 +45,17 @@ class RunningDev:
         self.log = folder.with_suffix(".out")
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jetfleet", "dev", "--workers", "2", "--data", str(folder)],
+                [
+                    sys.executable,
+                    "-m",
+                    "jetfleet",
+                    "dev",
+                    "--workers",
+                    "2",
+                    "--data",
+                    str(folder),
+                    *options,
+                ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -208,5 +218,42 @@ async def test_item9_a_job_published_the_moment_the_env_file_appears_commits(
         await wait_for(committed, 30, "the job published at once to commit")
         [record] = [r async for r in iter_results(js, "demo")]
         assert record.job_id == "early-1"
+    finally:
+        await nc.close()
+
+
+def test_dev_cluster_3_runs_the_fleet_on_r3_streams_and_the_doctor_finds_nothing_to_fix(
+    tmp_path: Path, dev_stacks: list[RunningDev]
+) -> None:
+    dev = RunningDev(tmp_path / "cluster", "--cluster", "3")
+    dev_stacks.append(dev)
+    env = dev.wait_ready()
+    assert len(env["NATS_URL"].split(",")) == 3, env
+    assert "nats_monitor: http://127.0.0.1:" in dev.output()
+    assert dev.cli("submit", "demo", "/page/1", "/page/2").returncode == 0
+    _wait_all_committed(dev, 2)
+    assert asyncio.run(_replicas(env, subjects.STREAM_WORK)) == 3
+    doctor = dev.cli("doctor")
+    # R3 and sync_interval always on every node (read from their /varz): no warning,
+    # and no note either (the sync was checked).
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert "warning" not in doctor.stdout.replace("no warnings", ""), doctor.stdout
+    assert "note:" not in doctor.stdout, doctor.stdout
+    # Nor did any service say anything about durability at start.
+    said = [
+        line
+        for log in (dev.folder / "logs").glob("*.log")
+        for line in log.read_text(errors="replace").splitlines()
+        if "durability" in line or "dev NATS" in line
+    ]
+    assert said == [], said
+    assert dev.stop() == 0
+
+
+async def _replicas(env: dict[str, str], stream: str) -> int:
+    operator = NatsSettings(url=env["NATS_URL"], credentials=env["JETFLEET_NATS__CREDENTIALS"])
+    nc = await connect_nats(operator, "replicas", role="operator")
+    try:
+        return (await nc.jetstream().stream_info(stream)).config.num_replicas or 1
     finally:
         await nc.close()

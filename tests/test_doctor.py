@@ -31,7 +31,7 @@ from jetfleet.ops.doctor import (
     read_attempts,
     target_rules,
 )
-from jetfleet.settings import Settings, TargetSettings
+from jetfleet.settings import FleetSettings, NatsSettings, Settings, TargetSettings
 from tests.conftest import make_settings, wait_for
 from tests.stack import InProcessStack
 
@@ -264,6 +264,10 @@ async def test_doctor_sees_slow_jobs_and_warns_when_ack_wait_is_below_p99(
 async def test_empty_or_missing_stream_yields_no_attempts_observed(
     settings: Settings, nc: NatsClient, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # A dev server: its R1 is a note, not a warning (tests/test_durability.py).
+    settings = msgspec.structs.replace(
+        settings, nats=msgspec.structs.replace(settings.nats, dev=True)
+    )
     report = await doctor_command.collect(settings)
     assert report.message == NO_ATTEMPTS and report.targets == []
     assert doctor_command.show(report) == 0
@@ -409,8 +413,23 @@ def test_cli_end_to_end_with_no_events(
 ) -> None:
     config = tmp_path / "jetfleet.toml"
     config.write_text(
-        f'[nats]\nurl = "{nats_url}"\n[targets.demo]\nbase_url = "http://127.0.0.1:9/"\n'
+        f'[nats]\nurl = "{nats_url}"\ndev = true\n'
+        '[targets.demo]\nbase_url = "http://127.0.0.1:9/"\n'
     )
     args = _parser().parse_args(["--config", str(config), "--stack", str(tmp_path), "doctor"])
     assert args.run(args) == 0
-    assert capsys.readouterr().out.strip() == NO_ATTEMPTS
+    # Then the dev server's durability note (tests/test_durability.py).
+    assert capsys.readouterr().out.splitlines()[0] == NO_ATTEMPTS
+
+
+def test_a_cluster_wants_a_lease_ttl_that_outlives_a_leader_election() -> None:
+    """On R3 streams a 10 s TTL let a second holder run a job whose first holder had
+    sent its request (tests/test_cluster_failover.py): the doctor asks for 30 s there."""
+    fleet = FleetSettings(lease_ttl_s=10.0, ack_wait_s=60.0)
+    single = Settings(fleet=fleet)
+    cluster = Settings(fleet=fleet, nats=NatsSettings(replicas=3))
+    assert not [w for w in fleet_rules(single)[1] if w.code == "lease-ttl-short"]
+    warnings = [w for w in fleet_rules(cluster)[1] if w.code == "lease-ttl-short"]
+    assert len(warnings) == 1 and "at least 30 s" in warnings[0].message
+    ttl_rec = fleet_rules(cluster)[0][0]
+    assert ttl_rec.recommended_s == 30.0 and not ttl_rec.ok

@@ -11,9 +11,17 @@ import argparse
 import asyncio
 from typing import Any
 
+import msgspec
+
 from jetfleet.cli.progress import print_json, print_table
 from jetfleet.connection import connect_nats
-from jetfleet.ops.doctor import DEFAULT_LIMIT, DoctorReport, Recommendation, diagnose
+from jetfleet.ops.doctor import (
+    DEFAULT_LIMIT,
+    DoctorReport,
+    Recommendation,
+    diagnose,
+    durability_warnings,
+)
 from jetfleet.settings import Settings
 
 
@@ -25,11 +33,15 @@ def register(commands: Any) -> None:
     """
     parser = commands.add_parser(
         "doctor",
-        help="check timeouts and lease settings against observed attempt durations",
+        help="check timeouts and lease settings against observed attempt durations, and "
+        "NATS durability (replicas, sync)",
         description="Read the attempt durations in JF_OUTCOMES, show count, p50, p95, p99 "
         "and max per target, and check fleet.lease_ttl_s, fleet.ack_wait_s and each "
-        "target's timeout_s against them, with the arithmetic. Exit code 0: nothing to "
-        "fix (or no attempts yet); 1: warnings; 2: error.",
+        "target's timeout_s against them, with the arithmetic. Also check NATS against "
+        "docs/cluster.md: nats.replicas and the live streams' and buckets' replicas at 3, "
+        "and each server's sync_interval always (read from /varz of the servers listed in "
+        "nats.monitor_url; not checked without it). Exit code 0: nothing to fix (or no "
+        "attempts yet); 1: warnings; 2: error.",
     )
     parser.add_argument("--target", default=None, help="only this declared target")
     parser.add_argument(
@@ -103,9 +115,14 @@ async def collect(
         settings.target(target)
     nc = await connect_nats(settings.nats, "jetfleet-doctor", role="operator")
     try:
-        return await diagnose(nc.jetstream(), settings, target, since_s, limit)
+        js = nc.jetstream()
+        report = await diagnose(js, settings, target, since_s, limit)
+        warnings, notes = await durability_warnings(js, settings)
     finally:
         await nc.close()
+    return msgspec.structs.replace(
+        report, warnings=[*report.warnings, *warnings], notes=[*report.notes, *notes]
+    )
 
 
 def show(report: DoctorReport, as_json: bool = False) -> int:
@@ -123,6 +140,7 @@ def show(report: DoctorReport, as_json: bool = False) -> int:
         return report.exit_code
     if report.message:
         print(report.message)
+        _print_warnings(report)
         return report.exit_code
     read = report.read
     bounds = f"the last {read.since_s:g} s, " if read.since_s is not None else ""
@@ -160,15 +178,22 @@ def show(report: DoctorReport, as_json: bool = False) -> int:
             ],
         )
         _print_recommendations(target.recommendations)
-    warnings = report.all_warnings()
     print()
-    if not warnings:
+    if not report.all_warnings():
         print("no warnings")
-        return 0
-    print(f"{len(warnings)} warning(s):")
+    _print_warnings(report)
+    return report.exit_code
+
+
+def _print_warnings(report: DoctorReport) -> None:
+    """The warnings (none printed when there are none), then the notes."""
+    warnings = report.all_warnings()
+    if warnings:
+        print(f"{len(warnings)} warning(s):")
     for warning in warnings:
         print(f"  [{warning.code}] {warning.target or 'fleet'}: {warning.message}")
-    return report.exit_code
+    for note in report.notes:
+        print(f"  note: {note}")
 
 
 def _print_recommendations(recommendations: list[Recommendation]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import tempfile
@@ -13,12 +14,13 @@ from typing import Any
 
 from nats.aio.client import Client as NatsClient
 
-from jetfleet import event_loop, tracing
+from jetfleet import durability, event_loop, tracing
 from jetfleet.auth.credentials import declares_topology, known_role
 from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
 from jetfleet.connection import connect_nats
 from jetfleet.dev.devstack import DevStack
+from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.errors import IdentityOwned, JetfleetError
 from jetfleet.service import Service, serve_until_signalled
 from jetfleet.services import SERVICE_NAMES
@@ -28,14 +30,17 @@ from jetfleet.work_lanes import LaneMap
 from jetfleet.worker import Worker
 from jetfleet.worker.slot_lending import standby_lanes
 
+log = logging.getLogger(__name__)
+
 
 def register(commands: Any) -> None:
     """Add dev, demo, serve and worker to the parser."""
     dev = commands.add_parser(
         "dev",
         help="run the whole fleet locally until Ctrl-C",
-        description="Start nats-server, redis-server, every service, N workers and the demo "
-        "target on loopback; print the URLs; write them to DIR/env for other shells.",
+        description="Start nats-server (one, or a 3-node cluster with --cluster 3), "
+        "redis-server, every service, N workers and the demo target on loopback; print the "
+        "URLs; write them to DIR/env for other shells.",
     )
     dev.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     dev.add_argument(
@@ -43,6 +48,16 @@ def register(commands: Any) -> None:
         type=Path,
         default=Path(".jetfleet"),
         help="data folder (default ./.jetfleet); one stack per folder",
+    )
+    dev.add_argument(
+        "--cluster",
+        type=int,
+        default=0,
+        choices=[3],
+        metavar="3",
+        help="run NATS as a 3-node cluster on loopback (R3 streams, consumers and buckets; "
+        "sync_interval: always; each node's store under DIR/nats-cluster/), as production "
+        "should (docs/cluster.md); default: one node, R1",
     )
     dev.add_argument("--json", action="store_true", help="print the URLs as JSON")
     dev.add_argument(
@@ -173,7 +188,11 @@ def _run_dev(args: argparse.Namespace) -> int:
 
 async def _dev(args: argparse.Namespace) -> int:
     stack = DevStack(
-        args.data, workers=args.workers, user_config=args.config, trace_endpoint=args.jaeger
+        args.data,
+        workers=args.workers,
+        user_config=args.config,
+        trace_endpoint=args.jaeger,
+        cluster=args.cluster,
     )
     await stack.start()
     urls = {
@@ -185,6 +204,8 @@ async def _dev(args: argparse.Namespace) -> int:
         "env_file": str(stack.data_dir / "env"),
         "config": str(stack.config_path),
     }
+    if isinstance(stack.nats, EmbeddedCluster):
+        urls["nats_monitor"] = ",".join(stack.nats.monitor_urls)
     if args.jaeger:
         urls["traces"] = args.jaeger
     if args.json:
@@ -236,6 +257,7 @@ async def _serve(
     name: str, settings: Settings, metrics_port: int | None, metrics_host: str = "127.0.0.1"
 ) -> int:
     nc = await connect_nats(settings.nats, f"jetfleet-{name}", role=known_role(name))
+    await _say_durability(name, settings)
     try:
         if declares_topology(settings):
             await declare(nc.jetstream(), settings)
@@ -244,6 +266,16 @@ async def _serve(
     finally:
         await nc.close()
     return 0
+
+
+async def _say_durability(name: str, settings: Settings) -> None:
+    """One line at start when NATS is below what docs/cluster.md recommends for
+    production (R3, ``sync_interval: always``): a warning, or under ``jetfleet dev`` an
+    info line saying so. Never stops the service."""
+    findings, sync_checked = await durability.start_findings(settings)
+    line = durability.start_line(findings, sync_checked, dev=settings.nats.dev)
+    if line:
+        log.log(logging.INFO if settings.nats.dev else logging.WARNING, "%s: %s", name, line)
 
 
 def _make_service(name: str, settings: Settings, nc: NatsClient) -> Service:

@@ -26,6 +26,7 @@ from typing import Any
 from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
+from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.dev.readiness import wait_answering
 from jetfleet.dev.settings_file import toml_tables
 from jetfleet.dev.site_loop import SiteLoop
@@ -90,6 +91,7 @@ class DevStack:
         worker_specs: Sequence[WorkerSpec] = (),
         demo_table: Mapping[str, Any] | None = None,
         sites_on_own_loop: bool = False,
+        cluster: int = 0,
     ) -> None:
         self.data_dir = data_dir.resolve()
         self.trace_endpoint = trace_endpoint
@@ -99,9 +101,20 @@ class DevStack:
         self.user_config = user_config
         self.auth_dir = self.data_dir / "auth"
         """Every role's credentials (``jetfleet auth init``), kept across restarts."""
-        self.nats = EmbeddedNats(
-            self.data_dir / "nats", auth_include=self.auth_dir / NATS_AUTH_FILE
-        )
+        self.cluster = cluster
+        """0: one embedded nats-server (R1, default sync); 3: a 3-node cluster on loopback
+        (R3, ``sync_interval: always``), as production runs (docs/cluster.md)."""
+        self.nats: EmbeddedNats | EmbeddedCluster
+        if cluster:
+            self.nats = EmbeddedCluster(
+                self.data_dir / "nats-cluster",
+                size=cluster,
+                auth_include=self.auth_dir / NATS_AUTH_FILE,
+            )
+        else:
+            self.nats = EmbeddedNats(
+                self.data_dir / "nats", auth_include=self.auth_dir / NATS_AUTH_FILE
+            )
         self.redis = EmbeddedRedis(self.data_dir / "redis", acl_file=self.auth_dir / REDIS_ACL_FILE)
         self.gateway_token = ""
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
@@ -218,7 +231,7 @@ class DevStack:
         fleet = dict(user.get("fleet", {}))
         fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
         tables: dict[str, dict[str, Any]] = {
-            "nats": {"url": self.nats.url, "credentials": str(self.auth_dir)},
+            "nats": self._nats_table(),
             "redis": {"url": self.redis.url},
             # Reads stay open on this loopback-only stack so the dashboard page works
             # without a token; control calls need it (DIR/auth/gateway-token).
@@ -242,6 +255,18 @@ class DevStack:
         self.config_path.touch(mode=0o600)
         self.config_path.chmod(0o600)
         self.config_path.write_text(header + toml_tables(tables))
+
+    def _nats_table(self) -> dict[str, Any]:
+        table: dict[str, Any] = {
+            "url": self.nats.url,
+            "credentials": str(self.auth_dir),
+            # The embedded server: the start-up durability check says "dev", quietly.
+            "dev": True,
+        }
+        if isinstance(self.nats, EmbeddedCluster):
+            table["replicas"] = len(self.nats.nodes)
+            table["monitor_url"] = ",".join(self.nats.monitor_urls)
+        return table
 
     def _write_env(self) -> None:
         write_env(

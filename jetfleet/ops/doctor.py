@@ -40,7 +40,7 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 
-from jetfleet import subjects
+from jetfleet import durability, subjects
 from jetfleet.outcome_events import MAX_OUTCOME_BYTES, read_outcome
 from jetfleet.schemas import Outcome
 from jetfleet.settings import Settings
@@ -49,6 +49,18 @@ DEFAULT_LIMIT = 100_000
 """How many of the most recent outcome events are read at most."""
 MIN_LEASE_TTL_S = 10.0
 """Below this, a short stall (GC pause, NATS leader change) outlives the lease."""
+MIN_CLUSTER_LEASE_TTL_S = 30.0
+"""The same on replicated streams (nats.replicas > 1): a lease bucket's leader election
+took up to 12 s on a 3-node loopback cluster, and a 10 s TTL then let a second holder
+run a job whose first holder had already sent its request (over-apply 1.01-1.03 in
+tests/test_cluster_failover.py; 30 s gave 1.00 in every run, docs/cluster.md)."""
+
+
+def min_lease_ttl_s(settings: Settings) -> float:
+    """The shortest lease TTL the doctor accepts for ``settings``' NATS replicas."""
+    return MIN_CLUSTER_LEASE_TTL_S if settings.nats.replicas > 1 else MIN_LEASE_TTL_S
+
+
 ACK_WAIT_MARGIN_MIN_S = 5.0
 ACK_WAIT_MARGIN_SHARE = 0.5
 """ack_wait_s >= lease_ttl_s + max(ACK_WAIT_MARGIN_MIN_S, ACK_WAIT_MARGIN_SHARE x ttl)."""
@@ -75,6 +87,11 @@ WarningCode = Literal[
     "ack-wait-below-p99",
     "timeout-near-p99",
     "timeouts-observed",
+    # Durability (docs/cluster.md), checked by ``durability_warnings``.
+    "replicas-below-3",
+    "stream-replicas-below-3",
+    "sync-not-always",
+    "sync-unreadable",
 ]
 
 
@@ -178,6 +195,9 @@ class DoctorReport(msgspec.Struct, frozen=True, kw_only=True):
     targets: list[TargetReport]
     message: str = ""
     """Set when there was nothing to check, e.g. ``no attempts observed yet; ...``."""
+    notes: list[str] = msgspec.field(default_factory=list)
+    """What was not checked and why, or (on ``jetfleet dev``'s own server) what would be
+    a warning in production: no effect on the exit code."""
 
     def all_warnings(self) -> list[DoctorWarning]:
         """Fleet-wide warnings, then each target's, in target order."""
@@ -265,7 +285,9 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
         return [], []
     ttl, ack_wait = fleet.lease_ttl_s, fleet.ack_wait_s
     heartbeats = "jobs with heartbeats"
-    ttl_rec = max(ttl, MIN_LEASE_TTL_S)
+    least = min_lease_ttl_s(settings)
+    why = "a GC pause" if least == MIN_LEASE_TTL_S else "a GC pause, a stream leader election"
+    ttl_rec = max(ttl, least)
     margin = lease_margin_s(ttl_rec)
     ack_rec = ttl_rec + margin
     recommendations = [
@@ -274,9 +296,9 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
             applies_to=heartbeats,
             current_s=ttl,
             recommended_s=ttl_rec,
-            rule=f"renewed (with +WPI) every ttl/3, so the TTL covers renewal hiccups, not "
-            f"the job: max(current {ttl:g} s, {MIN_LEASE_TTL_S:g} s) = {ttl_rec:g} s",
-            ok=ttl >= MIN_LEASE_TTL_S,
+            rule=f"renewed (with +WPI) every ttl/3, so the TTL covers renewal hiccups ({why}), "
+            f"not the job: max(current {ttl:g} s, {least:g} s) = {ttl_rec:g} s",
+            ok=ttl >= least,
         ),
         Recommendation(
             setting="fleet.ack_wait_s",
@@ -292,14 +314,14 @@ def fleet_rules(settings: Settings) -> tuple[list[Recommendation], list[DoctorWa
         ),
     ]
     warnings: list[DoctorWarning] = []
-    if ttl < MIN_LEASE_TTL_S:
+    if ttl < least:
         warnings.append(
             DoctorWarning(
                 code="lease-ttl-short",
-                message=f"fleet.lease_ttl_s = {ttl:g} s is below {MIN_LEASE_TTL_S:g} s: "
+                message=f"fleet.lease_ttl_s = {ttl:g} s is below {least:g} s: "
                 f"renewals go every {ttl / 3:.2f} s, and any stall longer than {ttl:g} s "
-                f"(GC pause, NATS leader change) loses the lease and restarts the job; set "
-                f"it to at least {MIN_LEASE_TTL_S:g} s",
+                f"({why}) loses the lease and restarts the job; set it to at least "
+                f"{least:g} s",
             )
         )
     if ack_wait <= ttl:
@@ -569,6 +591,35 @@ async def diagnose(
     """
     attempts, read = await read_attempts(js, target, since_s, limit, now)
     return build_report(attempts, settings, read)
+
+
+async def durability_warnings(
+    js: JetStreamContext, settings: Settings
+) -> tuple[list[DoctorWarning], list[str]]:
+    """Replicas (the setting and the live streams and buckets) and each server's sync
+    (through ``nats.monitor_url``) against docs/cluster.md: warnings, and notes.
+
+    On ``jetfleet dev``'s embedded server (``nats.dev``) the findings are one note, not
+    warnings: it is single-node by design.
+    """
+    findings = durability.replica_findings(settings)
+    if not findings:
+        # Declared R3, but a bucket made before keeps its replicas (docs/topology.md).
+        findings += await durability.live_replica_findings(js)
+    urls = durability.monitor_urls(settings)
+    notes = []
+    if urls:
+        findings += durability.sync_findings(await durability.read_sync(urls))
+    else:
+        notes.append(
+            "sync_interval not checked: no client API tells it; list each server's "
+            "monitoring endpoint in nats.monitor_url (http://nats-1:8222,...) to check it "
+            f"({durability.DOCS})"
+        )
+    if settings.nats.dev:
+        line = durability.start_line(findings, bool(urls), dev=True)
+        return [], [line, *notes] if line else notes
+    return [DoctorWarning(code=f.code, message=f.message) for f in findings], notes
 
 
 class _Event(msgspec.Struct, frozen=True):

@@ -1,0 +1,75 @@
+"""publish_durably rides out a stream without a leader for longer than a leader election
+takes, gives up, saying so, only after its time budget, and turns a repeat racing its
+own first try on a replicated stream into that try's ack (real nats-servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from jetfleet.dev.embedded_cluster import EmbeddedCluster
+from jetfleet.errors import SubmitError
+from jetfleet.publish import publish_durably
+from tests.conftest import admin_url
+
+# Beyond the ~5.1 s of waits after which the earlier budget of six tries gave up, and
+# within an election's 4-9 s.
+LEADERLESS_S = 6.0
+
+
+async def test_a_publish_is_stored_once_when_its_stream_answers_only_after_six_seconds(
+    nats_url: str,
+) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        js = nc.jetstream()
+        began = time.monotonic()
+        # No stream listens yet: every try gets "no responders", as in an election.
+        publishing = asyncio.ensure_future(
+            publish_durably(js, "late.x", b"1", msg_id="late-1", timeout_s=1.0)
+        )
+        await asyncio.sleep(LEADERLESS_S)  # the leaderless time itself, not a wait for a condition
+        assert not publishing.done(), publishing
+        await js.add_stream(StreamConfig(name="LATE", subjects=["late.>"]))
+        ack = await asyncio.wait_for(publishing, 10.0)
+        assert ack.stream == "LATE" and not ack.duplicate
+        assert (await js.stream_info("LATE")).state.messages == 1
+        assert time.monotonic() - began >= LEADERLESS_S
+    finally:
+        await nc.close()
+
+
+async def test_a_publish_gives_up_after_its_budget_naming_it(nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        began = time.monotonic()
+        with pytest.raises(SubmitError, match=r"nowhere\.x within 0\.5 s \(\d+ tries\)"):
+            await publish_durably(nc.jetstream(), "nowhere.x", b"1", None, retry_for_s=0.5)
+        assert time.monotonic() - began < 2.0
+    finally:
+        await nc.close()
+
+
+async def test_repeats_of_one_message_id_racing_on_a_replicated_stream_all_get_its_ack(
+    nats_cluster: EmbeddedCluster,
+) -> None:
+    # On an R3 stream a repeat that arrives while the first copy is being replicated is
+    # refused with 10158 ("duplicate message id is in process"), as a retry after a lost
+    # PubAck is during an election; it must be tried again, not fail the caller.
+    nc = await nats.connect(servers=admin_url(nats_cluster.url).split(","))
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="RACE", subjects=["race.>"], num_replicas=3))
+        for n in range(10):
+            acks = await asyncio.gather(
+                *(publish_durably(js, "race.x", b"1", msg_id=f"race-{n}") for _ in range(3))
+            )
+            assert len({a.seq for a in acks}) == 1, acks
+            assert sum(not a.duplicate for a in acks) == 1, acks
+        assert (await js.stream_info("RACE")).state.messages == 10
+    finally:
+        await nc.close()
