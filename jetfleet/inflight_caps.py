@@ -25,8 +25,11 @@ from jetfleet.errors import JetfleetError
 from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
 
 KEY_PREFIX = "jf:inflight:"
-# Connections one leaser keeps to Redis; each call holds one for a single round trip.
-POOL_SIZE = 32
+# Connections one leaser (or sink) keeps to Redis; each call holds one for a single round
+# trip. 32 ran dry at about 1,000 renewals/s (10,000 workers renewing every 10 s,
+# bench/fleet_leases_bench.py): each renewal extends its job's place, and the extensions
+# waited for a connection until they failed ("No connection available").
+POOL_SIZE = 128
 
 # Every script first drops the places whose lease ran out, by Redis's clock (a sorted
 # set scored by expiry in ms; jetfleet/subnet_holds.py starts its scripts with it too).
