@@ -257,3 +257,16 @@ async def _replicas(env: dict[str, str], stream: str) -> int:
         return (await nc.jetstream().stream_info(stream)).config.num_replicas or 1
     finally:
         await nc.close()
+
+
+def test_the_stacks_own_workers_run_32_jobs_per_lane_unless_the_users_config_says(
+    tmp_path: Path,
+) -> None:
+    from jetfleet.dev.devstack import DEV_WORKER_CONCURRENCY, DevStack
+
+    assert DevStack(tmp_path / "a")._plain_worker_env() == {
+        "JETFLEET_WORKER__CONCURRENCY": str(DEV_WORKER_CONCURRENCY)
+    }
+    mine = tmp_path / "mine.toml"
+    mine.write_text("[worker]\nconcurrency = 4\n")
+    assert DevStack(tmp_path / "b", user_config=mine)._plain_worker_env() == {}

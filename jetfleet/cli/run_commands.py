@@ -42,7 +42,13 @@ def register(commands: Any) -> None:
         "redis-server, every service, N workers and the demo target on loopback; print the "
         "URLs; write them to DIR/env for other shells.",
     )
-    dev.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+    dev.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="worker processes (default 2), each running 32 jobs at once per lane unless "
+        "--config's [worker] sets concurrency",
+    )
     dev.add_argument(
         "--data",
         type=Path,

@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 
 # Longer than a service's own drain (30 s), so a draining child is not killed mid-drain.
 STOP_TIMEOUT_S = 35.0
+DEV_WORKER_CONCURRENCY = 32
+"""Jobs at once per lane for `jetfleet dev`'s own workers (the production default,
+``worker.concurrency``, is 8). With 8, two workers hold 16 jobs at once, and the demo
+target's light jobs wait on round trips: the noop path ran at about half the jobs/s and
+spent 27 % more CPU per job than with 32 (docs/benchmarks.md). The target's
+``max_in_flight`` (64 here) still caps the fleet."""
 
 
 @dataclass(frozen=True)
@@ -187,8 +193,9 @@ class DevStack:
             await self._declare_topology(self.settings)
             for name in SERVICE_NAMES:
                 self._spawn(name, ["serve", name])
+            plain = self._plain_worker_env()
             for n in range(self.workers):
-                self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"])
+                self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"], plain)
             for spec in self.worker_specs:
                 self._spawn(f"worker-{spec.id}", spec.argv(), spec.env)
             await wait_answering(self.ready_urls, self.describe_dead_children)
@@ -196,6 +203,15 @@ class DevStack:
         except BaseException:
             await self.stop()
             raise
+
+    def _plain_worker_env(self) -> dict[str, str]:
+        """What the stack's own workers (``workers``, not ``worker_specs``) run with:
+        ``DEV_WORKER_CONCURRENCY`` jobs at once per lane, unless the user's config sets
+        ``[worker] concurrency``."""
+        user = tomllib.loads(self.user_config.read_text()) if self.user_config else {}
+        if "concurrency" in user.get("worker", {}):
+            return {}
+        return {"JETFLEET_WORKER__CONCURRENCY": str(DEV_WORKER_CONCURRENCY)}
 
     def _claim_folder(self) -> None:
         pid_file = self.data_dir / "dev.pid"
