@@ -65,6 +65,9 @@ class WorkerSpec:
     identity: str = ""
     targets: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    module: str = "jetfleet"
+    """What ``python -m`` runs: ``jetfleet``, or a module that runs the jetfleet command
+    with a test-only worker variant (tests/faults/ack_dropping_worker.py)."""
 
     def argv(self) -> list[str]:
         """``jetfleet worker`` arguments for this worker."""
@@ -90,7 +93,11 @@ class DevStack:
         worker_specs: Sequence[WorkerSpec] = (),
         demo_table: Mapping[str, Any] | None = None,
         sites_on_own_loop: bool = False,
+        service_replicas: int = 1,
+        nats_sync_always: bool = False,
     ) -> None:
+        if service_replicas < 1:
+            raise StackError(f"service_replicas must be at least 1, not {service_replicas}")
         self.data_dir = data_dir.resolve()
         self.trace_endpoint = trace_endpoint
         """An OTLP/HTTP base URL (Jaeger's :4318) every child exports its spans to; empty:
@@ -100,7 +107,9 @@ class DevStack:
         self.auth_dir = self.data_dir / "auth"
         """Every role's credentials (``jetfleet auth init``), kept across restarts."""
         self.nats = EmbeddedNats(
-            self.data_dir / "nats", auth_include=self.auth_dir / NATS_AUTH_FILE
+            self.data_dir / "nats",
+            sync_always=nats_sync_always,
+            auth_include=self.auth_dir / NATS_AUTH_FILE,
         )
         self.redis = EmbeddedRedis(self.data_dir / "redis", acl_file=self.auth_dir / REDIS_ACL_FILE)
         self.gateway_token = ""
@@ -119,8 +128,12 @@ class DevStack:
         """Workers started beside the ``workers`` plain ones."""
         self.demo_table = dict(demo_table or {})
         """Keys of ``[targets.demo]`` that replace the defaults (rate, burst, ...)."""
+        self.service_replicas = service_replicas
+        """How many processes run each service: ``NAME``, then ``NAME-2``, ``NAME-3``..."""
         self.killed: set[str] = set()
         """Children ended on purpose by ``kill``: not counted as dead."""
+        self._launches: dict[str, tuple[list[str], dict[str, str], str]] = {}
+        """Each child's arguments, extra environment and module, to start it again."""
         self.site_loop = SiteLoop() if sites_on_own_loop else None
         """Where the simulators run when not on the caller's loop (jetfleet/dev/site_loop.py):
         for a caller that measures their request rates while busy itself."""
@@ -173,11 +186,12 @@ class DevStack:
             self.settings = load_settings(self.config_path, {})
             await self._declare_topology(self.settings)
             for name in SERVICE_NAMES:
-                self._spawn(name, ["serve", name])
+                for replica in range(1, self.service_replicas + 1):
+                    self._spawn_service(name, replica)
             for n in range(self.workers):
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"])
             for spec in self.worker_specs:
-                self._spawn(f"worker-{spec.id}", spec.argv(), spec.env)
+                self._spawn(f"worker-{spec.id}", spec.argv(), spec.env, spec.module)
             await wait_answering(self.ready_urls, self.describe_dead_children)
             self._write_env()
         except BaseException:
@@ -266,18 +280,44 @@ class DevStack:
         finally:
             await nc.close()
 
-    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
+    def replicas(self, service: str) -> list[str]:
+        """The child names of ``service``'s replicas: ``NAME``, ``NAME-2``, ..."""
+        return [_replica_name(service, n) for n in range(1, self.service_replicas + 1)]
+
+    def _spawn_service(self, service: str, replica: int) -> None:
+        name = _replica_name(service, replica)
+        env: dict[str, str] = {}
+        if service == "gateway" and replica > 1:
+            # Each gateway replica listens on a port of its own; the first one's is the
+            # config's (gateway_url).
+            env["JETFLEET_GATEWAY__PORT"] = str(free_port())
+        self._spawn(name, ["serve", service], env)
+
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        module: str = "jetfleet",
+    ) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
-        if name == "gateway":
-            self.ready_urls[name] = self.gateway_url + "/healthz"
+        self._launches[name] = (list(args), dict(env or {}), module)
+        gateway_port = (env or {}).get("JETFLEET_GATEWAY__PORT")
+        if args[:2] == ["serve", "gateway"]:
+            port_text = gateway_port or str(self.gateway_port)
+            self.ready_urls[name] = f"http://127.0.0.1:{port_text}/healthz"
         else:
             # Served only once the child's start() is done (serve_until_signalled).
             port = free_port()
             args = [*args, "--metrics-port", str(port)]
             self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
         self.children[name] = start_jetfleet(
-            args, self.config_path, logs / f"{name}.log", {**self._trace_env(name), **(env or {})}
+            args,
+            self.config_path,
+            logs / f"{name}.log",
+            {**self._trace_env(name), **(env or {})},
+            module,
         )
 
     def _trace_env(self, name: str) -> dict[str, str]:
@@ -297,7 +337,7 @@ class DevStack:
             StackError: it exited or did not answer.
         """
         name = f"worker-{spec.id}"
-        self._spawn(name, spec.argv(), spec.env)
+        self._spawn(name, spec.argv(), spec.env, spec.module)
         await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
         return name
 
@@ -307,6 +347,21 @@ class DevStack:
         self.killed.add(name)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+    async def start_again(self, name: str) -> None:
+        """Start child ``name`` again, as it was first started (a crashed service or
+        worker brought back by its supervisor), once ``kill`` has ended it; returns once
+        it answers.
+
+        Raises:
+            StackError: it is still running, exited again, or did not answer.
+        """
+        if self.children[name].poll() is None:
+            raise StackError(f"{name} is still running: kill it before starting it again")
+        args, env, module = self._launches[name]
+        self._spawn(name, args, env, module)
+        self.killed.discard(name)
+        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
 
     def dead_children(self) -> list[str]:
         """Names of children that exited while the stack should be running (those
@@ -349,6 +404,10 @@ class DevStack:
             (self.data_dir / leftover).unlink(missing_ok=True)
 
 
+def _replica_name(service: str, replica: int) -> str:
+    return service if replica == 1 else f"{service}-{replica}"
+
+
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(STOP_TIMEOUT_S)
@@ -362,10 +421,12 @@ def start_jetfleet(
     config: Path,
     log_path: Path,
     extra_env: Mapping[str, str] | None = None,
+    module: str = "jetfleet",
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m jetfleet ARGV`` on ``config`` alone (the caller's JETFLEET_*,
-    NATS_URL and REDIS_URL are dropped; its OTEL_* pass, ``extra_env`` over them), its
-    output appended to ``log_path``; it dies with its parent."""
+    """Start ``python -m MODULE ARGV`` (``jetfleet`` by default) on ``config`` alone (the
+    caller's JETFLEET_*, NATS_URL and REDIS_URL are dropped; its OTEL_* pass,
+    ``extra_env`` over them), its output appended to ``log_path``; it dies with its
+    parent."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -375,7 +436,7 @@ def start_jetfleet(
     env["JETFLEET_CONFIG"] = str(config)
     with log_path.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "jetfleet", *argv],
+            [sys.executable, "-m", module, *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
