@@ -18,10 +18,10 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
@@ -40,6 +40,32 @@ log = logging.getLogger(__name__)
 
 # Longer than a service's own drain (30 s), so a draining child is not killed mid-drain.
 STOP_TIMEOUT_S = 35.0
+
+
+class NatsServers(Protocol):
+    """The NATS a stack runs on: its one embedded server (``EmbeddedNats``), or a cluster
+    of them built by a ``NatsFactory``."""
+
+    replicas: int
+    """Copies of each stream the servers hold (``nats.replicas``): 1 on one server."""
+
+    @property
+    def url(self) -> str:
+        """What clients connect to (a cluster: its seed URLs, comma-separated)."""
+        ...
+
+    def start(self) -> object:
+        """Start and wait until clients can connect."""
+        ...
+
+    def stop(self) -> None:
+        """Stop every server."""
+        ...
+
+
+NatsFactory = Callable[[Path, Path], NatsServers]
+"""``(folder for the servers' stores and logs, the auth include file every server must
+include) -> the servers, not started``."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,7 @@ class DevStack:
         sites_on_own_loop: bool = False,
         service_replicas: int = 1,
         nats_sync_always: bool = False,
+        nats_servers: NatsFactory | None = None,
     ) -> None:
         if service_replicas < 1:
             raise StackError(f"service_replicas must be at least 1, not {service_replicas}")
@@ -106,11 +133,11 @@ class DevStack:
         self.user_config = user_config
         self.auth_dir = self.data_dir / "auth"
         """Every role's credentials (``jetfleet auth init``), kept across restarts."""
-        self.nats = EmbeddedNats(
-            self.data_dir / "nats",
-            sync_always=nats_sync_always,
-            auth_include=self.auth_dir / NATS_AUTH_FILE,
+        self.nats: NatsServers = (nats_servers or _one_server(nats_sync_always))(
+            self.data_dir / "nats", self.auth_dir / NATS_AUTH_FILE
         )
+        """One embedded nats-server (``nats_sync_always``: with ``sync_interval: always``),
+        or what ``nats_servers`` builds (a cluster)."""
         self.redis = EmbeddedRedis(self.data_dir / "redis", acl_file=self.auth_dir / REDIS_ACL_FILE)
         self.gateway_token = ""
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
@@ -232,7 +259,11 @@ class DevStack:
         fleet = dict(user.get("fleet", {}))
         fleet.setdefault("user_agent", "jetfleet-dev (+local demo on loopback)")
         tables: dict[str, dict[str, Any]] = {
-            "nats": {"url": self.nats.url, "credentials": str(self.auth_dir)},
+            "nats": {
+                "url": self.nats.url,
+                "credentials": str(self.auth_dir),
+                "replicas": self.nats.replicas,
+            },
             "redis": {"url": self.redis.url},
             # Reads stay open on this loopback-only stack so the dashboard page works
             # without a token; control calls need it (DIR/auth/gateway-token).
@@ -402,6 +433,13 @@ class DevStack:
         await asyncio.to_thread(self.nats.stop)
         for leftover in ("dev.pid", "env"):
             (self.data_dir / leftover).unlink(missing_ok=True)
+
+
+def _one_server(sync_always: bool) -> NatsFactory:
+    def build(folder: Path, auth_include: Path) -> NatsServers:
+        return EmbeddedNats(folder, sync_always=sync_always, auth_include=auth_include)
+
+    return build
 
 
 def _replica_name(service: str, replica: int) -> str:

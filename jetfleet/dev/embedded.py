@@ -192,6 +192,9 @@ class EmbeddedServer:
 class EmbeddedNats(EmbeddedServer):
     """nats-server with JetStream, on a random loopback port, storing under ``data_dir``."""
 
+    replicas = 1
+    """One server holds one copy of each stream."""
+
     def __init__(
         self, data_dir: Path, sync_always: bool = False, auth_include: Path | None = None
     ) -> None:
