@@ -7,6 +7,11 @@ processes, writes ``DIR/jetfleet.toml`` and ``DIR/env``, and stops all of it on 
 every child answers, so a job published at that moment is stored and run.
 Children are started with a parent-death signal, so even a killed ``jetfleet dev`` leaves
 no process behind.
+
+``service_replicas`` runs that many processes of every service (``sink``, ``sink-2``, ...;
+each gateway on a port of its own); ``kill`` crashes any one child and ``start_again``
+brings it back as it was, as a supervisor would (tests/test_replicated_services.py,
+bench/chaos.py).
 """
 
 from __future__ import annotations
