@@ -73,6 +73,7 @@ from jetfleet.services import SERVICE_NAMES  # noqa: E402
 from jetfleet import subjects  # noqa: E402
 from jetfleet.client import submit_jobs  # noqa: E402
 from jetfleet.connection import connect_nats  # noqa: E402
+from jetfleet.dev import demo_cast  # noqa: E402
 from jetfleet.dev.clock_skew import clock_skew, measured_offset_s  # noqa: E402
 from jetfleet.dev.devstack import DevStack, NatsFactory, WorkerSpec  # noqa: E402
 from jetfleet.dev.embedded import EmbeddedNats  # noqa: E402
@@ -85,7 +86,7 @@ from jetfleet.stream_reader import read_stream  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
 
 TARGET = "demo"
-LEASE_TTL_S = 4.0
+LEASE_TTL_S = demo_cast.LEASE_TTL_S
 ACK_WAIT_S = 8.0
 STALL_S = LEASE_TTL_S + ACK_WAIT_S + 2.0
 """How long the stalled worker stays stopped: past its leases and their deliveries."""
@@ -228,13 +229,9 @@ class Soak:
     # -- the stack ------------------------------------------------------------------
 
     def _fleet_table(self) -> dict[str, object]:
-        return {
-            "lease_ttl_s": LEASE_TTL_S,
-            "ack_wait_s": ACK_WAIT_S,
-            "retry_base_s": 0.2,
-            "retry_max_backoff_s": 1.0,
-            "hold_base_s": 0.5,
-        }
+        # The demo's short leases and back-offs, with a longer ack_wait: the redelivery of
+        # a stalled holder's job waits for more than the lease.
+        return {**demo_cast.fleet_table(), "ack_wait_s": ACK_WAIT_S}
 
     def _worker_specs(self) -> list[WorkerSpec]:
         skew = clock_skew(SKEW)
