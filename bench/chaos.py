@@ -67,7 +67,7 @@ if str(PROJECT_ROOT) not in sys.path:
     sys.path.insert(0, str(PROJECT_ROOT))
 
 from jetfleet.schemas import Job  # noqa: E402
-from jetfleet.schemas.events import CommittedResult  # noqa: E402
+from jetfleet.schemas.events import CommittedResult, Duplicate, Rejection  # noqa: E402
 from jetfleet.services import SERVICE_NAMES  # noqa: E402
 
 from jetfleet import subjects  # noqa: E402
@@ -96,6 +96,9 @@ DROP_ACK_PER_MILLE = 20
 GONE_EVERY = 50
 """One job in this many asks for a page that is gone (404): a dead letter with a reason."""
 BURST = 10
+PAGE_LATENCY_S = 0.3
+"""How long the site takes to answer each page: jobs spend most of their lease waiting on
+it, as on a real site, so a SIGKILL or SIGSTOP finds requests in flight."""
 SEND_JITTER_S = 0.2
 """As ``jetfleet demo``'s targets: a permitted request may leave up to this late on a busy
 machine, so the burst is cut by that much (docs/rate-limits.md)."""
@@ -104,7 +107,9 @@ SETTLE_S = 3 * ACK_WAIT_S
 """How long to wait, once every job has ended, for the last acks (a dropped ack's job is
 acked on its redelivery, one ack_wait later)."""
 LEASED_WAIT_S = 20.0
-"""How long the stall step waits for a worker that holds leases."""
+"""How long the stall step looks for a worker with ``STALL_PREFER`` jobs in hand before it
+settles for the one with the most now."""
+STALL_PREFER = 3
 ACK_DROPPER = "w-acks"
 SKEWED = "w-skew"
 RESULTS_READ_IN_FLIGHT = 64
@@ -260,6 +265,7 @@ class Soak:
             workers=0,
             user_config=config,
             worker_specs=self._worker_specs(),
+            simulator_latency_s=PAGE_LATENCY_S,
             demo_table={
                 "rate": self.rate,
                 "burst": BURST,
@@ -423,7 +429,10 @@ class Soak:
         deadline = time.monotonic() + LEASED_WAIT_S
         while True:
             in_hand = await self._unsettled_leases(store)
-            if in_hand or time.monotonic() > deadline:
+            enough = _most(in_hand) >= STALL_PREFER
+            late = time.monotonic() > deadline
+            # Past the deadline any worker with a job in hand will do; past twice it, none.
+            if enough or (in_hand and late) or time.monotonic() > deadline + LEASED_WAIT_S:
                 break
             await asyncio.sleep(0.2)
         if not in_hand:
@@ -469,8 +478,8 @@ class Soak:
         letters = await list_dead_letters(js)
         dead_by_reason = Counter(e.letter.reason or "(none)" for e in letters)
         dead_ids = {e.letter.order.job.id for e in letters}
-        duplicates = {m async for m in _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>")}
-        rejected = {m async for m in _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>")}
+        duplicates = await _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
+        rejected = await _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
         ended = set(per_job) | dead_ids | duplicates | rejected
         missing = sorted(j.id for j in jobs if j.id not in ended)
         totals = status.totals
@@ -620,6 +629,10 @@ class Soak:
         )
 
 
+def _most(in_hand: dict[str, dict[str, int]]) -> int:
+    return max((len(jobs) for jobs in in_hand.values()), default=0)
+
+
 def _open(status: FleetStatus) -> int:
     return status.totals.queued + status.totals.leased + status.admitting
 
@@ -639,11 +652,16 @@ async def _results(js: JetStreamContext) -> list[tuple[CommittedResult, float]]:
     return found
 
 
-async def _job_ids(js: JetStreamContext, stream: str, filter_subject: str):  # type: ignore[no-untyped-def]
-    """The ``Jf-Job`` header, else the last subject token, of each message of a stream."""
+async def _job_ids(
+    js: JetStreamContext, stream: str, filter_subject: str, kind: type[Duplicate | Rejection]
+) -> set[str]:
+    """The job ids of a stream's ``Duplicate`` or ``Rejection`` records."""
+    decoder = msgspec.json.Decoder(kind)
+    found = set()
     async with contextlib.aclosing(read_stream(js, stream, filter_subject)) as msgs:
         async for msg in msgs:
-            yield (msg.headers or {}).get("Jf-Job") or msg.subject.rsplit(".", 1)[-1]
+            found.add(decoder.decode(msg.data).job_id)
+    return found
 
 
 def print_report(report: ChaosReport) -> None:
