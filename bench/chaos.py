@@ -327,6 +327,8 @@ class Soak:
             try:
                 status = await fleet_status(js, self.stack.settings)
             except Exception as exc:  # NATS restarting: read again
+                if time.monotonic() > deadline:
+                    raise
                 log(f"  status not read ({type(exc).__name__}: {exc}); reading again")
                 await asyncio.sleep(WATCH_S)
                 continue
