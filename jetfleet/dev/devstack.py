@@ -7,6 +7,11 @@ processes, writes ``DIR/jetfleet.toml`` and ``DIR/env``, and stops all of it on 
 every child answers, so a job published at that moment is stored and run.
 Children are started with a parent-death signal, so even a killed ``jetfleet dev`` leaves
 no process behind.
+
+``service_replicas`` runs that many processes of every service (``sink``, ``sink-2``, ...;
+each gateway on a port of its own); ``kill`` crashes any one child and ``start_again``
+brings it back as it was, as a supervisor would (tests/test_replicated_services.py,
+bench/chaos.py).
 """
 
 from __future__ import annotations
@@ -18,10 +23,10 @@ import signal
 import subprocess
 import sys
 import tomllib
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
@@ -49,6 +54,34 @@ spent 27 % more CPU per job than with 32 (docs/benchmarks.md). The target's
 ``max_in_flight`` (64 here) still caps the fleet."""
 
 
+class NatsServers(Protocol):
+    """The NATS a stack runs on: its one embedded server (``EmbeddedNats``), or a cluster
+    of them built by a ``NatsFactory``."""
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each stream the servers hold (``nats.replicas``): 1 on one server."""
+        ...
+
+    @property
+    def url(self) -> str:
+        """What clients connect to (a cluster: its seed URLs, comma-separated)."""
+        ...
+
+    def start(self) -> object:
+        """Start and wait until clients can connect."""
+        ...
+
+    def stop(self) -> None:
+        """Stop every server."""
+        ...
+
+
+NatsFactory = Callable[[Path, Path], NatsServers]
+"""``(folder for the servers' stores and logs, the auth include file every server must
+include) -> the servers, not started``."""
+
+
 @dataclass(frozen=True)
 class ScriptedTarget:
     """A further target of the stack, played by a simulator of its own (so its requests
@@ -72,6 +105,9 @@ class WorkerSpec:
     identity: str = ""
     targets: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+    module: str = "jetfleet"
+    """What ``python -m`` runs: ``jetfleet``, or a module that runs the jetfleet command
+    with a test-only worker variant (tests/faults/ack_dropping_worker.py)."""
 
     def argv(self) -> list[str]:
         """``jetfleet worker`` arguments for this worker."""
@@ -98,7 +134,12 @@ class DevStack:
         demo_table: Mapping[str, Any] | None = None,
         sites_on_own_loop: bool = False,
         cluster: int = 0,
+        service_replicas: int = 1,
+        nats_sync_always: bool = False,
+        nats_servers: NatsFactory | None = None,
     ) -> None:
+        if service_replicas < 1:
+            raise StackError(f"service_replicas must be at least 1, not {service_replicas}")
         self.data_dir = data_dir.resolve()
         self.trace_endpoint = trace_endpoint
         """An OTLP/HTTP base URL (Jaeger's :4318) every child exports its spans to; empty:
@@ -108,9 +149,10 @@ class DevStack:
         self.auth_dir = self.data_dir / "auth"
         """Every role's credentials (``jetfleet auth init``), kept across restarts."""
         self.cluster = cluster
-        """0: one embedded nats-server (R1, default sync); 3: a 3-node cluster on loopback
-        (R3, ``sync_interval: always``), as production runs (docs/cluster.md)."""
-        self.nats: EmbeddedNats | EmbeddedCluster
+        """0: one embedded nats-server (R1, default sync), or what ``nats_servers`` builds;
+        3: a 3-node cluster on loopback (R3, ``sync_interval: always``), as production
+        runs (docs/cluster.md)."""
+        self.nats: NatsServers
         if cluster:
             self.nats = EmbeddedCluster(
                 self.data_dir / "nats-cluster",
@@ -118,8 +160,8 @@ class DevStack:
                 auth_include=self.auth_dir / NATS_AUTH_FILE,
             )
         else:
-            self.nats = EmbeddedNats(
-                self.data_dir / "nats", auth_include=self.auth_dir / NATS_AUTH_FILE
+            self.nats = (nats_servers or _one_server(nats_sync_always))(
+                self.data_dir / "nats", self.auth_dir / NATS_AUTH_FILE
             )
         self.redis = EmbeddedRedis(self.data_dir / "redis", acl_file=self.auth_dir / REDIS_ACL_FILE)
         self.gateway_token = ""
@@ -138,8 +180,12 @@ class DevStack:
         """Workers started beside the ``workers`` plain ones."""
         self.demo_table = dict(demo_table or {})
         """Keys of ``[targets.demo]`` that replace the defaults (rate, burst, ...)."""
+        self.service_replicas = service_replicas
+        """How many processes run each service: ``NAME``, then ``NAME-2``, ``NAME-3``..."""
         self.killed: set[str] = set()
         """Children ended on purpose by ``kill``: not counted as dead."""
+        self._launches: dict[str, tuple[list[str], dict[str, str], str]] = {}
+        """Each child's arguments, extra environment and module, to start it again."""
         self.site_loop = SiteLoop() if sites_on_own_loop else None
         """Where the simulators run when not on the caller's loop (jetfleet/dev/site_loop.py):
         for a caller that measures their request rates while busy itself."""
@@ -192,12 +238,13 @@ class DevStack:
             self.settings = load_settings(self.config_path, {})
             await self._declare_topology(self.settings)
             for name in SERVICE_NAMES:
-                self._spawn(name, ["serve", name])
+                for replica in range(1, self.service_replicas + 1):
+                    self._spawn_service(name, replica)
             plain = self._plain_worker_env()
             for n in range(self.workers):
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"], plain)
             for spec in self.worker_specs:
-                self._spawn(f"worker-{spec.id}", spec.argv(), spec.env)
+                self._spawn(f"worker-{spec.id}", spec.argv(), spec.env, spec.module)
             await wait_answering(self.ready_urls, self.describe_dead_children)
             self._write_env()
         except BaseException:
@@ -278,9 +325,9 @@ class DevStack:
             "credentials": str(self.auth_dir),
             # The embedded server: the start-up durability check says "dev", quietly.
             "dev": True,
+            "replicas": self.nats.replicas,
         }
         if isinstance(self.nats, EmbeddedCluster):
-            table["replicas"] = len(self.nats.nodes)
             table["monitor_url"] = ",".join(self.nats.monitor_urls)
         return table
 
@@ -307,18 +354,44 @@ class DevStack:
         finally:
             await nc.close()
 
-    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> None:
+    def replicas(self, service: str) -> list[str]:
+        """The child names of ``service``'s replicas: ``NAME``, ``NAME-2``, ..."""
+        return [_replica_name(service, n) for n in range(1, self.service_replicas + 1)]
+
+    def _spawn_service(self, service: str, replica: int) -> None:
+        name = _replica_name(service, replica)
+        env: dict[str, str] = {}
+        if service == "gateway" and replica > 1:
+            # Each gateway replica listens on a port of its own; the first one's is the
+            # config's (gateway_url).
+            env["JETFLEET_GATEWAY__PORT"] = str(free_port())
+        self._spawn(name, ["serve", service], env)
+
+    def _spawn(
+        self,
+        name: str,
+        args: list[str],
+        env: Mapping[str, str] | None = None,
+        module: str = "jetfleet",
+    ) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(exist_ok=True)
-        if name == "gateway":
-            self.ready_urls[name] = self.gateway_url + "/healthz"
+        self._launches[name] = (list(args), dict(env or {}), module)
+        gateway_port = (env or {}).get("JETFLEET_GATEWAY__PORT")
+        if args[:2] == ["serve", "gateway"]:
+            port_text = gateway_port or str(self.gateway_port)
+            self.ready_urls[name] = f"http://127.0.0.1:{port_text}/healthz"
         else:
             # Served only once the child's start() is done (serve_until_signalled).
             port = free_port()
             args = [*args, "--metrics-port", str(port)]
             self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
         self.children[name] = start_jetfleet(
-            args, self.config_path, logs / f"{name}.log", {**self._trace_env(name), **(env or {})}
+            args,
+            self.config_path,
+            logs / f"{name}.log",
+            {**self._trace_env(name), **(env or {})},
+            module,
         )
 
     def _trace_env(self, name: str) -> dict[str, str]:
@@ -338,7 +411,7 @@ class DevStack:
             StackError: it exited or did not answer.
         """
         name = f"worker-{spec.id}"
-        self._spawn(name, spec.argv(), spec.env)
+        self._spawn(name, spec.argv(), spec.env, spec.module)
         await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
         return name
 
@@ -348,6 +421,21 @@ class DevStack:
         self.killed.add(name)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+    async def start_again(self, name: str) -> None:
+        """Start child ``name`` again, as it was first started (a crashed service or
+        worker brought back by its supervisor), once ``kill`` has ended it; returns once
+        it answers.
+
+        Raises:
+            StackError: it is still running, exited again, or did not answer.
+        """
+        if self.children[name].poll() is None:
+            raise StackError(f"{name} is still running: kill it before starting it again")
+        args, env, module = self._launches[name]
+        self._spawn(name, args, env, module)
+        self.killed.discard(name)
+        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
 
     def dead_children(self) -> list[str]:
         """Names of children that exited while the stack should be running (those
@@ -390,6 +478,17 @@ class DevStack:
             (self.data_dir / leftover).unlink(missing_ok=True)
 
 
+def _one_server(sync_always: bool) -> NatsFactory:
+    def build(folder: Path, auth_include: Path) -> NatsServers:
+        return EmbeddedNats(folder, sync_always=sync_always, auth_include=auth_include)
+
+    return build
+
+
+def _replica_name(service: str, replica: int) -> str:
+    return service if replica == 1 else f"{service}-{replica}"
+
+
 def _wait_or_kill(proc: subprocess.Popen[bytes]) -> None:
     try:
         proc.wait(STOP_TIMEOUT_S)
@@ -403,10 +502,12 @@ def start_jetfleet(
     config: Path,
     log_path: Path,
     extra_env: Mapping[str, str] | None = None,
+    module: str = "jetfleet",
 ) -> subprocess.Popen[bytes]:
-    """Start ``python -m jetfleet ARGV`` on ``config`` alone (the caller's JETFLEET_*,
-    NATS_URL and REDIS_URL are dropped; its OTEL_* pass, ``extra_env`` over them), its
-    output appended to ``log_path``; it dies with its parent."""
+    """Start ``python -m MODULE ARGV`` (``jetfleet`` by default) on ``config`` alone (the
+    caller's JETFLEET_*, NATS_URL and REDIS_URL are dropped; its OTEL_* pass,
+    ``extra_env`` over them), its output appended to ``log_path``; it dies with its
+    parent."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -416,7 +517,7 @@ def start_jetfleet(
     env["JETFLEET_CONFIG"] = str(config)
     with log_path.open("ab") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "jetfleet", *argv],
+            [sys.executable, "-m", module, *argv],
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

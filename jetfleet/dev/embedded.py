@@ -192,6 +192,9 @@ class EmbeddedServer:
 class EmbeddedNats(EmbeddedServer):
     """nats-server with JetStream, on a random loopback port, storing under ``data_dir``."""
 
+    replicas = 1
+    """One server holds one copy of each stream."""
+
     def __init__(
         self, data_dir: Path, sync_always: bool = False, auth_include: Path | None = None
     ) -> None:
@@ -207,6 +210,20 @@ class EmbeddedNats(EmbeddedServer):
 
     def start(self, timeout_s: float = 20.0) -> EmbeddedNats:
         """Start the server and wait until it accepts clients."""
+        return self._start(-1, timeout_s)
+
+    def start_again(self, timeout_s: float = 20.0) -> EmbeddedNats:
+        """Start the server again on the port and store it had (after ``kill`` or
+        ``stop``): a crashed server brought back where its clients reconnect to.
+
+        Raises:
+            StackError: it was never started, or did not become ready.
+        """
+        if not self.port:
+            raise StackError("nats-server was never started: nothing to start again")
+        return self._start(self.port, timeout_s)
+
+    def _start(self, port: int, timeout_s: float) -> EmbeddedNats:
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats-server.conf"
         sync = "\n  sync_interval: always" if self.sync_always else ""
@@ -219,7 +236,7 @@ class EmbeddedNats(EmbeddedServer):
             else ""
         )
         conf.write_text(
-            f'listen: "127.0.0.1:-1"\nserver_name: "jf-{os.getpid()}-{id(self)}"\n'
+            f'listen: "127.0.0.1:{port}"\nserver_name: "jf-{os.getpid()}-{id(self)}"\n'
             f'jetstream {{\n  store_dir: "{store}"{sync}\n}}\n{include}'
         )
         if self.log_path.exists():

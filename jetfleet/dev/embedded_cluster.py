@@ -121,6 +121,11 @@ class EmbeddedCluster:
         return ",".join(node.url for node in self.nodes)
 
     @property
+    def replicas(self) -> int:
+        """Copies of each stream the cluster holds (``nats.replicas``): one per node."""
+        return len(self.nodes)
+
+    @property
     def monitor_urls(self) -> list[str]:
         """Every node's monitoring endpoint."""
         return [node.monitor_url for node in self.nodes]

@@ -1,0 +1,735 @@
+"""Chaos soak: a replicated fleet runs N jobs while everything around it breaks.
+
+    python bench/chaos.py [--jobs 20000] [--workers 4] [--replicas 2] [--kill-every 4]
+        [--rate 60] [--seed 1] [--timeout 1800] [--json]
+
+A ``DevStack`` (jetfleet/dev/devstack.py) with ``--replicas`` processes of every service
+(scheduler, leaser, ratelimit, quarantine, sink, gateway), ``--workers`` plain workers,
+one worker that loses some acks (tests/faults/ack_dropping_worker.py) and one whose wall
+clock is 37 s ahead (libfaketime, jetfleet/dev/clock_skew.py), NATS with
+``sync_interval: always`` (production's setting where fences and keys live), runs
+``--jobs`` jobs against the target simulator (a few of them gone pages, dead-lettered
+``http-404``). Meanwhile it:
+
+- SIGKILLs a random worker every ``--kill-every`` seconds (jittered) and starts it again,
+  as a supervisor would;
+- at set points of progress, restarts each service once (SIGKILL of its first replica,
+  then started again), disturbs NATS once (``NatsTopology``: on one node, SIGKILL of the
+  nats-server and a start on the same store and port; on a cluster, the stream leader's
+  node), stalls a worker past its lease (SIGSTOP for TTL + ack_wait + 2 s, then SIGCONT)
+  and restarts Redis empty (SIGKILL, a fresh server on the same port).
+
+At the end it checks, from durable state (the streams and the lease buckets) and the
+simulator's own counts, and exits 1 if any check fails:
+
+- ``lost``: every submitted job is committed, dead-lettered or rejected (by job id), and
+  the fleet's status is conserved with nothing unfinished;
+- ``over-apply (records)``: one committed record per committed job (ratio 1.00);
+- ``over-apply (site)``: pages the site served for the committed jobs over the jobs,
+  rounded to 2 places, is 1.00 (a page served again after its worker died between the
+  site's answer and the commit is counted here: only the commit is fenced);
+- ``stale commits accepted``: every committed record's fence is the job's sealed fence
+  and its highest fence ever granted, and no lease the stalled worker held when it was
+  stopped has a record stored after that lease ran out;
+- ``rate cap``: the site never saw more than rate + burst requests in any 1 s;
+- ``dead letters``: every dead letter has a reason, and only the gone pages died;
+- ``faults ran``: every step above happened (a soak whose faults silently did not
+  happen would prove nothing).
+
+The last long run's result is in docs/benchmarks.md ("Chaos soak");
+tests/test_chaos_soak.py runs the short form (2,000 jobs) in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import msgspec
+from nats.js import JetStreamContext
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+if str(PROJECT_ROOT) not in sys.path:
+    sys.path.insert(0, str(PROJECT_ROOT))
+
+from jetfleet.schemas import Job  # noqa: E402
+from jetfleet.schemas.events import CommittedResult, Duplicate, Rejection  # noqa: E402
+from jetfleet.services import SERVICE_NAMES  # noqa: E402
+
+from jetfleet import subjects  # noqa: E402
+from jetfleet.client import submit_jobs  # noqa: E402
+from jetfleet.connection import connect_nats  # noqa: E402
+from jetfleet.dev import demo_cast  # noqa: E402
+from jetfleet.dev.clock_skew import clock_skew, measured_offset_s  # noqa: E402
+from jetfleet.dev.devstack import DevStack, NatsFactory, WorkerSpec  # noqa: E402
+from jetfleet.dev.embedded import EmbeddedNats  # noqa: E402
+from jetfleet.dev.settings_file import toml_tables  # noqa: E402
+from jetfleet.lease_store import LeaseStore  # noqa: E402
+from jetfleet.ops.dead_letters import list_dead_letters  # noqa: E402
+from jetfleet.ops.status import FleetStatus, confirmed_status, fleet_status  # noqa: E402
+from jetfleet.simulator import most_in_any_window  # noqa: E402
+from jetfleet.stream_reader import read_stream  # noqa: E402
+from jetfleet.topology import declare  # noqa: E402
+
+TARGET = "demo"
+LEASE_TTL_S = demo_cast.LEASE_TTL_S
+ACK_WAIT_S = 8.0
+STALL_S = LEASE_TTL_S + ACK_WAIT_S + 2.0
+"""How long the stalled worker stays stopped: past its leases and their deliveries."""
+SKEW = "+37"
+"""libfaketime's offset for the skewed worker: 37 s ahead."""
+DROP_ACK_PER_MILLE = 20
+GONE_EVERY = 50
+"""One job in this many asks for a page that is gone (404): a dead letter with a reason."""
+BURST = 10
+PAGE_LATENCY_S = 0.3
+"""How long the site takes to answer each page: jobs spend most of their lease waiting on
+it, as on a real site, so a SIGKILL or SIGSTOP finds requests in flight."""
+SEND_JITTER_S = 0.2
+"""As ``jetfleet demo``'s targets: a permitted request may leave up to this late on a busy
+machine, so the burst is cut by that much (docs/rate-limits.md)."""
+WATCH_S = 1.0
+SETTLE_S = 3 * ACK_WAIT_S
+"""How long to wait, once every job has ended, for the last acks (a dropped ack's job is
+acked on its redelivery, one ack_wait later)."""
+LEASED_WAIT_S = 20.0
+"""How long the stall step looks for a worker with ``STALL_PREFER`` jobs in hand before it
+settles for the one with the most now."""
+STALL_PREFER = 3
+ACK_DROPPER = "w-acks"
+SKEWED = "w-skew"
+RESULTS_READ_IN_FLIGHT = 64
+_result = msgspec.json.Decoder(CommittedResult)
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+class NatsTopology(Protocol):
+    """What NATS the soak runs on, and how it is disturbed once mid-run (the rest of the
+    soak does not care whether NATS is one server or a cluster).
+
+    A cluster plugs in here: ``servers`` builds it (``DevStack(nats_servers=...)``: the
+    nodes must include the stack's auth file and report ``replicas = 3``), and
+    ``disrupt`` SIGKILLs the node that leads the work stream and starts it again."""
+
+    label: str
+    """What the step is called in the output."""
+    servers: NatsFactory | None
+    """Builds the servers; None: DevStack's one embedded server."""
+
+    async def disrupt(self, stack: DevStack) -> str:
+        """Do it; say what was done."""
+        ...
+
+
+class SingleNodeRestart:
+    """One nats-server: SIGKILL it and start it again on the same store and port (there is
+    no stream leader to kill on one node; this is the honest equivalent)."""
+
+    label = "restart nats-server (single node: SIGKILL, same store and port)"
+    servers = None
+
+    async def disrupt(self, stack: DevStack) -> str:
+        assert isinstance(stack.nats, EmbeddedNats)
+        port = stack.nats.port
+        began = time.monotonic()
+        await asyncio.to_thread(stack.nats.kill)
+        await asyncio.to_thread(stack.nats.start_again, 30.0)
+        return f"nats-server SIGKILLed, back on port {port} in {time.monotonic() - began:.1f} s"
+
+
+TOPOLOGIES: dict[str, Callable[[], NatsTopology]] = {"single": SingleNodeRestart}
+
+
+class Check(msgspec.Struct):
+    """One end-of-run check: its name, whether it held, and the figures behind it."""
+
+    name: str
+    passed: bool
+    detail: str
+
+
+class ChaosReport(msgspec.Struct):
+    """What the soak prints at the end (``--json``: this object)."""
+
+    jobs: int
+    committed: int
+    dead: int
+    rejected: int
+    lost: int
+    over_apply_records: float
+    over_apply_site: float
+    stale_commits_accepted: int
+    largest_1s_rate: int
+    rate_cap: int
+    dead_by_reason: dict[str, int]
+    seconds: float
+    jobs_per_s: float
+    nats: str
+    checks: list[Check]
+    events: list[str]
+    passed: bool
+
+
+@dataclass
+class Stall:
+    """The SIGSTOP step: whom, when (wall clock), and the leases it held then."""
+
+    worker: str = ""
+    stopped_at: float = 0.0
+    held: dict[str, int] = field(default_factory=dict)
+    """job id -> fence of each lease the worker held when it was stopped."""
+    committed_by_others: int = 0
+    """Of those jobs, how many were committed under a later grant (durable state)."""
+
+
+@dataclass
+class Soak:
+    """One run of the soak: its plan, its stack, and what it did."""
+
+    jobs: int
+    workers: int
+    replicas: int
+    kill_every_s: float
+    rate: float
+    seed: int
+    timeout_s: float
+    topology: NatsTopology
+    folder: Path
+    events: list[str] = field(default_factory=list)
+    kills: list[str] = field(default_factory=list)
+    steps_done: list[str] = field(default_factory=list)
+    stall: Stall = field(default_factory=Stall)
+    frozen: set[str] = field(default_factory=set)
+    servers_down: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Held while NATS or Redis is down: a worker started then could not connect, and a
+    supervisor's restart would fail the same way, so kills wait for it."""
+    started: float = 0.0
+    done: int = 0
+    progressed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set each time ``done`` is read anew."""
+
+    def say(self, text: str) -> None:
+        since = time.monotonic() - self.started if self.started else 0.0
+        line = f"+{since:.1f} s {text}"
+        self.events.append(line)
+        log(line)
+
+    # -- the stack ------------------------------------------------------------------
+
+    def _fleet_table(self) -> dict[str, object]:
+        # The demo's short leases and back-offs, with a longer ack_wait: the redelivery of
+        # a stalled holder's job waits for more than the lease.
+        return {**demo_cast.fleet_table(), "ack_wait_s": ACK_WAIT_S}
+
+    def _worker_specs(self) -> list[WorkerSpec]:
+        skew = clock_skew(SKEW)
+        self.skew = skew
+        events = self.folder / "ack-drops.jsonl"
+        dropper_env = {
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")) if p
+            ),
+            "DROP_ACK_PER_MILLE": str(DROP_ACK_PER_MILLE),
+            "ACK_DROP_EVENTS": str(events),
+            "ACK_DROP_WORKER": ACK_DROPPER,
+        }
+        plain = [WorkerSpec(f"w-{n}") for n in range(self.workers)]
+        return [
+            *plain,
+            WorkerSpec(ACK_DROPPER, env=dropper_env, module="tests.faults.ack_dropping_worker"),
+            WorkerSpec(SKEWED, env=dict(skew.env)),
+        ]
+
+    async def run(self) -> ChaosReport:
+        config = self.folder / "chaos.toml"
+        config.write_text(toml_tables({"fleet": self._fleet_table()}))
+        stack = DevStack(
+            self.folder / "stack",
+            workers=0,
+            user_config=config,
+            worker_specs=self._worker_specs(),
+            simulator_latency_s=PAGE_LATENCY_S,
+            demo_table={
+                "rate": self.rate,
+                "burst": BURST,
+                "max_in_flight": 32,
+                "send_jitter_s": SEND_JITTER_S,
+            },
+            sites_on_own_loop=True,
+            service_replicas=self.replicas,
+            nats_sync_always=True,
+            nats_servers=self.topology.servers,
+        )
+        log(f"chaos: starting {self.replicas} replicas of each service and the workers")
+        async with stack:
+            assert stack.settings is not None
+            self.stack = stack
+            nc = await connect_nats(stack.settings.nats, "jetfleet-chaos", role="admin")
+            try:
+                await declare(nc.jetstream(), stack.settings)
+                return await self._play(nc.jetstream())
+            finally:
+                await nc.close()
+
+    async def _play(self, js: JetStreamContext) -> ChaosReport:
+        assert self.stack.settings is not None
+        jobs = self._job_list()
+        self.started = time.monotonic()
+        await submit_jobs(js, self.stack.settings, TARGET, jobs)
+        self.say(f"{len(jobs)} jobs submitted")
+        tasks = [
+            asyncio.create_task(self._kill_workers()),
+            asyncio.create_task(self._scripted_steps(js)),
+        ]
+        try:
+            status = await self._watch(js, tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._thaw()
+        elapsed = time.monotonic() - self.started
+        status = await self._settled(js, status)
+        return await self._report(js, jobs, status, elapsed)
+
+    def _job_list(self) -> list[Job]:
+        jobs = []
+        for n in range(self.jobs):
+            if n % GONE_EVERY == GONE_EVERY - 1:
+                jobs.append(Job(id=f"gone-{n:05d}", url=f"/missing/{n}"))
+            else:
+                jobs.append(Job(id=f"page-{n:05d}", url=f"/page/{n}"))
+        return jobs
+
+    async def _watch(self, js: JetStreamContext, tasks: list[asyncio.Task[None]]) -> FleetStatus:
+        assert self.stack.settings is not None
+        deadline = self.started + self.timeout_s
+        last_said = 0.0
+        status: FleetStatus | None = None
+        while True:
+            try:
+                status = await fleet_status(js, self.stack.settings)
+            except Exception as exc:  # NATS restarting: read again
+                if time.monotonic() > deadline:
+                    raise
+                log(f"  status not read ({type(exc).__name__}: {exc}); reading again")
+                await asyncio.sleep(WATCH_S)
+                continue
+            totals = status.totals
+            self.done = totals.committed + totals.dead + totals.rejected
+            self.progressed.set()
+            for task in tasks:
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            dead = self.stack.dead_children()
+            if dead:
+                raise RuntimeError(self.stack.describe_dead_children())
+            if time.monotonic() - last_said > 10:
+                last_said = time.monotonic()
+                log(f"  {self.done}/{self.jobs} ended (committed {totals.committed})")
+            steps_over = tasks[1].done()
+            if (self.done >= self.jobs and steps_over) or time.monotonic() > deadline:
+                return status
+            await asyncio.sleep(WATCH_S)
+
+    async def _settled(self, js: JetStreamContext, status: FleetStatus) -> FleetStatus:
+        """Read again until the counts add up and no ended job is still queued or leased
+        (a dropped ack's job is acked on its redelivery), or ``SETTLE_S`` has passed."""
+        assert self.stack.settings is not None
+        deadline = time.monotonic() + SETTLE_S
+        while not status.conserved or _open(status):
+            if time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+            status = await confirmed_status(js, self.stack.settings)
+        return status
+
+    # -- the faults ---------------------------------------------------------------
+
+    def _workers_alive(self) -> list[str]:
+        return [
+            name
+            for name, proc in self.stack.children.items()
+            if name.startswith("worker-") and proc.poll() is None and name not in self.frozen
+        ]
+
+    async def _kill_workers(self) -> None:
+        """SIGKILL a random worker every few seconds, then start it again."""
+        rng = random.Random(self.seed)
+        while True:
+            await asyncio.sleep(self.kill_every_s * rng.uniform(0.7, 1.3))
+            alive = self._workers_alive()
+            if not alive:
+                continue
+            async with self.servers_down:
+                victim = rng.choice(sorted(alive))
+                self.stack.kill(victim)
+                self.kills.append(victim)
+                self.say(f"SIGKILL {victim}")
+                await self.stack.start_again(victim)
+
+    async def _scripted_steps(self, js: JetStreamContext) -> None:
+        steps: list[tuple[str, Callable[[], Awaitable[str]]]] = [
+            *((f"restart {s}", self._restarter(s)) for s in SERVICE_NAMES[:3]),
+            ("stall a worker past its TTL", lambda: self._stall_worker(js)),
+            (self.topology.label, self._disrupt_nats),
+            *((f"restart {s}", self._restarter(s)) for s in SERVICE_NAMES[3:]),
+            ("restart redis empty", self._restart_redis),
+        ]
+        for n, (label, step) in enumerate(steps, start=1):
+            threshold = int(self.jobs * 0.8 * n / (len(steps) + 1))
+            while self.done < threshold:
+                self.progressed.clear()
+                await self.progressed.wait()
+            self.say(f"step {label}: starting at {self.done} ended")
+            self.say(f"step {label}: {await step()}")
+            self.steps_done.append(label)
+
+    async def _disrupt_nats(self) -> str:
+        async with self.servers_down:
+            return await self.topology.disrupt(self.stack)
+
+    def _restarter(self, service: str) -> Callable[[], Awaitable[str]]:
+        async def restart() -> str:
+            name = self.stack.replicas(service)[0]
+            self.stack.kill(name)
+            began = time.monotonic()
+            await self.stack.start_again(name)
+            return f"{name} SIGKILLed, answering again after {time.monotonic() - began:.1f} s"
+
+        return restart
+
+    async def _restart_redis(self) -> str:
+        port = self.stack.redis.port
+        async with self.servers_down:
+            await asyncio.to_thread(self.stack.redis.kill)
+            await asyncio.to_thread(self.stack.redis.start, 20.0, 1, port)
+        return f"redis-server SIGKILLed, an empty one on port {port}"
+
+    async def _stall_worker(self, js: JetStreamContext) -> str:
+        """SIGSTOP the plain worker with the most jobs in hand (leases of jobs not yet
+        settled: a lease outlives its job's ack until its TTL), for ``STALL_S``, then
+        SIGCONT."""
+        store = await LeaseStore.open(js)
+        deadline = time.monotonic() + LEASED_WAIT_S
+        while True:
+            in_hand = await self._unsettled_leases(store)
+            enough = _most(in_hand) >= STALL_PREFER
+            late = time.monotonic() > deadline
+            # Past the deadline any worker with a job in hand will do; past twice it, none.
+            if enough or (in_hand and late) or time.monotonic() > deadline + LEASED_WAIT_S:
+                break
+            await asyncio.sleep(0.2)
+        if not in_hand:
+            return "no plain worker held a lease of an unsettled job: nothing stalled"
+        victim = max(sorted(in_hand), key=lambda w: len(in_hand[w]))
+        name = f"worker-{victim}"
+        self.frozen.add(name)
+        os.kill(self.stack.children[name].pid, signal.SIGSTOP)
+        self.stall = Stall(victim, time.time(), in_hand[victim])
+        self.say(f"SIGSTOP {name} with {len(in_hand[victim])} jobs in hand, for {STALL_S:g} s")
+        await asyncio.sleep(STALL_S)  # the stall itself: its length is the fault
+        await self._thaw()
+        return f"SIGCONT {name} after {STALL_S:g} s"
+
+    async def _unsettled_leases(self, store: LeaseStore) -> dict[str, dict[str, int]]:
+        """Per live plain worker, job id -> fence of its leases whose job is unsettled."""
+        alive = {n.removeprefix("worker-") for n in self._workers_alive()}
+        alive -= {ACK_DROPPER, SKEWED}
+        leases = [x for x in await store.all_live() if x.record.worker in alive]
+        histories = await asyncio.gather(*(store.read_history(x.record.job_id) for x in leases))
+        in_hand: dict[str, dict[str, int]] = {}
+        for lease, entry in zip(leases, histories, strict=True):
+            if entry.history is None or entry.history.settled is None:
+                in_hand.setdefault(lease.record.worker, {})[lease.record.job_id] = lease.fence
+        return in_hand
+
+    async def _thaw(self) -> None:
+        for name in list(self.frozen):
+            proc = self.stack.children.get(name)
+            if proc is not None and proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+            self.frozen.discard(name)
+
+    # -- the checks ---------------------------------------------------------------
+
+    async def _report(
+        self, js: JetStreamContext, jobs: list[Job], status: FleetStatus, elapsed: float
+    ) -> ChaosReport:
+        assert self.stack.settings is not None
+        stored = await _results(js)
+        records = [r for r, _ in stored]
+        per_job = Counter(r.job_id for r in records)
+        letters = await list_dead_letters(js)
+        dead_by_reason = Counter(e.letter.reason or "(none)" for e in letters)
+        dead_ids = {e.letter.order.job.id for e in letters}
+        duplicates = await _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
+        rejected = await _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
+        ended = set(per_job) | dead_ids | duplicates | rejected
+        missing = sorted(j.id for j in jobs if j.id not in ended)
+        totals = status.totals
+        unfinished = _open(status)
+        checks = [
+            Check(
+                "lost",
+                not missing and status.unaccounted == 0 and unfinished == 0,
+                f"{len(missing)} jobs in no end state {missing[:5]}; status unaccounted "
+                f"{status.unaccounted}, unfinished {unfinished}",
+            )
+        ]
+        twice = {j: n for j, n in per_job.items() if n > 1}
+        ratio_records = len(records) / len(per_job) if per_job else 0.0
+        checks.append(
+            Check(
+                "over-apply (records)",
+                not twice and bool(per_job),
+                f"{len(records)} records for {len(per_job)} jobs; committed twice: "
+                f"{dict(list(twice.items())[:5])}",
+            )
+        )
+        ratio_site, served_again = self._site_ratio(records)
+        checks.append(
+            Check(
+                "over-apply (site)",
+                round(ratio_site, 2) == 1.0,
+                f"ratio {ratio_site:.4f}; pages served more than once: {len(served_again)} "
+                f"{served_again[:5]}",
+            )
+        )
+        stale = await self._stale_commits(js, stored)
+        checks.append(Check("stale commits accepted", not stale, f"{len(stale)}: {stale[:5]}"))
+        largest, cap = self._rate()
+        checks.append(Check("rate cap", largest <= cap, f"largest 1 s {largest}, cap {cap}"))
+        gone = {j.id for j in jobs if j.id.startswith("gone-")}
+        no_reason = [e.letter.order.job.id for e in letters if not e.letter.reason]
+        checks.append(
+            Check(
+                "dead letters",
+                not no_reason and dead_ids == gone,
+                f"{len(letters)} letters {dict(dead_by_reason)}; without a reason "
+                f"{no_reason[:5]}; gone pages not dead {sorted(gone - dead_ids)[:5]}; "
+                f"others dead {sorted(dead_ids - gone)[:5]}",
+            )
+        )
+        checks.append(self._faults_ran())
+        passed = all(c.passed for c in checks)
+        return ChaosReport(
+            jobs=len(jobs),
+            committed=totals.committed,
+            dead=totals.dead,
+            rejected=totals.rejected,
+            lost=len(missing),
+            over_apply_records=round(ratio_records, 2),
+            over_apply_site=round(ratio_site, 2),
+            stale_commits_accepted=len(stale),
+            largest_1s_rate=largest,
+            rate_cap=cap,
+            dead_by_reason=dict(sorted(dead_by_reason.items())),
+            seconds=round(elapsed, 1),
+            jobs_per_s=round(len(ended) / elapsed, 1) if elapsed else 0.0,
+            nats=self.topology.label,
+            checks=checks,
+            events=self.events,
+            passed=passed,
+        )
+
+    def _site_ratio(self, records: list[CommittedResult]) -> tuple[float, list[str]]:
+        """Pages the site served (2xx, its own count) for the committed jobs over the
+        jobs, and the pages served more than once (with who asked for them)."""
+        served = self.stack.simulator.served_by_path()
+        paths = {urlsplit(r.url).path for r in records}
+        counts = {p: served.get(p, 0) for p in paths}
+        again = sorted(p for p, n in counts.items() if n > 1)
+        clients: dict[str, list[str]] = {}
+        for visit in self.stack.simulator.visits():
+            if visit.path in again:
+                clients.setdefault(visit.path, []).append(visit.client)
+        shown = [f"{p} by {','.join(clients.get(p, []))}" for p in again]
+        distinct = sum(1 for n in counts.values() if n)
+        return (sum(counts.values()) / distinct if distinct else 0.0), shown
+
+    async def _stale_commits(
+        self, js: JetStreamContext, stored: list[tuple[CommittedResult, float]]
+    ) -> list[str]:
+        """Committed records that a stale holder got accepted: a fence that is not the
+        job's sealed one or is below the highest fence ever granted for it; or a lease
+        the stalled worker held when stopped, committed after that lease ran out."""
+        store = await LeaseStore.open(js)
+        stale: list[str] = []
+        gate = asyncio.Semaphore(RESULTS_READ_IN_FLIGHT)
+
+        async def judge(record: CommittedResult, stored_at: float) -> None:
+            async with gate:
+                entry = await store.read_history(record.job_id)
+            history = entry.history
+            sealed = history.settled.fence if history and history.settled else None
+            highest = history.fence if history else 0
+            if sealed != record.fence or record.fence < highest:
+                stale.append(
+                    f"{record.job_id}: fence {record.fence}, sealed {sealed}, highest {highest}"
+                )
+            stalled_fence = self.stall.held.get(record.job_id)
+            if stalled_fence is not None and record.fence > stalled_fence:
+                self.stall.committed_by_others += 1
+            ran_out = self.stall.stopped_at + LEASE_TTL_S + 1.0
+            if stalled_fence == record.fence and stored_at > ran_out:
+                stale.append(
+                    f"{record.job_id}: the stalled holder's fence {record.fence} committed "
+                    f"{stored_at - self.stall.stopped_at:.1f} s after it was stopped"
+                )
+
+        await asyncio.gather(*(judge(r, at) for r, at in stored))
+        return stale
+
+    def _rate(self) -> tuple[int, int]:
+        assert self.stack.settings is not None
+        target = self.stack.settings.targets[TARGET]
+        stamps = [a.at for a in self.stack.simulator.arrivals() if a.kind != "robots"]
+        return most_in_any_window(stamps, 1.0), int(target.rate) + target.burst
+
+    def _faults_ran(self) -> Check:
+        drops = _count_lines(self.folder / "ack-drops.jsonl")
+        offset = measured_offset_s(self.skew)
+        missing = []
+        if not self.kills:
+            missing.append("no worker was killed")
+        if len(self.steps_done) < len(SERVICE_NAMES) + 3:
+            missing.append(f"steps done: {self.steps_done}")
+        if not self.stall.committed_by_others:
+            missing.append("no lease of the stalled worker was granted again and committed")
+        if drops == 0:
+            missing.append("no ack was dropped")
+        if offset is None or abs(offset - 37) > 2:
+            missing.append(
+                f"the skewed worker's clock is off by {offset} s, not 37 ({self.skew.via})"
+            )
+        return Check(
+            "faults ran",
+            not missing,
+            f"{len(self.kills)} worker SIGKILLs, {len(self.steps_done)} steps, stall of "
+            f"{self.stall.worker} holding {len(self.stall.held)} leases "
+            f"({self.stall.committed_by_others} committed by later grants), {drops} acks "
+            f"dropped, clock skew {offset} s via {self.skew.via}"
+            + (f"; MISSING: {'; '.join(missing)}" if missing else ""),
+        )
+
+
+def _most(in_hand: dict[str, dict[str, int]]) -> int:
+    return max((len(jobs) for jobs in in_hand.values()), default=0)
+
+
+def _open(status: FleetStatus) -> int:
+    return status.totals.queued + status.totals.leased + status.admitting
+
+
+def _count_lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def _results(js: JetStreamContext) -> list[tuple[CommittedResult, float]]:
+    """Every committed record with when the server stored it (unix seconds)."""
+    found = []
+    async with contextlib.aclosing(
+        read_stream(js, subjects.STREAM_RESULTS, "jf.results.>")
+    ) as msgs:
+        async for msg in msgs:
+            found.append((_result.decode(msg.data), msg.metadata.timestamp.timestamp()))
+    return found
+
+
+async def _job_ids(
+    js: JetStreamContext, stream: str, filter_subject: str, kind: type[Duplicate | Rejection]
+) -> set[str]:
+    """The job ids of a stream's ``Duplicate`` or ``Rejection`` records."""
+    decoder = msgspec.json.Decoder(kind)
+    found = set()
+    async with contextlib.aclosing(read_stream(js, stream, filter_subject)) as msgs:
+        async for msg in msgs:
+            found.add(decoder.decode(msg.data).job_id)
+    return found
+
+
+def print_report(report: ChaosReport) -> None:
+    """The report as people read it."""
+    print(
+        f"\nchaos soak: {report.jobs} jobs in {report.seconds:.1f} s "
+        f"({report.jobs_per_s:.1f} jobs/s); NATS step: {report.nats}"
+    )
+    print(
+        f"committed {report.committed}, dead {report.dead} {report.dead_by_reason}, "
+        f"rejected {report.rejected}, lost {report.lost}"
+    )
+    print(
+        f"over-apply ratio: records {report.over_apply_records:.2f}, site "
+        f"{report.over_apply_site:.2f}; stale commits accepted {report.stale_commits_accepted}; "
+        f"largest 1 s at the site {report.largest_1s_rate} (cap {report.rate_cap})"
+    )
+    for check in report.checks:
+        print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
+    print("PASSED" if report.passed else "FAILED")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="bench/chaos.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--jobs", type=int, default=20000, help="jobs to run (default 20000)")
+    parser.add_argument("--workers", type=int, default=4, help="plain workers (default 4)")
+    parser.add_argument("--replicas", type=int, default=2, help="processes per service")
+    parser.add_argument(
+        "--kill-every", type=float, default=4.0, help="seconds between worker SIGKILLs"
+    )
+    parser.add_argument("--rate", type=float, default=60.0, help="the target's rate cap (/s)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random kills")
+    parser.add_argument("--timeout", type=float, default=1800.0, help="give up after (s)")
+    parser.add_argument("--nats", choices=sorted(TOPOLOGIES), default="single")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the data folder (logs)")
+    args = parser.parse_args(argv)
+    if args.jobs < 2 * GONE_EVERY:
+        parser.error(f"--jobs must be at least {2 * GONE_EVERY}")
+    folder = Path(tempfile.mkdtemp(prefix="jetfleet-chaos-"))
+    soak = Soak(
+        jobs=args.jobs,
+        workers=args.workers,
+        replicas=args.replicas,
+        kill_every_s=args.kill_every,
+        rate=args.rate,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        topology=TOPOLOGIES[args.nats](),
+        folder=folder,
+    )
+    try:
+        report = asyncio.run(soak.run())
+    finally:
+        if args.keep:
+            log(f"data folder kept: {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    if args.json:
+        print(msgspec.json.encode(report).decode())
+    else:
+        print_report(report)
+    return 0 if report.passed else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

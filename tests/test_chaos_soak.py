@@ -1,0 +1,45 @@
+"""The chaos soak's short form, as CI runs it: ``bench/chaos.py --jobs 2000`` (the long
+form runs 20,000; docs/benchmarks.md has its last result).
+
+Two replicas of every service and a few workers run 2,000 jobs while a random worker is
+SIGKILLed every few seconds, each service is restarted once, nats-server is SIGKILLed and
+started again on its store, one worker's clock is 37 s ahead, another loses some acks, a
+worker is stopped past its lease and Redis comes back empty. The script checks, from the
+streams, the lease buckets and the simulator's own counts, and exits 1 when any check
+fails; this test fails with its report.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "chaos.py"
+JOBS = 2000
+
+
+@pytest.mark.timeout(420)
+def test_chaos_short_form_loses_nothing_applies_once_takes_no_stale_commit_holds_caps() -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--jobs", str(JOBS), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.stdout.strip(), f"no report (exit {out.returncode}):\n{out.stderr[-4000:]}"
+    report = json.loads(out.stdout)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    summary = "\n".join(f"{c['name']}: {c['detail']}" for c in report["checks"])
+    assert not failed and out.returncode == 0, f"{summary}\n{out.stderr[-3000:]}"
+    assert report["jobs"] == JOBS
+    assert report["lost"] == 0
+    assert report["over_apply_records"] == report["over_apply_site"] == 1.0
+    assert report["stale_commits_accepted"] == 0
+    assert report["largest_1s_rate"] <= report["rate_cap"]
+    assert report["committed"] + report["dead"] == JOBS
+    assert set(report["dead_by_reason"]) == {"http-404"}
+    print(f"\n{summary}\n" + "\n".join(report["events"]))
