@@ -77,6 +77,7 @@ from jetfleet.dev import demo_cast  # noqa: E402
 from jetfleet.dev.clock_skew import clock_skew, measured_offset_s  # noqa: E402
 from jetfleet.dev.devstack import DevStack, NatsFactory, WorkerSpec  # noqa: E402
 from jetfleet.dev.embedded import EmbeddedNats  # noqa: E402
+from jetfleet.dev.embedded_cluster import EmbeddedCluster  # noqa: E402
 from jetfleet.dev.settings_file import toml_tables  # noqa: E402
 from jetfleet.lease_store import LeaseStore  # noqa: E402
 from jetfleet.ops.dead_letters import list_dead_letters  # noqa: E402
@@ -88,8 +89,12 @@ from jetfleet.topology import declare  # noqa: E402
 TARGET = "demo"
 LEASE_TTL_S = demo_cast.LEASE_TTL_S
 ACK_WAIT_S = 8.0
-STALL_S = LEASE_TTL_S + ACK_WAIT_S + 2.0
-"""How long the stalled worker stays stopped: past its leases and their deliveries."""
+CLUSTER_LEASE_TTL_S = 30.0
+"""On the cluster: a lease must outlive a bucket's leader election (up to 12 s measured;
+a 10 s TTL let second holders run jobs, docs/cluster.md), as `jetfleet doctor` asks."""
+CLUSTER_ACK_WAIT_S = 45.0
+LEADER_WAIT_S = 60.0
+"""How long the cluster step waits for a new stream leader, and for the killed node."""
 SKEW = "+37"
 """libfaketime's offset for the skewed worker: 37 s ahead."""
 DROP_ACK_PER_MILLE = 20
@@ -103,7 +108,6 @@ SEND_JITTER_S = 0.2
 """As ``jetfleet demo``'s targets: a permitted request may leave up to this late on a busy
 machine, so the burst is cut by that much (docs/rate-limits.md)."""
 WATCH_S = 1.0
-SETTLE_S = 3 * ACK_WAIT_S
 """How long to wait, once every job has ended, for the last acks (a dropped ack's job is
 acked on its redelivery, one ack_wait later)."""
 LEASED_WAIT_S = 20.0
@@ -132,6 +136,11 @@ class NatsTopology(Protocol):
     """What the step is called in the output."""
     servers: NatsFactory | None
     """Builds the servers; None: DevStack's one embedded server."""
+    lease_ttl_s: float
+    """``fleet.lease_ttl_s`` on this NATS: short on one node, long enough for a leader
+    election on a cluster."""
+    ack_wait_s: float
+    """``fleet.ack_wait_s``: the redelivery of a stalled holder's job waits past its lease."""
 
     async def disrupt(self, stack: DevStack) -> str:
         """Do it; say what was done."""
@@ -144,6 +153,8 @@ class SingleNodeRestart:
 
     label = "restart nats-server (single node: SIGKILL, same store and port)"
     servers = None
+    lease_ttl_s = LEASE_TTL_S
+    ack_wait_s = ACK_WAIT_S
 
     async def disrupt(self, stack: DevStack) -> str:
         assert isinstance(stack.nats, EmbeddedNats)
@@ -154,7 +165,60 @@ class SingleNodeRestart:
         return f"nats-server SIGKILLed, back on port {port} in {time.monotonic() - began:.1f} s"
 
 
-TOPOLOGIES: dict[str, Callable[[], NatsTopology]] = {"single": SingleNodeRestart}
+def _three_nodes(folder: Path, auth_include: Path) -> EmbeddedCluster:
+    # sync_interval: always on every node (EmbeddedCluster's default), as production runs.
+    return EmbeddedCluster(folder, size=3, auth_include=auth_include)
+
+
+class StreamLeaderKill:
+    """A 3-node cluster (R3 streams, consumers and buckets): SIGKILL the node that leads
+    JF_WORK, wait until another node leads it, then start the killed one again on its
+    store and ports (it rejoins and catches up)."""
+
+    label = "kill the NATS stream leader (3-node cluster, JF_WORK's leader SIGKILLed)"
+    servers: NatsFactory | None = staticmethod(_three_nodes)
+    lease_ttl_s = CLUSTER_LEASE_TTL_S
+    ack_wait_s = CLUSTER_ACK_WAIT_S
+
+    async def disrupt(self, stack: DevStack) -> str:
+        cluster = stack.nats
+        assert isinstance(cluster, EmbeddedCluster) and stack.settings is not None
+        nc = await connect_nats(stack.settings.nats, "jetfleet-chaos-leader", role="admin")
+        try:
+            js = nc.jetstream()
+            old = await _stream_leader(js, subjects.STREAM_WORK, "", LEADER_WAIT_S)
+            index = cluster.nodes.index(cluster.node_named(old))
+            began = time.monotonic()
+            await asyncio.to_thread(cluster.kill, index)
+            new = await _stream_leader(js, subjects.STREAM_WORK, old, LEADER_WAIT_S)
+            elected_s = time.monotonic() - began
+            await asyncio.to_thread(cluster.restart, index, LEADER_WAIT_S)
+        finally:
+            await nc.close()
+        return (
+            f"JF_WORK's leader {old} SIGKILLed; {new} led it {elected_s:.1f} s later; the "
+            f"killed node back after {time.monotonic() - began:.1f} s"
+        )
+
+
+async def _stream_leader(js: JetStreamContext, stream: str, not_this: str, wait_s: float) -> str:
+    """The node leading ``stream``, once it is not ``not_this`` (wait up to ``wait_s``)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with contextlib.suppress(Exception):  # no leader yet, or the asked node is gone
+            info = await js.stream_info(stream)
+            leader = info.cluster.leader if info.cluster is not None else None
+            if leader and leader != not_this:
+                return leader
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{stream} had no leader but {not_this!r} after {wait_s:g} s")
+        await asyncio.sleep(0.2)
+
+
+TOPOLOGIES: dict[str, Callable[[], NatsTopology]] = {
+    "single": SingleNodeRestart,
+    "cluster": StreamLeaderKill,
+}
 
 
 class Check(msgspec.Struct):
@@ -225,6 +289,11 @@ class Soak:
     progressed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time ``done`` is read anew."""
 
+    @property
+    def stall_s(self) -> float:
+        """How long the stalled worker stays stopped: past its leases and their deliveries."""
+        return self.topology.lease_ttl_s + self.topology.ack_wait_s + 2.0
+
     def say(self, text: str) -> None:
         since = time.monotonic() - self.started if self.started else 0.0
         line = f"+{since:.1f} s {text}"
@@ -236,7 +305,11 @@ class Soak:
     def _fleet_table(self) -> dict[str, object]:
         # The demo's short leases and back-offs, with a longer ack_wait: the redelivery of
         # a stalled holder's job waits for more than the lease.
-        return {**demo_cast.fleet_table(), "ack_wait_s": ACK_WAIT_S}
+        return {
+            **demo_cast.fleet_table(),
+            "lease_ttl_s": self.topology.lease_ttl_s,
+            "ack_wait_s": self.topology.ack_wait_s,
+        }
 
     def _worker_specs(self) -> list[WorkerSpec]:
         skew = clock_skew(SKEW)
@@ -351,9 +424,9 @@ class Soak:
 
     async def _settled(self, js: JetStreamContext, status: FleetStatus) -> FleetStatus:
         """Read again until the counts add up and no ended job is still queued or leased
-        (a dropped ack's job is acked on its redelivery), or ``SETTLE_S`` has passed."""
+        (a dropped ack's job is acked on its redelivery), or three ack waits have passed."""
         assert self.stack.settings is not None
-        deadline = time.monotonic() + SETTLE_S
+        deadline = time.monotonic() + 3 * self.topology.ack_wait_s
         while not status.conserved or _open(status):
             if time.monotonic() > deadline:
                 break
@@ -425,7 +498,7 @@ class Soak:
 
     async def _stall_worker(self, js: JetStreamContext) -> str:
         """SIGSTOP the plain worker with the most jobs in hand (leases of jobs not yet
-        settled: a lease outlives its job's ack until its TTL), for ``STALL_S``, then
+        settled: a lease outlives its job's ack until its TTL), for ``stall_s``, then
         SIGCONT."""
         store = await LeaseStore.open(js)
         deadline = time.monotonic() + LEASED_WAIT_S
@@ -444,10 +517,11 @@ class Soak:
         self.frozen.add(name)
         os.kill(self.stack.children[name].pid, signal.SIGSTOP)
         self.stall = Stall(victim, time.time(), in_hand[victim])
-        self.say(f"SIGSTOP {name} with {len(in_hand[victim])} jobs in hand, for {STALL_S:g} s")
-        await asyncio.sleep(STALL_S)  # the stall itself: its length is the fault
+        stall_s = self.stall_s
+        self.say(f"SIGSTOP {name} with {len(in_hand[victim])} jobs in hand, for {stall_s:g} s")
+        await asyncio.sleep(stall_s)  # the stall itself: its length is the fault
         await self._thaw()
-        return f"SIGCONT {name} after {STALL_S:g} s"
+        return f"SIGCONT {name} after {stall_s:g} s"
 
     async def _unsettled_leases(self, store: LeaseStore) -> dict[str, dict[str, int]]:
         """Per live plain worker, job id -> fence of its leases whose job is unsettled."""
@@ -588,7 +662,7 @@ class Soak:
             stalled_fence = self.stall.held.get(record.job_id)
             if stalled_fence is not None and record.fence > stalled_fence:
                 self.stall.committed_by_others += 1
-            ran_out = self.stall.stopped_at + LEASE_TTL_S + 1.0
+            ran_out = self.stall.stopped_at + self.topology.lease_ttl_s + 1.0
             if stalled_fence == record.fence and stored_at > ran_out:
                 stale.append(
                     f"{record.job_id}: the stalled holder's fence {record.fence} committed "
