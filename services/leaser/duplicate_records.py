@@ -21,6 +21,11 @@ log = logging.getLogger(__name__)
 
 RECORD_RETRY_S = 1.0
 """How soon a worker asks again when the duplicate record could not be stored."""
+RECORD_WITHIN_S = 2.0
+"""How long the record's publish is retried (through a leader election) before the
+answer is ``busy``: within the worker's lease-call timeout (3 s,
+jetfleet/lease_client.py), so the worker hears ``busy`` and asks again rather than
+timing out while the leaser still retries."""
 
 
 async def recorded(js: JetStreamContext, request: LeaseRequest, reply: LeaseReply) -> LeaseReply:
@@ -31,7 +36,13 @@ async def recorded(js: JetStreamContext, request: LeaseRequest, reply: LeaseRepl
         return reply
     try:
         await record_duplicate(
-            js, request.job_id, request.target, request.key, reply.committed_by, "already-done"
+            js,
+            request.job_id,
+            request.target,
+            request.key,
+            reply.committed_by,
+            "already-done",
+            retry_for_s=RECORD_WITHIN_S,
         )
     except Exception as exc:
         log.warning("could not record job %s as a duplicate: %s", request.job_id, exc)
