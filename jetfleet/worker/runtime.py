@@ -700,7 +700,7 @@ class Worker:
     async def _process(self, msg: Msg, target: str) -> None:
         try:
             order = _order_decoder.decode(msg.data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._keep_malformed(msg, target, str(exc))
             return
@@ -1790,7 +1790,7 @@ def _job_id_of(msg: Msg) -> str:
     """The job id of a delivery ("" if its work order does not decode)."""
     try:
         return _order_decoder.decode(msg.data).job.id
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return ""
 
 

@@ -120,7 +120,7 @@ class ExhaustedJobs:
     async def _answer(self, msg: Msg) -> None:
         try:
             advisory = _advisory_decoder.decode(msg.data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             log.warning("dropped an undecodable advisory on %s: %s", msg.subject, exc)
             await msg.ack()
             return
@@ -160,7 +160,7 @@ class ExhaustedJobs:
     async def _end_stored(self, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg) -> bool:
         try:
             order = _order_decoder.decode(stored.data or b"")
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             await self._keep_malformed(stored, str(exc))
             tracing.note("kept-malformed", str(exc)[:200])
         else:

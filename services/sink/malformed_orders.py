@@ -97,7 +97,7 @@ async def keep_reported(js: JetStreamContext, settings: Settings, report: Malfor
     reason = REASON
     try:
         order = _order_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
         error = str(exc)
     else:
         if order.target == subjects.target_of(report.subject):
