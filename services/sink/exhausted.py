@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, WorkOrder
@@ -55,12 +55,19 @@ NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "wrong-region", "no-eligible
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 
 
+StreamSeq = Annotated[int, msgspec.Meta(ge=1)]
+"""A stream sequence as the server has them (from 1; msgspec takes up to 2**64 - 1, the
+server's uint64, and bounds only within int64). Bounded here, not only by
+the server: an advisory naming -1 made every read of it a 400 (err 10025), so it was
+nakked and read again for ever."""
+
+
 class MaxDeliveriesAdvisory(msgspec.Struct, frozen=True):
     """What nats-server publishes when a message used up a consumer's max_deliver."""
 
     stream: str
     consumer: str
-    stream_seq: int
+    stream_seq: StreamSeq
     deliveries: int
     timestamp: str = ""
 
