@@ -56,7 +56,7 @@ from typing import Any
 import aiohttp
 import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from jetfleet.schemas import (
     Job,
@@ -118,7 +118,7 @@ SETTLE_S = 30.0
 _ROLES: tuple[Role, ...] = ("admin", "client", "scheduler", "worker", "operator", "gateway")
 
 
-@dataclass(repr=False)  # a failing example prints its arguments: keep this one short
+@dataclass(repr=False)
 class FuzzStack:
     """The services, a worker, a quarantine replica and a gateway over real servers, and
     one connection per role the fuzz publishes as."""
@@ -135,6 +135,11 @@ class FuzzStack:
     @property
     def admin(self) -> NatsClient:
         return self.as_role["admin"]
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        # How hypothesis prints a failing example's arguments: this one in a word, not
+        # its settings (with the session's test credentials) and connections.
+        printer.text("FuzzStack(...)")
 
 
 @pytest.fixture(scope="module")
@@ -192,9 +197,21 @@ async def _running(settings: Settings) -> AsyncIterator[FuzzStack]:
 # --- liveness ---------------------------------------------------------------------
 
 
+def handler_failures(fuzz: FuzzStack) -> int:
+    """Requests the leaser, sink and ratelimit answered ``failed``: their handler raised."""
+    return sum(
+        n
+        for responder in fuzz.responders.values()
+        for labels, n in responder.refused.values.items()
+        if ("reason", "failed") in labels
+    )
+
+
 async def commits_a_valid_job(fuzz: FuzzStack) -> None:
     """A valid job submitted now is committed: the scheduler, leaser, ratelimit, sink and
-    worker all still serve."""
+    worker all still serve. And no request so far made a handler raise (the stream
+    subjects' messages reach the leaser and sink through the worker)."""
+    assert handler_failures(fuzz) == 0, "a handler raised on fuzzed input (see the log)"
     fuzz.jobs += 1
     [job] = jobs_for("demo", fuzz.settings, [f"/page/{fuzz.jobs}"])
     job = msgspec.structs.replace(job, id=f"live-{fuzz.jobs}", handler="noop")
@@ -636,6 +653,8 @@ async def test_fuzz_outcome(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> 
     read_before = _quarantine_read(fuzz)
     tail = fuzz.gateway.outcomes
     skipped_before = tail.skipped
+    quarantine = fuzz.stack.quarantines[0]
+    quarantine_skipped = quarantine.events.get(verdict="skipped")
     refused = 0
     last = 0
     for token, data in batch:
@@ -648,6 +667,8 @@ async def test_fuzz_outcome(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> 
 
     await wait_for(read_all, SETTLE_S, "the quarantine service and the gateway to read them all")
     assert tail.skipped - skipped_before == refused
+    # The quarantine service skips those too (and names it refuses), each logged.
+    assert quarantine.events.get(verdict="skipped") - quarantine_skipped >= refused
     # Still reading: one more valid event is counted.
     event = Outcome(
         job_id="live",
@@ -691,16 +712,25 @@ async def _advisory_consumer(fuzz: FuzzStack) -> ConsumerInfo:
         max_size=BATCH,
     )
 )
+@example(
+    batch=[
+        ws.encode({"stream": "JF_WORK", "consumer": "c", "stream_seq": seq, "deliveries": 1})
+        for seq in (-1, 0, 2**63, 2**64 - 1)
+    ]
+)
 async def test_fuzz_max_deliveries_advisory(fuzz: FuzzStack, batch: list[bytes]) -> None:
     nc = fuzz.admin
     js = nc.jetstream()
     subject = subjects.max_deliveries_advisories(subjects.STREAM_WORK).replace(">", "work-x")
+    last = 0
     for data in batch:
-        await js.publish(subject, data)
+        last = (await js.publish(subject, data)).seq
 
     async def all_acked() -> bool:
+        # The ack floor passes the last one only once every advisory is acked: one the
+        # sink naks again and again (a poison message) holds it back.
         info = await _advisory_consumer(fuzz)
-        return info.num_pending == 0 and info.num_ack_pending == 0
+        return info.ack_floor is not None and (info.ack_floor.stream_seq or 0) >= last
 
     await wait_for(all_acked, SETTLE_S, "the sink to settle every fuzzed advisory")
 
