@@ -269,6 +269,11 @@ class RequestRoute:
     overrides: ws.Overrides = field(default_factory=dict)
     probe: Any = None
     """A request its handler must still answer (not a malformed/busy/failed refusal)."""
+    tokens: tuple[str, ...] = ()
+    """What ``{target}`` in ``subject`` is drawn from (declared, undeclared, invalid)."""
+
+    def subject_for(self, token: str = FUZZ_TARGET) -> str:
+        return self.subject.replace("{target}", token)
 
 
 _NAMES = st.sampled_from(["w-fuzz", "id-fuzz", "eu", "10.9.0.0/24"])
@@ -354,7 +359,7 @@ REQUEST_ROUTES: tuple[RequestRoute, ...] = (
         probe=PermitRequest(target=FUZZ_TARGET),
     ),
     RequestRoute(
-        subjects.sink_report(FUZZ_TARGET),
+        subjects.sink_report("{target}"),
         "worker",
         Report,
         SinkReply,
@@ -362,6 +367,7 @@ REQUEST_ROUTES: tuple[RequestRoute, ...] = (
         "sink",
         capped=False,
         overrides={**_ON_FUZZ, "pin_identity": st.just("")},
+        tokens=(FUZZ_TARGET, "demo", "nosuch", "Demo", "_x", "a" * 65),
     ),
 )
 
@@ -370,20 +376,24 @@ def _sizes(fuzz_max_request: int, max_payload: int) -> tuple[int, ...]:
     return (fuzz_max_request + 1, 4 * fuzz_max_request, max_payload - 1024)
 
 
-def route_messages(route: RequestRoute) -> st.SearchStrategy[list[bytes]]:
+def route_messages(route: RequestRoute) -> st.SearchStrategy[list[tuple[str, bytes]]]:
+    """Batches of (subject, message) for ``route``."""
     # Sizes from the defaults: the fixture's settings keep them (64 KiB, 1 MiB).
     sizes = _sizes(64 * 1024, 1024 * 1024)
-    return st.lists(ws.message(route.request, route.overrides, sizes), min_size=1, max_size=BATCH)
+    subject = st.sampled_from(route.tokens or (FUZZ_TARGET,)).map(route.subject_for)
+    message = ws.message(route.request, route.overrides, sizes)
+    return st.lists(st.tuples(subject, message), min_size=1, max_size=BATCH)
 
 
-async def ask(fuzz: FuzzStack, route: RequestRoute, data: bytes) -> Any:
+async def ask(fuzz: FuzzStack, route: RequestRoute, data: bytes, subject: str = "") -> Any:
     """Send ``data`` on ``route`` as its role; the decoded answer (fails on silence)."""
     nc = fuzz.as_role[route.role]
+    subject = subject or route.subject_for()
     try:
-        answer = await nc.request(route.subject, data, timeout=REPLY_TIMEOUT_S)
+        answer = await nc.request(subject, data, timeout=REPLY_TIMEOUT_S)
     except Exception as exc:
         raise AssertionError(
-            f"{route.subject}: no answer to {data[:300]!r} ({len(data)} bytes): {exc!r}"
+            f"{subject}: no answer to {data[:300]!r} ({len(data)} bytes): {exc!r}"
         ) from exc
     return msgspec.json.decode(answer.data, type=route.reply)
 
@@ -393,19 +403,21 @@ def failed_count(fuzz: FuzzStack, route: RequestRoute) -> int:
     return sum(n for labels, n in refused.values.items() if ("reason", "failed") in labels)
 
 
-async def check_request_batch(fuzz: FuzzStack, route: RequestRoute, batch: list[bytes]) -> None:
+async def check_request_batch(
+    fuzz: FuzzStack, route: RequestRoute, batch: list[tuple[str, bytes]]
+) -> None:
     """Each message answered; the undecodable and oversized refused; every refusal with
     a reason; no handler raised; the route's handler still answers."""
     failed_before = failed_count(fuzz, route)
     cap = fuzz.settings.fleet.max_request_bytes if route.capped else 0
-    for data in batch:
-        reply = await ask(fuzz, route, data)
+    for subject, data in batch:
+        reply = await ask(fuzz, route, data, subject)
         words = route.refusal(reply)
         invalid = not ws.decodes(data, route.request) or (cap and len(data) > cap)
         if invalid:
-            assert words is not None, f"{route.subject}: accepted {data[:300]!r}: {reply}"
+            assert words is not None, f"{subject}: accepted {data[:300]!r}: {reply}"
         if words is not None:
-            assert words.strip(" :"), f"{route.subject}: refused without a reason: {reply}"
+            assert words.strip(" :"), f"{subject}: refused without a reason: {reply}"
     assert failed_count(fuzz, route) == failed_before, (
         f"{route.subject}: a handler raised on fuzzed input (the log has the traceback)"
     )
@@ -445,7 +457,7 @@ async def undo_controls(fuzz: FuzzStack) -> None:
 
 def _request_test(route: RequestRoute) -> Any:
     @given(batch=route_messages(route))
-    async def test(fuzz: FuzzStack, batch: list[bytes]) -> None:
+    async def test(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> None:
         await check_request_batch(fuzz, route, batch)
         await undo_controls(fuzz)
 
@@ -803,10 +815,7 @@ async def test_fuzz_gateway_posts(fuzz: FuzzStack, batch: list[tuple[str, bytes,
 # --- the table is complete ----------------------------------------------------------
 
 FUZZED: dict[str, str] = {
-    **{
-        route.subject.replace(f".{FUZZ_TARGET}", ".{target}"): route.role
-        for route in REQUEST_ROUTES
-    },
+    **{route.subject: route.role for route in REQUEST_ROUTES},
     subjects.submit("{target}"): "client",
     subjects.work("{target}", "{tier}"): "scheduler",
     subjects.outcome("{target}", "{job_id}"): "worker",
