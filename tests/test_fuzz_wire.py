@@ -765,6 +765,8 @@ _BODIES = st.one_of(
     ws.garbage(),
     _PAUSE_BODY.map(ws.encode),
 )
+_HOSTILE_SEGMENTS = ("a*b", "a>b", "a%20b", "a.b", "%00", "%0d%0a", "%E2%80%AE", "x" * 300)
+"""Path parameters that must never reach a subject or a KV key as they are."""
 _PATHS = st.one_of(
     st.sampled_from(
         [
@@ -779,6 +781,16 @@ _PATHS = st.one_of(
             "/v1/dead-letters/nosuch/replay",
         ]
     ),
+    st.sampled_from(_HOSTILE_SEGMENTS).flatmap(
+        lambda seg: st.sampled_from(
+            [
+                f"/v1/targets/{seg}/jobs",
+                f"/v1/proposals/{seg}/approve",
+                f"/v1/proposals/{seg}/reject",
+                f"/v1/dead-letters/{seg}/replay",
+            ]
+        )
+    ),
 )
 
 
@@ -788,6 +800,13 @@ _PATHS = st.one_of(
         min_size=1,
         max_size=BATCH,
     )
+)
+@example(
+    batch=[
+        (path.format(seg), b'{"why": "x"}', "application/json")
+        for seg in _HOSTILE_SEGMENTS
+        for path in ("/v1/targets/{}/jobs", "/v1/proposals/{}/reject", "/v1/dead-letters/{}/replay")
+    ]
 )
 async def test_fuzz_gateway_posts(fuzz: FuzzStack, batch: list[tuple[str, bytes, str]]) -> None:
     before = await fuzz.stack.status()
