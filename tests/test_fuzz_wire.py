@@ -81,6 +81,7 @@ from jetfleet.schemas.lease import (
     QuarantineRelease,
     QuarantineReply,
 )
+from jetfleet.schemas.names import IdempotencyKey
 from jetfleet.schemas.permit import PermitCall, PermitRequest, RatelimitReply
 from jetfleet.schemas.presence import PresenceReply, PresenceWrite
 from jetfleet.schemas.versions import VersionsCommand, VersionsList, VersionsReply
@@ -603,6 +604,30 @@ async def _work_messages(fuzz: FuzzStack) -> int:
         max_size=BATCH,
     )
 )
+@example(
+    batch=[
+        (
+            "demo",
+            "normal",
+            ws.encode(
+                {
+                    "job": {
+                        "id": f"hostile-key-{n}",
+                        "url": "http://127.0.0.1:1/x",
+                        "handler": "noop",
+                    },
+                    "target": "demo",
+                    "key": key,
+                    "max_attempts": attempts,
+                    "timeout_s": 1.0,
+                }
+            ),
+        )
+        for n, (key, attempts) in enumerate(
+            [("a b", 1), ("*", 1), (">", 1), ("a..b", 1), ("", 1), ("k" * 300, 1), ("x-1", -5)]
+        )
+    ]
+)
 async def test_fuzz_work(fuzz: FuzzStack, batch: list[tuple[str, str, bytes]]) -> None:
     seq = await _rejected_last_seq(fuzz) + 1
     js = fuzz.as_role["scheduler"].jetstream()
@@ -613,7 +638,9 @@ async def test_fuzz_work(fuzz: FuzzStack, batch: list[tuple[str, str, bytes]]) -
         except (msgspec.MsgspecError, RecursionError):
             expected_kept += 1
         else:
-            expected_kept += order.target != target
+            # Runnable only on its own target's subject, with a key the leaser takes.
+            bad_key = not ws.decodes(msgspec.json.encode(order.key), IdempotencyKey)
+            expected_kept += order.target != target or bad_key
         await js.publish(subjects.work(target, tier), data)
 
     async def drained() -> bool:
