@@ -342,6 +342,16 @@ def message(
 _TOKEN = re.compile(r"^[^\s*>.]+$")
 
 
+MAX_TOKEN_CHARS = 512
+"""Longer tokens are left out: the server closes a connection whose protocol line passes
+its max_control_line (4 KiB), so no client can publish on such a subject at all."""
+
+
 def is_subject_token(text: str) -> bool:
     """Whether ``text`` can be one token of a NATS subject a client may publish to."""
-    return bool(_TOKEN.match(text)) and text.isascii() and text.isprintable()
+    return (
+        bool(_TOKEN.match(text))
+        and text.isascii()
+        and text.isprintable()
+        and len(text) <= MAX_TOKEN_CHARS
+    )
