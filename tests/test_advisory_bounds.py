@@ -1,4 +1,4 @@
-"""An advisory naming a stream sequence no stream can have (-1, 0) is dropped with a
+"""An advisory naming a stream sequence no stream can have (-1, 0, 10**30) is dropped with a
 reason and acked, not read again for ever. Found by tests/test_fuzz_wire.py: the sink's
 backstop asked the server for message -1 of JF_WORK, got a 400 (err 10025) on every
 try, and nakked the advisory each time, logging a traceback every two seconds."""
@@ -16,7 +16,7 @@ from tests.conftest import wait_for
 from tests.stack import InProcessStack
 
 
-@pytest.mark.parametrize("seq", [-1, 0], ids=["negative", "zero"])
+@pytest.mark.parametrize("seq", [-1, 0, 10**30], ids=["negative", "zero", "over-uint64"])
 async def test_an_advisory_with_an_impossible_sequence_is_dropped_and_acked(
     nc: NatsClient, services: InProcessStack, caplog: pytest.LogCaptureFixture, seq: int
 ) -> None:

@@ -754,7 +754,7 @@ async def _advisory_consumer(fuzz: FuzzStack) -> ConsumerInfo:
 @example(
     batch=[
         ws.encode({"stream": "JF_WORK", "consumer": "c", "stream_seq": seq, "deliveries": 1})
-        for seq in (-1, 0, 2**63, 2**64 - 1)
+        for seq in (-1, 0, 2**63 - 1, 2**63, 2**64 - 1, 10**30)
     ]
 )
 async def test_fuzz_max_deliveries_advisory(fuzz: FuzzStack, batch: list[bytes]) -> None:

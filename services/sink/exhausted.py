@@ -55,11 +55,11 @@ NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "wrong-region", "no-eligible
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 
 
-StreamSeq = Annotated[int, msgspec.Meta(ge=1)]
-"""A stream sequence as the server has them (from 1; msgspec takes up to 2**64 - 1, the
-server's uint64, and bounds only within int64). Bounded here, not only by
-the server: an advisory naming -1 made every read of it a 400 (err 10025), so it was
-nakked and read again for ever."""
+StreamSeq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+"""A stream sequence as the server has them: a uint64 from 1 (msgspec bounds only within
+int64, which no stream reaches). Bounded here, not only by the server: an advisory naming
+-1 or 10**30 made every read of it a 400 (err 10025), so it was nakked and read again for
+ever."""
 
 
 class MaxDeliveriesAdvisory(msgspec.Struct, frozen=True):
