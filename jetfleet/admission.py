@@ -112,6 +112,8 @@ def admit(
         return reject("invalid-job", f"job does not match the Job schema: {exc}")
     except msgspec.DecodeError as exc:
         return reject("invalid-json", f"payload is not valid JSON: {exc}")
+    except RecursionError as exc:  # msgspec's nesting limit is not a MsgspecError
+        return reject("invalid-json", f"payload is nested too deeply to read: {exc}")
     if unknown:
         return reject(
             "invalid-job",

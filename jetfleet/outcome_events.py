@@ -33,7 +33,7 @@ def read_outcome(subject: str, data: bytes) -> Outcome | str:
         return f"{len(data)} bytes, over the {MAX_OUTCOME_BYTES} an outcome event may have"
     try:
         event = _decoder.decode(data)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
         return f"does not decode as an Outcome: {exc}"
     target, _, job_id = subject.removeprefix(_PREFIX).partition(".")
     if (event.target, event.job_id) != (target, job_id):

@@ -102,6 +102,11 @@ class Responder:
         self._busy_logged_at = -BUSY_LOG_EVERY_S
 
     @property
+    def subjects(self) -> tuple[str, ...]:
+        """The subjects served (wildcards as subscribed), for tests that must cover each."""
+        return tuple(sub.subject for sub in self._subs)
+
+    @property
     def in_hand(self) -> int:
         """Requests being answered now."""
         return self._in_hand
@@ -190,7 +195,9 @@ class Responder:
             )
         try:
             request = route.decoder.decode(msg.data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:
+            # RecursionError: msgspec's nesting limit (a document nested thousands deep)
+            # is not a MsgspecError; unanswered, the caller would only see a timeout.
             self.refused.inc(subject=route.subject, reason="malformed")
             log.warning("malformed request on %s: %s", msg.subject, exc)
             return None, route.refusals.malformed(str(exc))

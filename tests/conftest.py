@@ -13,6 +13,8 @@ from urllib.parse import quote
 
 import pytest
 import redis.asyncio as aioredis
+from hypothesis import HealthCheck, Phase
+from hypothesis import settings as hypothesis_settings
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.auth.bundle import Bundle, init_bundle
@@ -63,6 +65,33 @@ def pytest_report_header(config: pytest.Config) -> str:
 def server_provider(request: pytest.FixtureRequest) -> ServerProvider:
     """Where this session's nats-server and redis-server come from (``--servers``)."""
     return request.config.stash[SERVER_PROVIDER]
+
+
+# The fuzz tests' examples (tests/test_fuzz_wire.py, docs/fuzzing.md). ``fuzz-ci``, the
+# default: a fixed seed (derandomize: the same examples on every run, so CI is repeatable)
+# and few examples, so the module stays near a minute. ``fuzz-long`` for a longer local
+# hunt: ``pytest tests/test_fuzz_wire.py --hypothesis-profile=fuzz-long`` (random seeds,
+# printed on failure; ``--hypothesis-seed=N`` repeats one). No deadline: one example is a
+# batch of round trips through real servers on a loaded machine. The function-scoped
+# fixture check is off: the module's stack is module-scoped on purpose, and the autouse
+# fixtures here hold nothing an example changes.
+_FUZZ_COMMON = hypothesis_settings(
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+hypothesis_settings.register_profile(
+    "fuzz-ci",
+    _FUZZ_COMMON,
+    max_examples=12,
+    derandomize=True,
+    # No shrinking in CI: over real servers it can take many minutes (each step a batch
+    # of round trips); the failing example is printed as found. fuzz-long shrinks.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
+    print_blob=True,
+)
+hypothesis_settings.register_profile("fuzz-long", _FUZZ_COMMON, max_examples=200)
+hypothesis_settings.load_profile("fuzz-ci")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -78,6 +78,7 @@ from jetfleet.schemas.report import MAX_DECODE_ERROR_CHARS, Malformed
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
 from jetfleet.task_stop import stop_task
+from jetfleet.unrunnable_orders import unrunnable
 from jetfleet.version_tuple import local_tuple, with_handler
 from jetfleet.work_lanes import LaneMap, WorkLane
 from jetfleet.worker import attempt_spans
@@ -700,18 +701,18 @@ class Worker:
     async def _process(self, msg: Msg, target: str) -> None:
         try:
             order = _order_decoder.decode(msg.data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             log.error("undecodable work order on %s: %s", msg.subject, exc)
             await self._keep_malformed(msg, target, str(exc))
             return
         attempt_spans.order_read(order)
-        if order.target != target:
-            # Its lease would be the subject's target's and its report the body's: the
-            # sink refuses that (rejected:not-granted) every time, so it would run on
-            # each of its deliveries and end nowhere. Not run at all: kept, then ended.
-            why = f"its order names target {order.target!r} but came on {msg.subject}"
+        objection = unrunnable(order, msg.subject)
+        if objection is not None:
+            # Another target's order (the sink would refuse its every report), or a key
+            # the leaser refuses every lease for: it would be delivered again and again
+            # and end nowhere. Not run at all: kept (with the sink's reason), then ended.
+            why = objection[1]
             log.error("work order %s refused: %s", order.job.id, why)
-            # The sink keeps it (work-order-target-mismatch), then it is terminated.
             await self._keep_malformed(msg, target, why)
             return
         if target not in self.settings.targets:
@@ -1790,7 +1791,7 @@ def _job_id_of(msg: Msg) -> str:
     """The job id of a delivery ("" if its work order does not decode)."""
     try:
         return _order_decoder.decode(msg.data).job.id
-    except msgspec.MsgspecError:
+    except (msgspec.MsgspecError, RecursionError):
         return ""
 
 

@@ -100,6 +100,8 @@ def parse_batch(body: bytes) -> Batch:
         document = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise InvalidBody(f"body is not valid JSON: {exc}") from None
+    except RecursionError:  # msgspec's nesting limit is not a MsgspecError
+        raise InvalidBody("body is nested too deeply to read") from None
     if isinstance(document, dict):
         items: list[Any] = [document]
     elif isinstance(document, list):

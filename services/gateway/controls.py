@@ -89,7 +89,7 @@ def decode_body(body: bytes, type_: type[T]) -> T:
     """
     try:
         return msgspec.json.decode(body or b"{}", type=type_)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
         raise Refused(400, f"bad request body: {exc}") from None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas import AttemptRecord, DeadLetter, WorkOrder
@@ -55,12 +55,19 @@ NOBODY_MAY_RUN = frozenset({None, "wrong-identity", "wrong-region", "no-eligible
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 
 
+StreamSeq = Annotated[int, msgspec.Meta(ge=1, le=2**63 - 1)]
+"""A stream sequence as the server has them: a uint64 from 1 (msgspec bounds only within
+int64, which no stream reaches). Bounded here, not only by the server: an advisory naming
+-1 or 10**30 made every read of it a 400 (err 10025), so it was nakked and read again for
+ever."""
+
+
 class MaxDeliveriesAdvisory(msgspec.Struct, frozen=True):
     """What nats-server publishes when a message used up a consumer's max_deliver."""
 
     stream: str
     consumer: str
-    stream_seq: int
+    stream_seq: StreamSeq
     deliveries: int
     timestamp: str = ""
 
@@ -120,7 +127,7 @@ class ExhaustedJobs:
     async def _answer(self, msg: Msg) -> None:
         try:
             advisory = _advisory_decoder.decode(msg.data)
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             log.warning("dropped an undecodable advisory on %s: %s", msg.subject, exc)
             await msg.ack()
             return
@@ -160,7 +167,7 @@ class ExhaustedJobs:
     async def _end_stored(self, advisory: MaxDeliveriesAdvisory, stored: RawStreamMsg) -> bool:
         try:
             order = _order_decoder.decode(stored.data or b"")
-        except msgspec.MsgspecError as exc:
+        except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
             await self._keep_malformed(stored, str(exc))
             tracing.note("kept-malformed", str(exc)[:200])
         else:

@@ -30,11 +30,11 @@ from jetfleet import subjects
 from jetfleet.admission import rejection
 from jetfleet.publish import publish_durably
 from jetfleet.settings import Settings
+from jetfleet.unrunnable_orders import MALFORMED, TARGET_MISMATCH, unrunnable
 
 log = logging.getLogger(__name__)
 
-REASON = "malformed-work-order"
-TARGET_MISMATCH = "work-order-target-mismatch"
+REASON = MALFORMED
 KEPT: Final = "kept:malformed-work-order"
 KEEP_RETRY_S = 1.0
 """How soon a worker sends the report again when the rejection could not be stored."""
@@ -51,21 +51,30 @@ async def keep_malformed(
     data: bytes,
     error: str,
     reason: str = REASON,
+    decoded: bool = False,
 ) -> None:
-    """Store the rejection of the undecodable (or, with ``reason``
-    ``work-order-target-mismatch``, self-contradicting) work order at ``seq`` of
-    ``JF_WORK`` (its first ``fleet.max_job_bytes``, so the record fits max_payload).
+    """Store the rejection of the undecodable (or, ``decoded``, unrunnable: another
+    target's, or with a key the leaser refuses) work order at ``seq`` of ``JF_WORK`` (its
+    first ``fleet.max_job_bytes``, so the record fits max_payload).
 
     Raises:
         SubmitError: when the stream did not store it.
     """
-    message = (
-        f"the work order could not be decoded ({error}); a scheduler of another version "
-        "may have written it"
-        if reason == REASON
-        else f"the work order was not run: {error}; only the scheduler routes orders, "
-        "each on its own target's work subject"
-    )
+    if not decoded:
+        message = (
+            f"the work order could not be decoded ({error}); a scheduler of another "
+            "version may have written it"
+        )
+    elif reason == TARGET_MISMATCH:
+        message = (
+            f"the work order was not run: {error}; only the scheduler routes orders, "
+            "each on its own target's work subject"
+        )
+    else:
+        message = (
+            f"the work order was not run: {error}; the leaser grants no lease for it "
+            "(keys are what admission derives, schemas/names.py)"
+        )
     record = rejection(reason, message, subject, data, settings)
     await publish_durably(
         js,
@@ -95,23 +104,26 @@ async def keep_reported(js: JetStreamContext, settings: Settings, report: Malfor
     if not data.startswith(report.raw):
         return _refused(f"the reported bytes are not those of the message at sequence {seq}")
     reason = REASON
+    decoded = False
     try:
         order = _order_decoder.decode(data)
-    except msgspec.MsgspecError as exc:
+    except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
         error = str(exc)
     else:
-        if order.target == subjects.target_of(report.subject):
+        decoded = True
+        objection = unrunnable(order, report.subject)
+        if objection is None:
             return _refused(
                 f"the work order at sequence {seq} decodes here (is the worker of an older "
                 "version?): it is not kept; another worker runs it, or the backstop ends it"
             )
-        # It decodes but contradicts itself: leased under the subject's target and
-        # reported under the body's, the sink would refuse its every report
-        # (rejected:not-granted) and it would run on each delivery. Kept, not run.
-        reason = TARGET_MISMATCH
-        error = f"its order names target {order.target!r} but came on {report.subject}"
+        # It decodes but cannot run (jetfleet/unrunnable_orders.py): another target's,
+        # or a key the leaser refuses. Run, it would end nowhere on each delivery. Kept.
+        reason, error = objection
     try:
-        await keep_malformed(js, settings, report.subject, seq, data, error, reason)
+        await keep_malformed(
+            js, settings, report.subject, seq, data, error, reason, decoded=decoded
+        )
     except Exception as exc:
         log.warning("could not keep the work order at sequence %d: %s", seq, exc)
         return SinkReply(
