@@ -41,6 +41,7 @@ from nats.js import JetStreamContext
 from jetfleet.activity_window import window_of
 from jetfleet.breaker_book import BreakerBook
 from jetfleet.inflight_caps import CapsUnavailable
+from jetfleet.lease_client import BUSY
 from jetfleet.lease_store import HistoryEntry
 from jetfleet.pause_book import PauseBook
 from jetfleet.permit_client import PermitClient
@@ -109,6 +110,8 @@ class GrantContext:
 
 
 GrantCheck = Callable[[GrantContext], Awaitable[LeaseRefusal | LeaseAlreadyDone | None]]
+HISTORY_UNREAD_RETRY_S = 1.0
+"""How soon a worker asks again when the job's history could not be read."""
 
 
 async def settled(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
@@ -117,8 +120,15 @@ async def settled(ctx: GrantContext) -> LeaseRefusal | LeaseAlreadyDone | None:
     answer it, so the worker acks or terminates without running the job again."""
     try:
         read = await ctx.history
-    except Exception:  # unknown here; the grant's compare-and-set still meets a seal
-        return None
+    except Exception as exc:
+        # Unknown, so nothing may be answered yet: ``already_done`` could otherwise ack a
+        # job that is sealed dead (its term lost) as another job's duplicate, ending it
+        # both dead and committed. The worker asks again, spending no attempt.
+        return LeaseRefusal(
+            reason=BUSY,
+            retry_after_s=HISTORY_UNREAD_RETRY_S,
+            detail=f"the job's history could not be read ({type(exc).__name__}): ask again",
+        )
     if read.history is None or read.history.settled is None:
         return None
     return await answer_settled(ctx.js, ctx.request, read.history.settled)

@@ -9,6 +9,7 @@ leaser writes the record before it answers. Whatever check answered ``already-do
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseRefusal, LeaseReply, LeaseRequest
@@ -35,20 +36,24 @@ async def recorded(js: JetStreamContext, request: LeaseRequest, reply: LeaseRepl
     if not isinstance(reply, LeaseAlreadyDone):
         return reply
     try:
-        await record_duplicate(
-            js,
-            request.job_id,
-            request.target,
-            request.key,
-            reply.committed_by,
-            "already-done",
-            retry_for_s=RECORD_WITHIN_S,
-        )
+        # The whole write, not only its retries: one try alone may wait 5 s for an ack
+        # during an election. Cut short, a later try is the same record (its message id).
+        async with asyncio.timeout(RECORD_WITHIN_S):
+            await record_duplicate(
+                js,
+                request.job_id,
+                request.target,
+                request.key,
+                reply.committed_by,
+                "already-done",
+                retry_for_s=RECORD_WITHIN_S,
+            )
     except Exception as exc:
         log.warning("could not record job %s as a duplicate: %s", request.job_id, exc)
         return LeaseRefusal(
             reason=BUSY,
             retry_after_s=RECORD_RETRY_S,
-            detail=f"already done, but its duplicate record was not stored ({exc})",
+            detail="already done, but its duplicate record was not stored "
+            f"({exc or type(exc).__name__})",
         )
     return reply
