@@ -51,8 +51,16 @@ class CoalescingClient(Client):
                 await self._error_cb(exc)
                 await self._process_op_err(exc)
                 break
-            except (asyncio.CancelledError, RuntimeError, AttributeError):
-                # RuntimeError: the loop is closing (as nats-py's own flusher treats it).
+            except RuntimeError as exc:
+                if self.is_closed or self.is_connecting or self.is_reconnecting:
+                    break  # the loop or the client is closing (as nats-py's flusher)
+                # uvloop raises this ("the handler is closed") where asyncio raises an
+                # OSError for a connection the peer reset: a dead connection all the same,
+                # so reconnect rather than end the flusher silently.
+                await self._error_cb(exc)
+                await self._process_op_err(exc)
+                break
+            except (asyncio.CancelledError, AttributeError):
                 break
             finally:
                 for future in waiting:
