@@ -8,12 +8,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
+from jetfleet.schemas.lease import LeaseRefusal
+from jetfleet.services.leaser.checks import GrantContext, settled
 from nats.aio.client import Client as NatsClient
 
 from jetfleet.lease_client import BUSY
 from jetfleet.lease_store import HistoryEntry
-from jetfleet.schemas.lease import LeaseRefusal
-from jetfleet.services.leaser.checks import GrantContext, settled
 from jetfleet.settings import Settings
 from tests.leasing import ask, order_for
 
