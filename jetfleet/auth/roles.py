@@ -343,10 +343,10 @@ ROLES: dict[Role, RolePermissions] = {
                 f"{_API}.CONSUMER.LIST.{subjects.STREAM_WORK}",
                 f"{_API}.STREAM.INFO.{subjects.STREAM_WORK}",
                 f"{_API}.STREAM.INFO.{subjects.STREAM_OUTCOMES}",
+                # Results by key (already_done); no JF_DLQ read: the seal is the dead
+                # mark, and the leaser only writes a sealed job's letter (put-if-absent).
                 f"{_API}.STREAM.MSG.GET.{subjects.STREAM_RESULTS}",
-                f"{_API}.STREAM.MSG.GET.{subjects.STREAM_DLQ}",
                 f"{_API}.DIRECT.GET.{subjects.STREAM_RESULTS}.>",
-                f"{_API}.DIRECT.GET.{subjects.STREAM_DLQ}.>",
                 *_stream_read(subjects.STREAM_OUTCOMES),
             ),
             subscribe=(
