@@ -19,9 +19,7 @@ waits for a failover to finish.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -29,119 +27,17 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import ExponentialBackoff
 
-from jetfleet.errors import ConfigError
+from jetfleet.redis_url import RedisTopology, parse_redis_url
 
 RedisClient = aioredis.Redis | RedisCluster
 """What jetfleet's Redis users hold: one server's client (also a Sentinel master's), or a
 cluster's."""
-RedisKind = Literal["single", "cluster", "sentinel"]
-
-SINGLE_SCHEMES = ("redis", "rediss", "unix")
-CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
-SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-DEFAULT_PORT = {"cluster": 6379, "sentinel": 26379}
 TIMEOUT_S = 1.0
 """Socket and connect timeout, and how long a caller waits for a pooled connection."""
 CLUSTER_RETRIES = 2
 """Tries again after a connection error, each after re-reading the cluster's slots: a
 moved slot is followed at once, a dead master is given up on quickly (redis-py's default
 retries hid a killed master for 3 s inside one call)."""
-FORMS = (
-    "redis://host:6379/0, redis+cluster://host1:6379,host2:6379 or "
-    "redis+sentinel://sentinel1:26379,sentinel2:26379/SERVICE"
-)
-
-
-@dataclass(frozen=True)
-class RedisTopology:
-    """``redis.url`` taken apart."""
-
-    kind: RedisKind
-    url: str
-    nodes: tuple[tuple[str, int], ...] = ()
-    """The cluster's startup nodes, or the Sentinels (empty for one server)."""
-    service: str = ""
-    """The master's name at the Sentinels."""
-    db: int = 0
-    username: str | None = None
-    password: str | None = None
-    tls: bool = False
-
-
-def parse_redis_url(url: str) -> RedisTopology:
-    """Take ``url`` apart.
-
-    Raises:
-        ConfigError: it is none of the forms above, saying what to fix.
-    """
-    scheme = url.partition("://")[0].lower() if "://" in url else ""
-    if scheme in SINGLE_SCHEMES:
-        return RedisTopology(kind="single", url=url)
-    if scheme not in CLUSTER_SCHEMES + SENTINEL_SCHEMES:
-        raise ConfigError(
-            f"redis.url {_shown(url)!r}: unknown scheme {scheme!r}; give one of {FORMS} "
-            "(rediss for TLS)"
-        )
-    kind: RedisKind = "cluster" if scheme in CLUSTER_SCHEMES else "sentinel"
-    parts = urlsplit(url)
-    if parts.query or parts.fragment:
-        raise ConfigError(f"redis.url {_shown(url)!r}: a {kind} URL takes no ?options or #")
-    userinfo, _, hosts = parts.netloc.rpartition("@")
-    user, has_password, password = userinfo.partition(":")
-    nodes = tuple(_node(text, kind, url) for text in hosts.split(","))
-    service, db = _path(parts.path, kind, url)
-    return RedisTopology(
-        kind=kind,
-        url=url,
-        nodes=nodes,
-        service=service,
-        db=db,
-        username=unquote(user) or None,
-        password=unquote(password) if has_password else None,
-        tls=scheme.startswith("rediss"),
-    )
-
-
-def _node(text: str, kind: RedisKind, url: str) -> tuple[str, int]:
-    host, port = text, str(DEFAULT_PORT[kind])
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port = rest.removeprefix(":") or port
-    elif ":" in text:
-        host, _, port = text.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        what = "startup node" if kind == "cluster" else "Sentinel"
-        raise ConfigError(
-            f"redis.url {_shown(url)!r}: {text!r} is not a {what} host:port; list them "
-            f"comma-separated, as in {FORMS}"
-        )
-    return host, int(port)
-
-
-def _path(path: str, kind: RedisKind, url: str) -> tuple[str, int]:
-    pieces = [p for p in path.split("/") if p]
-    if kind == "cluster":
-        if pieces not in ([], ["0"]):
-            raise ConfigError(
-                f"redis.url {_shown(url)!r}: a Redis Cluster has only database 0; "
-                "end the URL after the nodes (or with /0)"
-            )
-        return "", 0
-    if not pieces or len(pieces) > 2 or (len(pieces) == 2 and not pieces[1].isdigit()):
-        raise ConfigError(
-            f"redis.url {_shown(url)!r}: name the master Sentinel watches after the "
-            "Sentinels, and optionally its database: "
-            "redis+sentinel://host1:26379,host2:26379/SERVICE[/db]"
-        )
-    return unquote(pieces[0]), int(pieces[1]) if len(pieces) == 2 else 0
-
-
-def _shown(url: str) -> str:
-    """``url`` without its password, for an error message."""
-    head, sep, rest = url.partition("://")
-    if "@" not in rest.split("/", 1)[0]:
-        return url
-    return head + sep + rest.split("@", 1)[1]
 
 
 def connect_redis(url: str, pool_size: int) -> RedisClient:

@@ -23,7 +23,7 @@ import msgspec
 from jetfleet.activity_window import WindowError, window_of
 from jetfleet.errors import ConfigError
 from jetfleet.event_loop import EventLoopChoice
-from jetfleet.redis_topology import parse_redis_url
+from jetfleet.redis_url import parse_redis_url
 from jetfleet.subjects import TARGET_NAME_RE
 
 _T = TypeVar("_T")
@@ -132,7 +132,7 @@ class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     url: str = "redis://127.0.0.1:6379/0"
     """One server (``redis://host:port/db``), a Redis Cluster
     (``redis+cluster://host:port,host:port``) or a Sentinel-watched master
-    (``redis+sentinel://host:port,host:port/SERVICE``); jetfleet/redis_topology.py."""
+    (``redis+sentinel://host:port,host:port/SERVICE``); jetfleet/redis_url.py."""
 
 
 class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

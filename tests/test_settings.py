@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from jetfleet.errors import ConfigError
-from jetfleet.redis_topology import parse_redis_url
+from jetfleet.redis_url import parse_redis_url
 from jetfleet.settings import Settings, load_settings
 
 TARGET = '[targets.demo]\nbase_url = "https://example.org/"\n'

@@ -10,25 +10,24 @@ import os
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NatsClient
 
-from jetfleet import durability, event_loop, tracing
+from jetfleet import event_loop
 from jetfleet.auth.credentials import declares_topology, known_role
-from jetfleet.cli import demo as demo_command
 from jetfleet.cli.progress import print_json
 from jetfleet.connection import connect_nats
-from jetfleet.dev.devstack import DevStack
-from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.errors import IdentityOwned, JetfleetError
-from jetfleet.service import Service, serve_until_signalled
 from jetfleet.services import SERVICE_NAMES
 from jetfleet.settings import Settings
 from jetfleet.topology import declare
 from jetfleet.work_lanes import LaneMap
-from jetfleet.worker import Worker
-from jetfleet.worker.slot_lending import standby_lanes
+
+if TYPE_CHECKING:
+    from jetfleet.dev.devstack import DevStack
+    from jetfleet.service import Service
+    from jetfleet.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +101,7 @@ def register(commands: Any) -> None:
         help="give up waiting for the jobs after this many seconds (default 100)",
     )
     demo.add_argument("--json", action="store_true", help="print the report as one JSON object")
-    demo.set_defaults(run=demo_command.run)
+    demo.set_defaults(run=_run_demo)
 
     serve = commands.add_parser(
         "serve",
@@ -181,6 +180,17 @@ def register(commands: Any) -> None:
     worker.set_defaults(run=_run_worker)
 
 
+# The dev stack, the demo and the worker are imported by the commands that run them:
+# they pull in Playwright, redis-py and every service, which `jetfleet status` and the
+# other quick commands would otherwise load at each start (about half their start-up).
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from jetfleet.cli import demo
+
+    return demo.run(args)
+
+
 def _run_dev(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise JetfleetError("--workers must be >= 0")
@@ -193,6 +203,9 @@ def _run_dev(args: argparse.Namespace) -> int:
 
 
 async def _dev(args: argparse.Namespace) -> int:
+    from jetfleet.dev.devstack import DevStack
+    from jetfleet.dev.embedded_cluster import EmbeddedCluster
+
     stack = DevStack(
         args.data,
         workers=args.workers,
@@ -248,6 +261,7 @@ async def _wait_for_signal(stack: DevStack) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
+    from jetfleet import tracing
     from jetfleet.cli.main import settings_from
 
     role = known_role(args.name)
@@ -262,6 +276,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 async def _serve(
     name: str, settings: Settings, metrics_port: int | None, metrics_host: str = "127.0.0.1"
 ) -> int:
+    from jetfleet.service import serve_until_signalled
+
     nc = await connect_nats(settings.nats, f"jetfleet-{name}", role=known_role(name))
     await _say_durability(name, settings)
     try:
@@ -278,6 +294,8 @@ async def _say_durability(name: str, settings: Settings) -> None:
     """One line at start when NATS is below what docs/cluster.md recommends for
     production (R3, ``sync_interval: always``): a warning, or under ``jetfleet dev`` an
     info line saying so. Never stops the service."""
+    from jetfleet import durability
+
     findings, sync_checked = await durability.start_findings(settings)
     line = durability.start_line(findings, sync_checked, dev=settings.nats.dev)
     if line:
@@ -345,6 +363,8 @@ def _run_worker(args: argparse.Namespace) -> int:
             standby_targets=tuple(standby) or settings.worker.standby_targets,
         )
         settings = msgspec.structs.replace(settings, worker=worker_settings)
+    from jetfleet.worker.slot_lending import standby_lanes
+
     lanes = LaneMap(settings)  # a standby target it serves anyway: an error before connecting
     served = lanes.lanes_for(targets or list(settings.targets))
     standby_lanes(lanes, served, settings.worker.standby_targets, every=not targets)
@@ -354,6 +374,8 @@ def _run_worker(args: argparse.Namespace) -> int:
         browser_version(settings)  # no Chromium: a clear error before connecting
     worker_id = args.id or settings.worker.id or f"{socket.gethostname()}-{os.getpid()}"
     identity = args.identity or settings.worker.identity
+    from jetfleet import tracing
+
     described = {tracing.WORKER_ID: worker_id, tracing.IDENTITY: identity}
     with tracing.traced_process("worker", os.environ, described):
         return event_loop.run(
@@ -370,6 +392,9 @@ async def _worker(
     metrics_port: int | None,
     metrics_host: str = "127.0.0.1",
 ) -> int:
+    from jetfleet.service import serve_until_signalled
+    from jetfleet.worker import Worker
+
     nc = await connect_nats(settings.nats, f"jetfleet-worker-{worker_id}", role="worker")
     try:
         if declares_topology(settings):

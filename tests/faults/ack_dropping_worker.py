@@ -21,7 +21,7 @@ from pathlib import Path
 from jetfleet.schemas import SinkReply, WorkOrder
 from nats.aio.msg import Msg
 
-from jetfleet.cli import run_commands
+import jetfleet.worker
 from jetfleet.cli.main import main
 from jetfleet.worker import Worker
 from jetfleet.worker.verdict import Held, Verdict
@@ -58,7 +58,8 @@ def _configure(environ: dict[str, str]) -> None:
     events = environ.get(EVENTS, "")
     if events:
         AckDroppingWorker.events = EventLog(Path(events), environ.get("ACK_DROP_WORKER", ""))
-    run_commands.Worker = AckDroppingWorker  # type: ignore[attr-defined]
+    # `jetfleet worker` imports the class from jetfleet.worker when it starts one.
+    jetfleet.worker.Worker = AckDroppingWorker  # type: ignore[misc]
 
 
 if __name__ == "__main__":
