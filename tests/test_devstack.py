@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -270,3 +271,38 @@ def test_the_stacks_own_workers_run_32_jobs_per_lane_unless_the_users_config_say
     mine = tmp_path / "mine.toml"
     mine.write_text("[worker]\nconcurrency = 4\n")
     assert DevStack(tmp_path / "b", user_config=mine)._plain_worker_env() == {}
+
+
+def test_dev_replicas_2_runs_two_of_every_service_and_loses_nothing_when_one_of_each_dies(
+    tmp_path: Path, dev_stacks: list[RunningDev]
+) -> None:
+    dev = RunningDev(tmp_path / "replicas", "--replicas", "2")
+    dev_stacks.append(dev)
+    dev.wait_ready()
+    served: dict[str, list[psutil.Process]] = {}
+    for child in dev.descendants():
+        with contextlib.suppress(psutil.Error):
+            line = child.cmdline()
+            if "serve" in line:
+                served.setdefault(line[line.index("serve") + 1], []).append(child)
+    assert {name: len(procs) for name, procs in served.items()} == {
+        name: 2 for name in SERVICE_NAMES
+    }, served
+    gateways = next(
+        line.split(": ", 1)[1]
+        for line in dev.output().splitlines()
+        if line.strip().startswith("gateways:")
+    ).split(",")
+    assert len(set(gateways)) == 2
+    for url in gateways:
+        with urllib.request.urlopen(f"{url}/healthz", timeout=10) as answer:
+            assert answer.status == 200
+    # One replica of every service crashes (jetfleet dev does not restart them): the
+    # other carries the fleet.
+    for procs in served.values():
+        procs[0].kill()
+    assert dev.cli("submit", "demo", "/page/1", "/page/2", "/page/3").returncode == 0
+    totals = _wait_all_committed(dev, 3)["totals"]
+    assert isinstance(totals, dict)
+    assert (totals["submitted"], totals["committed"], totals["dead"]) == (3, 3, 0), totals
+    assert dev.stop() == 0

@@ -64,6 +64,15 @@ def register(commands: Any) -> None:
         "sync_interval: always; each node's store under DIR/nats-cluster/), as production "
         "should (docs/cluster.md); default: one node, R1",
     )
+    dev.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes of every service (scheduler, leaser, ratelimit, quarantine, sink, "
+        "gateway; default 1): N-1 of each may crash and the fleet goes on "
+        "(docs/deploy.md); the gateways get ports of their own",
+    )
     dev.add_argument("--json", action="store_true", help="print the URLs as JSON")
     dev.add_argument(
         "--jaeger",
@@ -194,6 +203,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_dev(args: argparse.Namespace) -> int:
     if args.workers < 0:
         raise JetfleetError("--workers must be >= 0")
+    if args.replicas < 1:
+        raise JetfleetError(f"--replicas must be at least 1, not {args.replicas}")
     if args.jaeger and not args.jaeger.startswith(("http://", "https://")):
         raise JetfleetError(
             f"--jaeger {args.jaeger!r}: give the OTLP/HTTP base URL, such as "
@@ -212,6 +223,7 @@ async def _dev(args: argparse.Namespace) -> int:
         user_config=args.config,
         trace_endpoint=args.jaeger,
         cluster=args.cluster,
+        service_replicas=args.replicas,
     )
     await stack.start()
     urls = {
@@ -225,6 +237,10 @@ async def _dev(args: argparse.Namespace) -> int:
     }
     if isinstance(stack.nats, EmbeddedCluster):
         urls["nats_monitor"] = ",".join(stack.nats.monitor_urls)
+    if args.replicas > 1:
+        urls["gateways"] = ",".join(
+            stack.ready_urls[name].removesuffix("/healthz") for name in stack.replicas("gateway")
+        )
     if args.jaeger:
         urls["traces"] = args.jaeger
     if args.json:
