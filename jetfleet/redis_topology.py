@@ -95,11 +95,11 @@ def _sentinel_master(topology: RedisTopology, pool_size: int) -> aioredis.Redis:
     }
     if topology.tls:
         data["ssl"] = True
-    sentinel = Sentinel(
-        list(topology.nodes),
-        sentinel_kwargs={"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S},
-        **data,
-    )
+    asked: dict[str, Any] = {"socket_timeout": TIMEOUT_S, "socket_connect_timeout": TIMEOUT_S}
+    if topology.sentinel_password is not None:
+        asked["password"] = topology.sentinel_password
+        asked["username"] = topology.sentinel_username
+    sentinel = Sentinel(list(topology.nodes), sentinel_kwargs=asked, **data)
     master: aioredis.Redis = sentinel.master_for(
         topology.service,
         connection_pool_class=_BlockingSentinelPool,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from jetfleet.errors import ConfigError
 
@@ -39,6 +39,11 @@ class RedisTopology:
     username: str | None = None
     password: str | None = None
     tls: bool = False
+    sentinel_username: str | None = None
+    """The Sentinels' own user (``?sentinel_username=``), when they have ACLs."""
+    sentinel_password: str | None = None
+    """The Sentinels' own password (``?sentinel_password=``: their ``requirepass``), when
+    they have one; the URL's user and password are the data nodes'."""
 
 
 def parse_redis_url(url: str) -> RedisTopology:
@@ -57,8 +62,9 @@ def parse_redis_url(url: str) -> RedisTopology:
         )
     kind: RedisKind = "cluster" if scheme in CLUSTER_SCHEMES else "sentinel"
     parts = urlsplit(url)
-    if parts.query or parts.fragment:
+    if parts.fragment or (parts.query and kind == "cluster"):
         raise ConfigError(f"redis.url {_shown(url)!r}: a {kind} URL takes no ?options or #")
+    sentinel_auth = _sentinel_auth(parts.query, url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     user, has_password, password = userinfo.partition(":")
     nodes = tuple(_node(text, kind, url) for text in hosts.split(","))
@@ -72,7 +78,33 @@ def parse_redis_url(url: str) -> RedisTopology:
         username=unquote(user) or None,
         password=unquote(password) if has_password else None,
         tls=scheme.startswith("rediss"),
+        sentinel_username=sentinel_auth.get("sentinel_username"),
+        sentinel_password=sentinel_auth.get("sentinel_password"),
     )
+
+
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+
+
+def _sentinel_auth(query: str, url: str) -> dict[str, str]:
+    """A Sentinel URL's ``?sentinel_username=&sentinel_password=`` (percent-encoded)."""
+    wanted = (
+        f"redis.url {_shown(url)!r}: a Sentinel URL takes only "
+        "?sentinel_password=...[&sentinel_username=...] (the Sentinels' own credentials, "
+        "percent-encoded), each once"
+    )
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query))
+    except ValueError:
+        raise ConfigError(wanted) from None
+    options: dict[str, str] = {}
+    for name, value in pairs:
+        if name not in SENTINEL_OPTIONS or name in options:
+            raise ConfigError(f"{wanted}; not {name!r}")
+        options[name] = value
+    if "sentinel_username" in options and "sentinel_password" not in options:
+        raise ConfigError(f"{wanted}; a sentinel_username needs its sentinel_password")
+    return options
 
 
 def _node(text: str, kind: RedisKind, url: str) -> tuple[str, int]:
@@ -110,8 +142,14 @@ def _path(path: str, kind: RedisKind, url: str) -> tuple[str, int]:
 
 
 def _shown(url: str) -> str:
-    """``url`` without its password, for an error message."""
+    """``url`` without its passwords, for an error message."""
     head, sep, rest = url.partition("://")
-    if "@" not in rest.split("/", 1)[0]:
-        return url
-    return head + sep + rest.split("@", 1)[1]
+    rest, mark, query = rest.partition("?")
+    if mark:
+        query = "&".join(
+            "sentinel_password=***" if part.startswith("sentinel_password=") else part
+            for part in query.split("&")
+        )
+    if "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    return head + sep + rest + mark + query

@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from urllib.parse import quote
 
 import redis.asyncio as aioredis
 from redis.crc import key_slot
@@ -193,8 +194,16 @@ class LoopbackCluster:
 class LoopbackSentinel:
     """One master, one replica and ``sentinels`` Sentinels watching them."""
 
-    def __init__(self, data_dir: Path, bundle: Bundle | None, sentinels: int = 1) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        bundle: Bundle | None,
+        sentinels: int = 1,
+        sentinel_password: str = "",
+    ) -> None:
         self.auth = _Auth(bundle)
+        self.sentinel_password = sentinel_password
+        """The Sentinels' own ``requirepass`` (empty: none), apart from the data nodes'."""
         self.data_dir = data_dir
         self.master = EmbeddedRedis(data_dir / "master", acl_file=self.auth.acl)
         self.replica: EmbeddedRedis | None = None
@@ -206,7 +215,10 @@ class LoopbackSentinel:
     def url(self) -> str:
         """A ``redis+sentinel://`` URL naming every Sentinel and the service."""
         hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
-        return f"redis+sentinel://{self.auth.userinfo()}{hosts}/{SERVICE}"
+        url = f"redis+sentinel://{self.auth.userinfo()}{hosts}/{SERVICE}"
+        if self.sentinel_password:
+            url += f"?sentinel_password={quote(self.sentinel_password, safe='')}"
+        return url
 
     async def start(self) -> LoopbackSentinel:
         """Start the master, its replica and the Sentinels; wait until they see both."""
@@ -242,6 +254,7 @@ class LoopbackSentinel:
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 1\n{auth}"
             f"sentinel down-after-milliseconds {SERVICE} {NODE_TIMEOUT_MS}\n"
             f"sentinel failover-timeout {SERVICE} 5000\n"
+            + (f"requirepass {self.sentinel_password}\n" if self.sentinel_password else "")
         )
         with (folder / "sentinel.log").open("ab") as log:
             self.sentinels.append(
@@ -257,7 +270,7 @@ class LoopbackSentinel:
 
     async def master_port(self) -> int:
         """The master's port as the first Sentinel names it now."""
-        client = aioredis.Redis(port=self.sentinel_ports[0], socket_timeout=1.0)
+        client = self._sentinel_client(self.sentinel_ports[0])
         try:
             found = await client.sentinel_get_master_addr_by_name(SERVICE)
         finally:
@@ -268,7 +281,7 @@ class LoopbackSentinel:
     async def _replica_known(self) -> bool:
         assert self.replica is not None
         for port in self.sentinel_ports:
-            client = aioredis.Redis(port=port, socket_timeout=1.0)
+            client = self._sentinel_client(port)
             try:
                 replicas = await client.sentinel_slaves(SERVICE)
             finally:
@@ -276,6 +289,11 @@ class LoopbackSentinel:
             if not replicas:
                 return False
         return True
+
+    def _sentinel_client(self, port: int) -> aioredis.Redis:
+        return aioredis.Redis(
+            port=port, password=self.sentinel_password or None, socket_timeout=1.0
+        )
 
     async def fail_master(self) -> float:
         """Kill the master; wait until the Sentinels name the replica master, and return

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis.exceptions
 from nats.js import JetStreamContext
 
 from jetfleet.auth.bundle import Bundle
@@ -47,6 +48,7 @@ from jetfleet.rate_cells import (
     target_cell_key,
     target_tag,
 )
+from jetfleet.redis_topology import close_redis, connect_redis
 from jetfleet.settings import RedisSettings, Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator, most_in_any_window
 from tests.conftest import wait_for
@@ -293,3 +295,28 @@ async def test_a_dead_master_without_replica_fails_its_targets_closed_and_the_re
             await cells.close()
     finally:
         cluster.stop()
+
+
+async def test_sentinels_with_a_password_of_their_own_are_asked_with_it_and_refuse_without(
+    tmp_path: Path, auth_bundle: Bundle | None
+) -> None:
+    """The URL's user and password are the data nodes' (the role's ACL user under auth);
+    ``?sentinel_password=`` is the Sentinels' ``requirepass``, apart from them."""
+    watched = LoopbackSentinel(tmp_path / "sentinel", auth_bundle, sentinel_password="s3nt&pw")
+    try:
+        await watched.start()
+        client = connect_redis(watched.url, 4)
+        try:
+            await client.set("jf-probe", "through the Sentinel")
+            assert await client.get("jf-probe") == b"through the Sentinel"
+        finally:
+            await close_redis(client)
+        bare = connect_redis(watched.url.partition("?")[0], 4)
+        try:
+            with pytest.raises(redis.exceptions.ConnectionError) as refused:
+                await bare.get("jf-probe")
+        finally:
+            await close_redis(bare)
+    finally:
+        watched.stop()
+    assert "AuthenticationError" in str(refused.value), refused.value

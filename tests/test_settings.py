@@ -8,6 +8,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from jetfleet.auth.credentials import without_secrets
 from jetfleet.errors import ConfigError
 from jetfleet.redis_url import parse_redis_url
 from jetfleet.settings import Settings, load_settings
@@ -299,6 +300,17 @@ def test_a_redis_url_names_one_server_a_cluster_or_a_sentinel_master(
         assert topology.db == 3 and topology.tls and topology.nodes[1] == ("s2", 26379)
 
 
+def test_a_sentinel_url_carries_the_sentinels_own_credentials_apart_from_the_data_nodes() -> None:
+    url = "redis+sentinel://data:d%40ta@s1,s2:26380/jf/1?sentinel_password=s%26nt&sentinel_username=watch"
+    topology = parse_redis_url(load_settings(None, {"REDIS_URL": url}).redis.url)
+    assert (topology.username, topology.password) == ("data", "d@ta")
+    assert (topology.sentinel_username, topology.sentinel_password) == ("watch", "s&nt")
+    assert (topology.service, topology.db, topology.nodes[1]) == ("jf", 1, ("s2", 26380))
+    # Without the option the Sentinels are asked without credentials, as before.
+    assert parse_redis_url("redis+sentinel://s1/jf").sentinel_password is None
+    assert "s%26nt" not in without_secrets(url) and "d%40ta" not in without_secrets(url)
+
+
 @pytest.mark.parametrize(
     ("url", "says"),
     [
@@ -308,6 +320,9 @@ def test_a_redis_url_names_one_server_a_cluster_or_a_sentinel_master(
         ("redis+cluster://r1:7000,", "'' is not a startup node host:port"),
         ("redis+sentinel://u:secret@s1:x/m", "'s1:x' is not a Sentinel host:port"),
         ("redis+cluster://r1:7000?ssl=1", "takes no ?options"),
+        ("redis+sentinel://s1/m?sentinel_password=secret&ssl=1", "not 'ssl'"),
+        ("redis+sentinel://s1/m?sentinel_username=u", "needs its sentinel_password"),
+        ("redis+sentinel://s1/m?sentinel_password=x&sentinel_password=secret", "each once"),
         ("rediscluster://r1:7000", "unknown scheme 'rediscluster'"),
     ],
 )

@@ -103,11 +103,15 @@ def redis_url_for(url: str, credentials: RoleCredentials | None) -> str:
 
 
 def without_secrets(url: str) -> str:
-    """``url`` without any user or password, fit for a log line or an error message."""
+    """``url`` without any user or password (a Sentinel URL's ``sentinel_password``
+    included), fit for a log line or an error message."""
     parts = urlsplit(url)
-    if "@" not in parts.netloc:
-        return url
-    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    query = "&".join(
+        "sentinel_password=***" if part.startswith("sentinel_password=") else part
+        for part in parts.query.split("&")
+    )
+    return urlunsplit(parts._replace(netloc=netloc, query=query if parts.query else ""))
 
 
 def settings_for_role(settings: Settings, role: Role) -> Settings:
