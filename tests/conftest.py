@@ -56,6 +56,57 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SERVER_PROVIDER] = choose_provider(choice, os.environ)
 
 
+TEST_PROCESSES = 4
+"""How many processes ``-n auto`` (pyproject.toml's addopts) runs the tests in. The tests
+mostly wait on servers, timers and subprocesses rather than on this process's CPU, so four
+keep a 2-core machine busy; each process starts its own servers on free ports
+(README.md, "Tests")."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``TEST_PROCESSES``; none (one process, as ``-n 0``) on servers the user names with
+    NATS_URL or REDIS_URL: there the tests share one set of jetfleet streams and one
+    database, which tests in parallel would delete and flush under each other
+    (tests/user_servers.py)."""
+    if os.environ.get("NATS_URL") or os.environ.get("REDIS_URL"):
+        return 0
+    return TEST_PROCESSES
+
+
+LONGEST_FIRST = (
+    "tests/test_chaos_soak.py",
+    "tests/test_cluster_failover.py",
+    "tests/test_fuzz_wire.py",
+)
+"""Modules whose tests take minutes: started first, so that in parallel runs they overlap
+the many short tests instead of being the last ones left on one process."""
+
+_SHARED_SCOPES = frozenset({"class", "module", "package"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests longest first (``LONGEST_FIRST``), and keep each module whose tests
+    share a module- or class-scoped fixture (a cluster, a stack, a built wheel) on one
+    process (``--dist loadgroup``): that fixture is then made once, as in a serial run,
+    not once per process that draws one of its tests."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # -p no:xdist: one process, and no xdist_group marker to put on
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     provider = config.stash[SERVER_PROVIDER]
     return f"servers: {provider.name} ({provider.why})"
