@@ -76,11 +76,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 LONGEST_FIRST = (
     "tests/test_chaos_soak.py",
+    "tests/test_packaging.py",
+    "tests/test_tracing.py",
     "tests/test_cluster_failover.py",
     "tests/test_fuzz_wire.py",
 )
-"""Modules whose tests take minutes: started first, so that in parallel runs they overlap
-the many short tests instead of being the last ones left on one process."""
+"""Modules that take minutes on one process (the chaos soak; the others keep their tests
+on one process, see below): started first, so that in parallel runs they overlap the
+many short tests instead of being the last ones left on one process."""
 
 _SHARED_SCOPES = frozenset({"class", "module", "package"})
 
