@@ -77,37 +77,32 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 LONGEST_FIRST = (
     "tests/test_chaos_soak.py",
     "tests/test_packaging.py",
+    "tests/test_cli_pipes.py",
     "tests/test_tracing.py",
-    "tests/test_cluster_failover.py",
+    "tests/test_browser_page.py",
+    "tests/test_browser_hostile.py",
+    "tests/test_devstack.py",
+    "tests/test_unrunnable.py",
+    "tests/test_placement.py",
+    "tests/test_completion.py",
+    "tests/test_invariant_i1.py",
     "tests/test_fuzz_wire.py",
+    "tests/test_cluster_failover.py",
 )
-"""Modules that take minutes on one process (the chaos soak; the others keep their tests
-on one process, see below): started first, so that in parallel runs they overlap the
-many short tests instead of being the last ones left on one process."""
-
-_SHARED_SCOPES = frozenset({"class", "module", "package"})
+"""The modules that took longest (minutes each, measured in a parallel run), longest
+first: each runs on one process (``--dist loadfile``), so they start first and overlap
+the many short modules instead of being the last ones left on one process."""
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the tests longest first (``LONGEST_FIRST``), and keep each module whose tests
-    share a module- or class-scoped fixture (a cluster, a stack, a built wheel) on one
-    process (``--dist loadgroup``): that fixture is then made once, as in a serial run,
-    not once per process that draws one of its tests."""
+    """Order the modules longest first (``LONGEST_FIRST``); ``--no-loadscope-reorder``
+    makes the parallel run hand them out in this order."""
 
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
         return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the rest keep their order
-    if not config.pluginmanager.hasplugin("xdist"):
-        return  # -p no:xdist: one process, and no xdist_group marker to put on
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None:
-            continue
-        if any(defs[-1].scope in _SHARED_SCOPES for defs in info.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
