@@ -50,7 +50,7 @@ lock-upgrade:
 	$(MAKE) lock LOCK_FLAGS=--upgrade
 
 lock-check:
-	$(PY) -m pytest -q -p no:cacheprovider tests/test_lock.py
+	$(PY) -m pytest -q -p no:cacheprovider -n 0 tests/test_lock.py
 
 test:
 	$(PY) -m pytest

@@ -56,6 +56,55 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SERVER_PROVIDER] = choose_provider(choice, os.environ)
 
 
+TEST_PROCESSES = 4
+"""How many processes ``-n auto`` (pyproject.toml's addopts) runs the tests in. The tests
+mostly wait on servers, timers and subprocesses rather than on this process's CPU, so four
+keep a 2-core machine busy; each process starts its own servers on free ports
+(README.md, "Tests")."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``TEST_PROCESSES``; none (one process, as ``-n 0``) on servers the user names with
+    NATS_URL or REDIS_URL: there the tests share one set of jetfleet streams and one
+    database, which tests in parallel would delete and flush under each other
+    (tests/user_servers.py)."""
+    if os.environ.get("NATS_URL") or os.environ.get("REDIS_URL"):
+        return 0
+    return TEST_PROCESSES
+
+
+LONGEST_FIRST = (
+    "tests/test_chaos_soak.py",
+    "tests/test_packaging.py",
+    "tests/test_cli_pipes.py",
+    "tests/test_tracing.py",
+    "tests/test_browser_page.py",
+    "tests/test_browser_hostile.py",
+    "tests/test_devstack.py",
+    "tests/test_unrunnable.py",
+    "tests/test_placement.py",
+    "tests/test_completion.py",
+    "tests/test_invariant_i1.py",
+    "tests/test_fuzz_wire.py",
+    "tests/test_cluster_failover.py",
+)
+"""The modules that took longest (minutes each, measured in a parallel run), longest
+first: each runs on one process (``--dist loadfile``), so they start first and overlap
+the many short modules instead of being the last ones left on one process."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the modules longest first (``LONGEST_FIRST``); ``--no-loadscope-reorder``
+    makes the parallel run hand them out in this order."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     provider = config.stash[SERVER_PROVIDER]
     return f"servers: {provider.name} ({provider.why})"
