@@ -32,7 +32,7 @@ from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
-from jetfleet.dev.readiness import wait_answering
+from jetfleet.dev.readiness import READY_TIMEOUT_S, wait_answering
 from jetfleet.dev.settings_file import toml_tables
 from jetfleet.dev.site_loop import SiteLoop
 from jetfleet.dev.stack_env import write_env
@@ -137,10 +137,16 @@ class DevStack:
         service_replicas: int = 1,
         nats_sync_always: bool = False,
         nats_servers: NatsFactory | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         if service_replicas < 1:
             raise StackError(f"service_replicas must be at least 1, not {service_replicas}")
         self.data_dir = data_dir.resolve()
+        self.ready_timeout_s = ready_timeout_s
+        """How long children get to answer (``start``, ``add_worker``, ``start_again``): a
+        child answers once it has imported, connected and started, and on a machine
+        loaded far past its cores (the chaos soak beside a test suite, load 20 on 2
+        cores) 18 children starting at once wrote no log line within 60 s."""
         self.trace_endpoint = trace_endpoint
         """An OTLP/HTTP base URL (Jaeger's :4318) every child exports its spans to; empty:
         the children get the caller's own ``OTEL_*`` variables, if any."""
@@ -245,7 +251,7 @@ class DevStack:
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"], plain)
             for spec in self.worker_specs:
                 self._spawn(f"worker-{spec.id}", spec.argv(), spec.env, spec.module)
-            await wait_answering(self.ready_urls, self.describe_dead_children)
+            await self._wait_answering(list(self.ready_urls))
             self._write_env()
         except BaseException:
             await self.stop()
@@ -412,7 +418,7 @@ class DevStack:
         """
         name = f"worker-{spec.id}"
         self._spawn(name, spec.argv(), spec.env, spec.module)
-        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
+        await self._wait_answering([name])
         return name
 
     def kill(self, name: str) -> None:
@@ -435,7 +441,28 @@ class DevStack:
         args, env, module = self._launches[name]
         self._spawn(name, args, env, module)
         self.killed.discard(name)
-        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
+        await self._wait_answering([name])
+
+    async def _wait_answering(self, names: list[str]) -> None:
+        """Until children ``names`` answer; a StackError says how far each one got (the
+        last line of its log, or none: still importing, or not yet connected)."""
+        try:
+            await wait_answering(
+                {n: self.ready_urls[n] for n in names},
+                self.describe_dead_children,
+                self.ready_timeout_s,
+            )
+        except StackError as exc:
+            raise StackError(f"{exc}\n{self._last_lines(names)}") from None
+
+    def _last_lines(self, names: list[str]) -> str:
+        lines = []
+        for name in names:
+            log_file = self.data_dir / "logs" / f"{name}.log"
+            text = log_file.read_text(errors="replace") if log_file.exists() else ""
+            last = text.strip().splitlines()[-1][:300] if text.strip() else "(nothing logged)"
+            lines.append(f"  {name}: {last}")
+        return "\n".join(lines)
 
     def dead_children(self) -> list[str]:
         """Names of children that exited while the stack should be running (those
