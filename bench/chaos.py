@@ -131,6 +131,7 @@ LEASED_WAIT_S = 20.0
 settles for the one with the most now."""
 STALL_PREFER = 3
 COMMITS_LAND_S = 2.0
+STALL_TRIES = 3
 """How long after the SIGSTOP the stall step reads what the worker holds: a commit it
 sent just before lands by then."""
 STALL_STEP = "stall a worker past its TTL"
@@ -687,8 +688,28 @@ class Soak:
     async def _stall_worker(self, js: JetStreamContext) -> str:
         """SIGSTOP the plain worker with the most jobs in hand (leases of jobs not yet
         settled: a lease outlives its job's ack until its TTL), for ``stall_s``, then
-        SIGCONT."""
+        SIGCONT. If it turns out to hold none once stopped (each was in its commit round
+        trip), it is let go at once and another is picked, up to ``STALL_TRIES`` times."""
         store = await LeaseStore.open(js)
+        for _ in range(STALL_TRIES):
+            found = await self._stop_one_holding(store)
+            if found is None:
+                return "no plain worker held a lease of an unsettled job: nothing stalled"
+            name, stall = found
+            if stall.held:
+                break
+            await self._thaw()
+            self.say(f"SIGCONT {name} at once: it held no job once stopped; picking again")
+        self.stall = stall
+        stall_s = self.stall_s
+        self.say(f"{name} stopped with {len(stall.held)} jobs in hand: {sorted(stall.held)}")
+        await asyncio.sleep(stall_s - (time.time() - stall.stopped_at))  # the fault itself
+        await self._thaw()
+        return f"SIGCONT {name} after {stall_s:g} s, holding {len(stall.held)} jobs"
+
+    async def _stop_one_holding(self, store: LeaseStore) -> tuple[str, Stall] | None:
+        """SIGSTOP the worker with the most unsettled jobs in hand; its name and the jobs
+        it still holds 2 s later (None: no worker held any)."""
         deadline = time.monotonic() + LEASED_WAIT_S
         while True:
             in_hand = await _read_through(lambda: self._unsettled_leases(store))
@@ -699,27 +720,20 @@ class Soak:
                 break
             await asyncio.sleep(0.2)
         if not in_hand:
-            return "no plain worker held a lease of an unsettled job: nothing stalled"
+            return None
         victim = max(sorted(in_hand), key=lambda w: len(in_hand[w]))
         name = f"worker-{victim}"
         self.frozen.add(name)
         os.kill(self.stack.children[name].pid, signal.SIGSTOP)
         stopped_at = time.time()
+        self.say(f"SIGSTOP {name} ({len(in_hand[victim])} jobs in hand before the stop)")
         # What it holds now that it is stopped: a job read as unsettled above may have
         # been in its commit round trip (slow on a cluster), committed under its own
         # lease before that ran out; only the rest is held past the lease. (Read from
         # the seals, which stay, so a read slowed by the NATS step is still right.)
         await asyncio.sleep(COMMITS_LAND_S)
         held = await _read_through(lambda: _not_sealed_by(store, in_hand[victim]))
-        self.stall = Stall(victim, stopped_at, held)
-        stall_s = self.stall_s
-        self.say(
-            f"SIGSTOP {name} with {len(held)} jobs in hand ({len(in_hand[victim])} before "
-            f"the stop), for {stall_s:g} s: {sorted(held)}"
-        )
-        await asyncio.sleep(stall_s)  # the stall itself: its length is the fault
-        await self._thaw()
-        return f"SIGCONT {name} after {stall_s:g} s"
+        return name, Stall(victim, stopped_at, held)
 
     async def _unsettled_leases(self, store: LeaseStore) -> dict[str, dict[str, int]]:
         """Per plain worker that may be stalled, job id -> fence of its leases whose job

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -174,6 +175,8 @@ class DevStack:
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.ready_urls: dict[str, str] = {}
+        self._log_starts: dict[str, int] = {}
+        """Each child's log size when it was last spawned: its metrics line comes after."""
         """Each child's loopback URL that answers 200 once it has started."""
         self.gateway_port = 0
         self.settings: Settings | None = None
@@ -251,7 +254,7 @@ class DevStack:
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"], plain)
             for spec in self.worker_specs:
                 self._spawn(f"worker-{spec.id}", spec.argv(), spec.env, spec.module)
-            await self._wait_answering(list(self.ready_urls))
+            await self._wait_answering(list(self.children))
             self._write_env()
         except BaseException:
             await self.stop()
@@ -388,10 +391,14 @@ class DevStack:
             port_text = gateway_port or str(self.gateway_port)
             self.ready_urls[name] = f"http://127.0.0.1:{port_text}/healthz"
         else:
-            # Served only once the child's start() is done (serve_until_signalled).
-            port = free_port()
-            args = [*args, "--metrics-port", str(port)]
-            self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
+            # Served only once the child's start() is done (serve_until_signalled), on a
+            # port the child picks itself and logs: one picked here could be taken before
+            # the child binds it, tens of seconds later on a busy machine (a quarantine
+            # restart in the chaos soak died "address already in use").
+            args = [*args, "--metrics-port", "0"]
+            self.ready_urls.pop(name, None)
+            log_file = logs / f"{name}.log"
+            self._log_starts[name] = log_file.stat().st_size if log_file.exists() else 0
         self.children[name] = start_jetfleet(
             args,
             self.config_path,
@@ -446,14 +453,42 @@ class DevStack:
     async def _wait_answering(self, names: list[str]) -> None:
         """Until children ``names`` answer; a StackError says how far each one got (the
         last line of its log, or none: still importing, or not yet connected)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
         try:
+            while unknown := [n for n in names if not self._learn_url(n)]:
+                dead = self.describe_dead_children()
+                if dead:
+                    raise StackError(f"jetfleet dev: a child exited while starting:\n{dead}")
+                if loop.time() > deadline:
+                    raise StackError(
+                        f"jetfleet dev: {', '.join(sorted(unknown))} did not answer within "
+                        f"{self.ready_timeout_s:g} s; see their logs in the data folder's logs/"
+                    )
+                await asyncio.sleep(_URL_POLL_S)
             await wait_answering(
                 {n: self.ready_urls[n] for n in names},
                 self.describe_dead_children,
-                self.ready_timeout_s,
+                max(1.0, deadline - loop.time()),
             )
         except StackError as exc:
             raise StackError(f"{exc}\n{self._last_lines(names)}") from None
+
+    def _learn_url(self, name: str) -> bool:
+        """Whether child ``name``'s ready URL is known: read, for one serving metrics, from
+        the line its start logs (``... metrics on http://host:port/metrics``)."""
+        if name in self.ready_urls:
+            return True
+        log_file = self.data_dir / "logs" / f"{name}.log"
+        if not log_file.exists():
+            return False
+        with log_file.open("rb") as f:
+            f.seek(self._log_starts.get(name, 0))
+            found = _METRICS_LINE.search(f.read().decode(errors="replace"))
+        if found is None:
+            return False
+        self.ready_urls[name] = found.group(1)
+        return True
 
     def _last_lines(self, names: list[str]) -> str:
         lines = []
@@ -503,6 +538,11 @@ class DevStack:
         await asyncio.to_thread(self.nats.stop)
         for leftover in ("dev.pid", "env"):
             (self.data_dir / leftover).unlink(missing_ok=True)
+
+
+_METRICS_LINE = re.compile(r" metrics on (http://\S+/metrics)")
+"""What ``serve_until_signalled`` logs once the child's metrics are served."""
+_URL_POLL_S = 0.1
 
 
 def _one_server(sync_always: bool) -> NatsFactory:

@@ -5,6 +5,9 @@ Life of a delivery (docs/architecture.md): decode the work order, take the job's
 run the handler while the lease is renewed (leaser renew + ``in_progress`` in one beat),
 publish the outcome, report to the sink, and only then ack (committed or suppressed),
 terminate (dead-lettered) or, having given the lease back, nak with backoff (retryable).
+Acks and terms are confirmed by the server and sent again while unconfirmed, off the
+job's path (jetfleet/worker/settle_confirm.py): one sent while the consumer elects a
+leader is not lost.
 A worker that lost its lease touches the message no more: JetStream would honour an ack,
 nak or term from a superseded delivery.
 """
