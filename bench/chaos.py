@@ -771,14 +771,20 @@ class Soak:
         self, js: JetStreamContext, jobs: list[Job], status: FleetStatus, elapsed: float
     ) -> ChaosReport:
         assert self.stack.settings is not None
-        stored = await _results(js)
+        # Each read is asked again on a 503: on the cluster a fresh reader's first fetch
+        # was answered "service unavailable" once, after every job had ended.
+        stored = await _read_through(lambda: _results(js))
         records = [r for r, _ in stored]
         per_job = Counter(r.job_id for r in records)
-        letters = await list_dead_letters(js)
+        letters = await _read_through(lambda: list_dead_letters(js))
         dead_by_reason = Counter(e.letter.reason or "(none)" for e in letters)
         dead_ids = {e.letter.order.job.id for e in letters}
-        duplicates = await _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
-        rejected = await _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
+        duplicates = await _read_through(
+            lambda: _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
+        )
+        rejected = await _read_through(
+            lambda: _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
+        )
         ended = set(per_job) | dead_ids | duplicates | rejected
         missing = sorted(j.id for j in jobs if j.id not in ended)
         totals = status.totals
@@ -957,7 +963,7 @@ async def _not_sealed_by(store: LeaseStore, held: dict[str, int]) -> dict[str, i
 
 async def _read_through(read: Callable[[], Awaitable[T]]) -> T:
     """``read()``, asked again while NATS does not answer (the NATS step may run beside
-    the stall), for up to ``LEADER_WAIT_S``."""
+    the stall; a reader's fetch may meet a 503), for up to ``LEADER_WAIT_S``."""
     deadline = time.monotonic() + LEADER_WAIT_S
     while True:
         try:
