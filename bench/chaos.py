@@ -1,7 +1,7 @@
 """Chaos soak: a replicated fleet runs N jobs while everything around it breaks.
 
     python bench/chaos.py [--jobs 20000] [--workers 4] [--replicas 2] [--kill-every 4]
-        [--rate 60] [--seed 1] [--timeout 1800] [--json]
+        [--rate 60] [--seed 1] [--timeout 1800] [--nats single|cluster] [--json] [--keep]
 
 A ``DevStack`` (jetfleet/dev/devstack.py) with ``--replicas`` processes of every service
 (scheduler, leaser, ratelimit, quarantine, sink, gateway), ``--workers`` plain workers,
@@ -12,11 +12,12 @@ clock is 37 s ahead (libfaketime, jetfleet/dev/clock_skew.py), NATS with
 ``http-404``). Meanwhile it:
 
 - SIGKILLs a random worker every ``--kill-every`` seconds (jittered) and starts it again,
-  as a supervisor would;
+  as a supervisor would (on a cluster also while a node is down or just back);
 - at set points of progress, restarts each service once (SIGKILL of its first replica,
-  then started again), disturbs NATS once (``NatsTopology``: on one node, SIGKILL of the
-  nats-server and a start on the same store and port; on a cluster, the stream leader's
-  node), stalls a worker past its lease (SIGSTOP for TTL + ack_wait + 2 s, then SIGCONT)
+  then started again), disturbs NATS once, mid-run (``NatsTopology``: on one node, SIGKILL
+  of the nats-server and a start on the same store and port; on a cluster, the node
+  leading the work stream and, moved there first, its work consumers), stalls a worker
+  past its lease (SIGSTOP for TTL + ack_wait + 2 s, then SIGCONT, beside the later steps)
   and restarts Redis empty (SIGKILL, a fresh server on the same port).
 
 At the end it checks, from durable state (the streams and the lease buckets) and the
@@ -33,11 +34,14 @@ simulator's own counts, and exits 1 if any check fails:
   stopped has a record stored after that lease ran out;
 - ``rate cap``: the site never saw more than rate + burst requests in any 1 s;
 - ``dead letters``: every dead letter has a reason, and only the gone pages died;
-- ``faults ran``: every step above happened (a soak whose faults silently did not
-  happen would prove nothing).
+- ``faults ran``: every step above happened, the NATS step before 60 % of the jobs had
+  ended (a soak whose faults silently did not happen would prove nothing).
 
-The last long run's result is in docs/benchmarks.md ("Chaos soak");
-tests/test_chaos_soak.py runs the short form (2,000 jobs) in CI.
+It also reports, not as a check, acks that did not take: JF_WORK messages a worker
+acked that were delivered again 10 s or more later (``AckTap``, watching ``$JS.ACK``).
+
+The last results are in docs/benchmarks.md ("Chaos soak"); tests/test_chaos_soak.py runs
+the short form on the cluster (``--jobs 2000 --nats cluster``) in CI.
 """
 
 from __future__ import annotations
@@ -56,10 +60,11 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
+from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -79,13 +84,17 @@ from jetfleet.dev.devstack import DevStack, NatsFactory, WorkerSpec  # noqa: E40
 from jetfleet.dev.embedded import EmbeddedNats  # noqa: E402
 from jetfleet.dev.embedded_cluster import EmbeddedCluster  # noqa: E402
 from jetfleet.dev.settings_file import toml_tables  # noqa: E402
+from jetfleet.js_errors import is_unavailable  # noqa: E402
 from jetfleet.lease_store import LeaseStore  # noqa: E402
 from jetfleet.ops.dead_letters import list_dead_letters  # noqa: E402
 from jetfleet.ops.status import FleetStatus, confirmed_status, fleet_status  # noqa: E402
+from jetfleet.settings import Settings  # noqa: E402
 from jetfleet.simulator import most_in_any_window  # noqa: E402
 from jetfleet.stream_reader import read_stream  # noqa: E402
 from jetfleet.topology import declare  # noqa: E402
+from tests.faults.ack_watch import AckEvent, AckWatcher  # noqa: E402
 
+T = TypeVar("T")
 TARGET = "demo"
 LEASE_TTL_S = demo_cast.LEASE_TTL_S
 ACK_WAIT_S = 8.0
@@ -93,7 +102,14 @@ CLUSTER_LEASE_TTL_S = 30.0
 """On the cluster: a lease must outlive a bucket's leader election (up to 12 s measured;
 a 10 s TTL let second holders run jobs, docs/cluster.md), as `jetfleet doctor` asks."""
 CLUSTER_ACK_WAIT_S = 45.0
+READY_WAIT_S = 240.0
+"""How long the stack's children get to answer, at start and after each restart: on a
+machine loaded far past its 2 cores (a test suite beside the soak, load 20) the 18 first
+starts took more than 60 s. Each restart's time is in the events."""
 LEADER_WAIT_S = 60.0
+STEPDOWN_WAIT_S = 15.0
+LOST_GAP_S = 10.0
+"""A message acked, then delivered again at least this much later: the ack did not take."""
 """How long the cluster step waits for a new stream leader, and for the killed node."""
 SKEW = "+37"
 """libfaketime's offset for the skewed worker: 37 s ahead."""
@@ -114,6 +130,18 @@ LEASED_WAIT_S = 20.0
 """How long the stall step looks for a worker with ``STALL_PREFER`` jobs in hand before it
 settles for the one with the most now."""
 STALL_PREFER = 3
+COMMITS_LAND_S = 2.0
+STALL_TRIES = 3
+"""How long after the SIGSTOP the stall step reads what the worker holds: a commit it
+sent just before lands by then."""
+STALL_STEP = "stall a worker past its TTL"
+MID_RUN = 0.6
+"""The NATS step must begin before this share of the jobs has ended (a kill near the end
+proves little: few jobs meet the election)."""
+RUN_BESIDE = frozenset({STALL_STEP})
+"""Steps that run beside the later ones rather than before them: the stall lasts the
+lease TTL + ack_wait + 2 s (77 s on the cluster), and queued behind it the NATS step
+landed near the end of a 2,000-job run, where a leader kill proves little."""
 ACK_DROPPER = "w-acks"
 SKEWED = "w-skew"
 RESULTS_READ_IN_FLIGHT = 64
@@ -130,7 +158,8 @@ class NatsTopology(Protocol):
 
     A cluster plugs in here: ``servers`` builds it (``DevStack(nats_servers=...)``: the
     nodes must include the stack's auth file and report ``replicas = 3``), and
-    ``disrupt`` SIGKILLs the node that leads the work stream and starts it again."""
+    ``disrupt`` SIGKILLs the node that leads the work stream (and its consumers) and
+    starts it again."""
 
     label: str
     """What the step is called in the output."""
@@ -141,6 +170,9 @@ class NatsTopology(Protocol):
     election on a cluster."""
     ack_wait_s: float
     """``fleet.ack_wait_s``: the redelivery of a stalled holder's job waits past its lease."""
+    blocks_restarts: bool
+    """Whether a worker cannot start while ``disrupt`` runs (no server to connect to), so
+    the worker kills wait for it."""
 
     async def disrupt(self, stack: DevStack) -> str:
         """Do it; say what was done."""
@@ -155,6 +187,7 @@ class SingleNodeRestart:
     servers = None
     lease_ttl_s = LEASE_TTL_S
     ack_wait_s = ACK_WAIT_S
+    blocks_restarts = True
 
     async def disrupt(self, stack: DevStack) -> str:
         assert isinstance(stack.nats, EmbeddedNats)
@@ -171,14 +204,16 @@ def _three_nodes(folder: Path, auth_include: Path) -> EmbeddedCluster:
 
 
 class StreamLeaderKill:
-    """A 3-node cluster (R3 streams, consumers and buckets): SIGKILL the node that leads
-    JF_WORK, wait until another node leads it, then start the killed one again on its
-    store and ports (it rejoins and catches up)."""
+    """A 3-node cluster (R3 streams, consumers and buckets): move the leadership of
+    JF_WORK's consumers to the node that leads JF_WORK, SIGKILL that node, wait until
+    another node leads the stream, then start the killed one again on its store and
+    ports (it rejoins and catches up). Worker restarts go on meanwhile."""
 
     label = "kill the NATS stream leader (3-node cluster, JF_WORK's leader SIGKILLed)"
     servers: NatsFactory | None = staticmethod(_three_nodes)
     lease_ttl_s = CLUSTER_LEASE_TTL_S
     ack_wait_s = CLUSTER_ACK_WAIT_S
+    blocks_restarts = False
 
     async def disrupt(self, stack: DevStack) -> str:
         cluster = stack.nats
@@ -188,6 +223,7 @@ class StreamLeaderKill:
             js = nc.jetstream()
             old = await _stream_leader(js, subjects.STREAM_WORK, "", LEADER_WAIT_S)
             index = cluster.nodes.index(cluster.node_named(old))
+            led = await _lead_consumers_from(nc, js, subjects.STREAM_WORK, old)
             began = time.monotonic()
             await asyncio.to_thread(cluster.kill, index)
             new = await _stream_leader(js, subjects.STREAM_WORK, old, LEADER_WAIT_S)
@@ -196,9 +232,32 @@ class StreamLeaderKill:
         finally:
             await nc.close()
         return (
-            f"JF_WORK's leader {old} SIGKILLed; {new} led it {elected_s:.1f} s later; the "
-            f"killed node back after {time.monotonic() - began:.1f} s"
+            f"JF_WORK's leader {old} (leading {led} of its work consumers too) SIGKILLed; "
+            f"{new} led it {elected_s:.1f} s later; the killed node back after "
+            f"{time.monotonic() - began:.1f} s"
         )
+
+
+async def _lead_consumers_from(nc: NatsClient, js: JetStreamContext, stream: str, node: str) -> str:
+    """Move the leadership of ``stream``'s consumers to ``node`` (a stepdown naming it
+    preferred, nats-server 2.11+), so killing it also leaves the work consumers without a
+    leader: acks then have nowhere to go, the case a worker's acks must survive. Left
+    where they were, the consumers were led elsewhere in some runs and the kill cost them
+    nothing. Returns "k/n": how many of the n it leads after up to ``STEPDOWN_WAIT_S``."""
+    names = [c.name for c in await js.consumers_info(stream)]
+    request = msgspec.json.encode({"placement": {"preferred": node}})
+    deadline = time.monotonic() + STEPDOWN_WAIT_S
+    while True:
+        infos = await asyncio.gather(*(js.consumer_info(stream, n) for n in names))
+        elsewhere = [i.name for i in infos if i.cluster is None or i.cluster.leader != node]
+        if not elsewhere or time.monotonic() > deadline:
+            return f"{len(names) - len(elsewhere)}/{len(names)}"
+        for name in elsewhere:
+            with contextlib.suppress(Exception):  # mid-election: asked again next round
+                await nc.request(
+                    f"$JS.API.CONSUMER.LEADER.STEPDOWN.{stream}.{name}", request, timeout=5.0
+                )
+        await asyncio.sleep(1.0)
 
 
 async def _stream_leader(js: JetStreamContext, stream: str, not_this: str, wait_s: float) -> str:
@@ -213,6 +272,91 @@ async def _stream_leader(js: JetStreamContext, stream: str, not_this: str, wait_
         if time.monotonic() > deadline:
             raise RuntimeError(f"{stream} had no leader but {not_this!r} after {wait_s:g} s")
         await asyncio.sleep(0.2)
+
+
+class AckTap:
+    """``AckWatcher``s (tests/faults/ack_watch.py) on ``$JS.ACK.>``, one per NATS node (a
+    node killed mid-run hides what its own connection would have seen; the others still
+    see it), to count acks that did not take: a stream sequence of JF_WORK acked by
+    delivery *d* and seen again from a later delivery (the server delivered again a job
+    whose ack a worker had sent). Counts only acks that reached some node; the ack
+    dropper's drops are never sent."""
+
+    def __init__(self) -> None:
+        self.watchers: list[AckWatcher] = []
+        self._conns: list[NatsClient] = []
+
+    async def start(self, settings: Settings, urls: list[str]) -> None:
+        for n, url in enumerate(urls):
+            node = msgspec.structs.replace(settings.nats, url=url)
+            nc = await connect_nats(node, f"jetfleet-chaos-acktap-{n}", role="admin")
+            self._conns.append(nc)
+            watcher = AckWatcher()
+            await watcher.start(nc)
+            self.watchers.append(watcher)
+
+    def _work_events(self) -> list[AckEvent]:
+        return sorted(
+            (e for w in self.watchers for e in w.events if e.stream == subjects.STREAM_WORK),
+            key=lambda e: e.at,
+        )
+
+    def lost(self) -> dict[int, float]:
+        """Stream sequence -> when a later delivery of an acked message was first seen,
+        ``LOST_GAP_S`` or more after the ack. (A delivery seen sooner was made before
+        the ack was taken: a consumer's leader change hands out again the deliveries it
+        had not replicated, and their holders hand them back at once.)"""
+        acked: dict[int, tuple[int, float]] = {}
+        lost: dict[int, float] = {}
+        for event in self._work_events():
+            first = acked.get(event.stream_seq)
+            if first is not None and event.delivered > first[0]:
+                if event.at - first[1] >= LOST_GAP_S:
+                    lost.setdefault(event.stream_seq, event.at)
+                # Seen again sooner: a delivery made before the ack, not after it.
+                acked[event.stream_seq] = (event.delivered, first[1])
+            elif event.verb == "+ACK" and first is None:
+                acked[event.stream_seq] = (event.delivered, event.at)
+        return lost
+
+    def save(self, path: Path) -> None:
+        """Every JF_WORK event seen, one JSON line each (``--keep``: for a second look)."""
+        with path.open("w") as out:
+            for e in self._work_events():
+                out.write(msgspec.json.encode(e.__dict__).decode() + "\n")
+
+    def lost_detail(self, origin: float, most: int = 8) -> list[str]:
+        """For the first ``most`` lost acks: the acked delivery with when (+s from
+        ``origin``) each of its acks was seen, and when the later delivery was first seen."""
+        lost = self.lost()
+        events = [e for e in self._work_events() if e.stream_seq in lost]
+        shown = []
+        for seq in sorted(lost, key=lost.__getitem__)[:most]:
+            mine = sorted(
+                {
+                    (e.delivered, e.verb, round(e.at - origin, 1))
+                    for e in events
+                    if e.stream_seq == seq
+                }
+            )
+            consumer = next(e.consumer for e in events if e.stream_seq == seq)
+            shown.append(
+                f"{consumer} seq {seq}: "
+                + ", ".join(f"d{d} {verb} +{at}" for d, verb, at in mine if verb != "+WPI")
+            )
+        return shown
+
+    def seen(self) -> int:
+        """Settles and beats seen, once per node connection that saw them."""
+        return sum(len(w.events) for w in self.watchers)
+
+    async def stop(self) -> None:
+        for watcher in self.watchers:
+            with contextlib.suppress(Exception):
+                await watcher.stop()
+        for nc in self._conns:
+            with contextlib.suppress(Exception):
+                await nc.close()
 
 
 TOPOLOGIES: dict[str, Callable[[], NatsTopology]] = {
@@ -249,6 +393,15 @@ class ChaosReport(msgspec.Struct):
     checks: list[Check]
     events: list[str]
     passed: bool
+    acks_lost: int = 0
+    """Jobs a worker acked that the server delivered again (``AckTap``): not a check, the
+    cost of acks a consumer with no leader dropped (each job waits out ack_wait)."""
+    acks_lost_after_nats_step: int = 0
+    """Of those, the ones redelivered after the NATS step began."""
+    acks_lost_detail: list[str] = []
+    """The first few lost acks: each delivery's settles and when (+s), WPI left out."""
+    settles_seen: int = 0
+    """Acks, naks, terms and +WPI the tap saw (once per node connection that saw them)."""
 
 
 @dataclass
@@ -281,10 +434,20 @@ class Soak:
     steps_done: list[str] = field(default_factory=list)
     stall: Stall = field(default_factory=Stall)
     frozen: set[str] = field(default_factory=set)
+    killed_at: dict[str, float] = field(default_factory=dict)
+    """Child name -> when (monotonic) the worker killer last SIGKILLed it."""
+    starting: set[str] = field(default_factory=set)
+    """Workers the killer started again that have not answered yet."""
     servers_down: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Held while NATS or Redis is down: a worker started then could not connect, and a
-    supervisor's restart would fail the same way, so kills wait for it."""
+    """Held while Redis, or the only nats-server, is down: a worker started then could not
+    connect, and a supervisor's restart would fail the same way, so kills wait for it.
+    (A cluster node's loss does not hold it: the others serve a starting worker.)"""
     started: float = 0.0
+    nats_step_at: float = 0.0
+    """When the NATS step began (monotonic; 0: not yet)."""
+    nats_step_ended_before: int = 0
+    """How many jobs had ended when it began."""
+    acks: AckTap = field(default_factory=AckTap)
     done: int = 0
     progressed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set each time ``done`` is read anew."""
@@ -349,6 +512,7 @@ class Soak:
             service_replicas=self.replicas,
             nats_sync_always=True,
             nats_servers=self.topology.servers,
+            ready_timeout_s=READY_WAIT_S,
         )
         log(f"chaos: starting {self.replicas} replicas of each service and the workers")
         async with stack:
@@ -357,8 +521,10 @@ class Soak:
             nc = await connect_nats(stack.settings.nats, "jetfleet-chaos", role="admin")
             try:
                 await declare(nc.jetstream(), stack.settings)
+                await self.acks.start(stack.settings, stack.nats.url.split(","))
                 return await self._play(nc.jetstream())
             finally:
+                await self.acks.stop()
                 await nc.close()
 
     async def _play(self, js: JetStreamContext) -> ChaosReport:
@@ -453,29 +619,52 @@ class Soak:
                 continue
             async with self.servers_down:
                 victim = rng.choice(sorted(alive))
+                self.killed_at[victim] = time.monotonic()
+                self.starting.add(victim)
                 self.stack.kill(victim)
                 self.kills.append(victim)
                 self.say(f"SIGKILL {victim}")
+                began = time.monotonic()
                 await self.stack.start_again(victim)
+                self.starting.discard(victim)
+                self.say(f"{victim} answering again after {time.monotonic() - began:.1f} s")
 
     async def _scripted_steps(self, js: JetStreamContext) -> None:
         steps: list[tuple[str, Callable[[], Awaitable[str]]]] = [
             *((f"restart {s}", self._restarter(s)) for s in SERVICE_NAMES[:3]),
-            ("stall a worker past its TTL", lambda: self._stall_worker(js)),
+            (STALL_STEP, lambda: self._stall_worker(js)),
             (self.topology.label, self._disrupt_nats),
             *((f"restart {s}", self._restarter(s)) for s in SERVICE_NAMES[3:]),
             ("restart redis empty", self._restart_redis),
         ]
-        for n, (label, step) in enumerate(steps, start=1):
-            threshold = int(self.jobs * 0.8 * n / (len(steps) + 1))
-            while self.done < threshold:
-                self.progressed.clear()
-                await self.progressed.wait()
-            self.say(f"step {label}: starting at {self.done} ended")
-            self.say(f"step {label}: {await step()}")
-            self.steps_done.append(label)
+        beside: list[asyncio.Task[None]] = []
+        try:
+            for n, (label, step) in enumerate(steps, start=1):
+                threshold = int(self.jobs * 0.8 * n / (len(steps) + 1))
+                while self.done < threshold:
+                    self.progressed.clear()
+                    await self.progressed.wait()
+                self.say(f"step {label}: starting at {self.done} ended")
+                if label in RUN_BESIDE:
+                    beside.append(asyncio.create_task(self._step(label, step)))
+                else:
+                    await self._step(label, step)
+            await asyncio.gather(*beside)
+        finally:
+            for task in beside:
+                task.cancel()
+
+    async def _step(self, label: str, step: Callable[[], Awaitable[str]]) -> None:
+        self.say(f"step {label}: {await step()}")
+        self.steps_done.append(label)
 
     async def _disrupt_nats(self) -> str:
+        self.nats_step_at = time.monotonic()
+        self.nats_step_ended_before = self.done
+        if not self.topology.blocks_restarts:
+            # Workers are killed and started again through it, as a supervisor would:
+            # a worker started while a node is down or just back must come up.
+            return await self.topology.disrupt(self.stack)
         async with self.servers_down:
             return await self.topology.disrupt(self.stack)
 
@@ -499,11 +688,31 @@ class Soak:
     async def _stall_worker(self, js: JetStreamContext) -> str:
         """SIGSTOP the plain worker with the most jobs in hand (leases of jobs not yet
         settled: a lease outlives its job's ack until its TTL), for ``stall_s``, then
-        SIGCONT."""
+        SIGCONT. If it turns out to hold none once stopped (each was in its commit round
+        trip), it is let go at once and another is picked, up to ``STALL_TRIES`` times."""
         store = await LeaseStore.open(js)
+        for _ in range(STALL_TRIES):
+            found = await self._stop_one_holding(store)
+            if found is None:
+                return "no plain worker held a lease of an unsettled job: nothing stalled"
+            name, stall = found
+            if stall.held:
+                break
+            await self._thaw()
+            self.say(f"SIGCONT {name} at once: it held no job once stopped; picking again")
+        self.stall = stall
+        stall_s = self.stall_s
+        self.say(f"{name} stopped with {len(stall.held)} jobs in hand: {sorted(stall.held)}")
+        await asyncio.sleep(stall_s - (time.time() - stall.stopped_at))  # the fault itself
+        await self._thaw()
+        return f"SIGCONT {name} after {stall_s:g} s, holding {len(stall.held)} jobs"
+
+    async def _stop_one_holding(self, store: LeaseStore) -> tuple[str, Stall] | None:
+        """SIGSTOP the worker with the most unsettled jobs in hand; its name and the jobs
+        it still holds 2 s later (None: no worker held any)."""
         deadline = time.monotonic() + LEASED_WAIT_S
         while True:
-            in_hand = await self._unsettled_leases(store)
+            in_hand = await _read_through(lambda: self._unsettled_leases(store))
             enough = _most(in_hand) >= STALL_PREFER
             late = time.monotonic() > deadline
             # Past the deadline any worker with a job in hand will do; past twice it, none.
@@ -511,21 +720,35 @@ class Soak:
                 break
             await asyncio.sleep(0.2)
         if not in_hand:
-            return "no plain worker held a lease of an unsettled job: nothing stalled"
+            return None
         victim = max(sorted(in_hand), key=lambda w: len(in_hand[w]))
         name = f"worker-{victim}"
         self.frozen.add(name)
         os.kill(self.stack.children[name].pid, signal.SIGSTOP)
-        self.stall = Stall(victim, time.time(), in_hand[victim])
-        stall_s = self.stall_s
-        self.say(f"SIGSTOP {name} with {len(in_hand[victim])} jobs in hand, for {stall_s:g} s")
-        await asyncio.sleep(stall_s)  # the stall itself: its length is the fault
-        await self._thaw()
-        return f"SIGCONT {name} after {stall_s:g} s"
+        stopped_at = time.time()
+        self.say(f"SIGSTOP {name} ({len(in_hand[victim])} jobs in hand before the stop)")
+        # What it holds now that it is stopped: a job read as unsettled above may have
+        # been in its commit round trip (slow on a cluster), committed under its own
+        # lease before that ran out; only the rest is held past the lease. (Read from
+        # the seals, which stay, so a read slowed by the NATS step is still right.)
+        await asyncio.sleep(COMMITS_LAND_S)
+        held = await _read_through(lambda: _not_sealed_by(store, in_hand[victim]))
+        return name, Stall(victim, stopped_at, held)
 
     async def _unsettled_leases(self, store: LeaseStore) -> dict[str, dict[str, int]]:
-        """Per live plain worker, job id -> fence of its leases whose job is unsettled."""
-        alive = {n.removeprefix("worker-") for n in self._workers_alive()}
+        """Per plain worker that may be stalled, job id -> fence of its leases whose job
+        is unsettled.
+
+        Not a worker still starting, nor one killed less than a lease TTL ago (its id's
+        live leases may be its killed predecessor's). Stopping one that the killer was
+        starting again left ``start_again`` waiting out the stall (77 s on the cluster,
+        past its 60 s): the soak's "restarted worker did not answer"."""
+        recent = time.monotonic() - self.topology.lease_ttl_s - 1.0
+        alive = {
+            n.removeprefix("worker-")
+            for n in self._workers_alive()
+            if self.killed_at.get(n, 0.0) < recent and n not in self.starting
+        }
         alive -= {ACK_DROPPER, SKEWED}
         leases = [x for x in await store.all_live() if x.record.worker in alive]
         histories = await asyncio.gather(*(store.read_history(x.record.job_id) for x in leases))
@@ -548,14 +771,20 @@ class Soak:
         self, js: JetStreamContext, jobs: list[Job], status: FleetStatus, elapsed: float
     ) -> ChaosReport:
         assert self.stack.settings is not None
-        stored = await _results(js)
+        # Each read is asked again on a 503: on the cluster a fresh reader's first fetch
+        # was answered "service unavailable" once, after every job had ended.
+        stored = await _read_through(lambda: _results(js))
         records = [r for r, _ in stored]
         per_job = Counter(r.job_id for r in records)
-        letters = await list_dead_letters(js)
+        letters = await _read_through(lambda: list_dead_letters(js))
         dead_by_reason = Counter(e.letter.reason or "(none)" for e in letters)
         dead_ids = {e.letter.order.job.id for e in letters}
-        duplicates = await _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
-        rejected = await _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
+        duplicates = await _read_through(
+            lambda: _job_ids(js, subjects.STREAM_DUPLICATES, "jf.duplicates.>", Duplicate)
+        )
+        rejected = await _read_through(
+            lambda: _job_ids(js, subjects.STREAM_REJECTED, "jf.rejected.>", Rejection)
+        )
         ended = set(per_job) | dead_ids | duplicates | rejected
         missing = sorted(j.id for j in jobs if j.id not in ended)
         totals = status.totals
@@ -604,6 +833,8 @@ class Soak:
         )
         checks.append(self._faults_ran())
         passed = all(c.passed for c in checks)
+        lost_acks = self.acks.lost()
+        self.acks.save(self.folder / "ack-events.jsonl")
         return ChaosReport(
             jobs=len(jobs),
             committed=totals.committed,
@@ -622,6 +853,12 @@ class Soak:
             checks=checks,
             events=self.events,
             passed=passed,
+            acks_lost=len(lost_acks),
+            settles_seen=self.acks.seen(),
+            acks_lost_detail=self.acks.lost_detail(self.started),
+            acks_lost_after_nats_step=sum(
+                1 for at in lost_acks.values() if self.nats_step_at and at >= self.nats_step_at
+            ),
         )
 
     def _site_ratio(self, records: list[CommittedResult]) -> tuple[float, list[str]]:
@@ -690,6 +927,11 @@ class Soak:
             missing.append("no lease of the stalled worker was granted again and committed")
         if drops == 0:
             missing.append("no ack was dropped")
+        if self.nats_step_ended_before > self.jobs * MID_RUN:
+            missing.append(
+                f"the NATS step began with {self.nats_step_ended_before} of {self.jobs} jobs "
+                "ended: not mid-run"
+            )
         if offset is None or abs(offset - 37) > 2:
             missing.append(
                 f"the skewed worker's clock is off by {offset} s, not 37 ({self.skew.via})"
@@ -700,9 +942,37 @@ class Soak:
             f"{len(self.kills)} worker SIGKILLs, {len(self.steps_done)} steps, stall of "
             f"{self.stall.worker} holding {len(self.stall.held)} leases "
             f"({self.stall.committed_by_others} committed by later grants), {drops} acks "
-            f"dropped, clock skew {offset} s via {self.skew.via}"
+            f"dropped, clock skew {offset} s via {self.skew.via}, the NATS step at "
+            f"{self.nats_step_ended_before} jobs ended"
             + (f"; MISSING: {'; '.join(missing)}" if missing else ""),
         )
+
+
+async def _not_sealed_by(store: LeaseStore, held: dict[str, int]) -> dict[str, int]:
+    """Of ``held`` (job id -> fence), the jobs not sealed under that very fence."""
+    ids = sorted(held)
+    entries = await asyncio.gather(*(store.read_history(j) for j in ids))
+    return {
+        j: held[j]
+        for j, entry in zip(ids, entries, strict=True)
+        if entry.history is None
+        or entry.history.settled is None
+        or entry.history.settled.fence != held[j]
+    }
+
+
+async def _read_through(read: Callable[[], Awaitable[T]]) -> T:
+    """``read()``, asked again while NATS does not answer (the NATS step may run beside
+    the stall; a reader's fetch may meet a 503), for up to ``LEADER_WAIT_S``."""
+    deadline = time.monotonic() + LEADER_WAIT_S
+    while True:
+        try:
+            return await read()
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() > deadline:
+                raise
+            log(f"  lease read failed ({type(exc).__name__}); reading again")
+        await asyncio.sleep(0.5)
 
 
 def _most(in_hand: dict[str, dict[str, int]]) -> int:
@@ -755,6 +1025,12 @@ def print_report(report: ChaosReport) -> None:
         f"{report.over_apply_site:.2f}; stale commits accepted {report.stale_commits_accepted}; "
         f"largest 1 s at the site {report.largest_1s_rate} (cap {report.rate_cap})"
     )
+    print(
+        f"acks sent but redelivered: {report.acks_lost} ({report.acks_lost_after_nats_step} "
+        f"after the NATS step began; {report.settles_seen} settles seen)"
+    )
+    for line in report.acks_lost_detail:
+        print(f"  lost ack: {line}")
     for check in report.checks:
         print(f"  [{'ok' if check.passed else 'FAIL'}] {check.name}: {check.detail}")
     print("PASSED" if report.passed else "FAILED")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,7 @@ from jetfleet.auth.bundle import NATS_AUTH_FILE, REDIS_ACL_FILE, ensure_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis, die_with_parent, free_port
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
-from jetfleet.dev.readiness import wait_answering
+from jetfleet.dev.readiness import READY_TIMEOUT_S, wait_answering
 from jetfleet.dev.settings_file import toml_tables
 from jetfleet.dev.site_loop import SiteLoop
 from jetfleet.dev.stack_env import write_env
@@ -137,10 +138,16 @@ class DevStack:
         service_replicas: int = 1,
         nats_sync_always: bool = False,
         nats_servers: NatsFactory | None = None,
+        ready_timeout_s: float = READY_TIMEOUT_S,
     ) -> None:
         if service_replicas < 1:
             raise StackError(f"service_replicas must be at least 1, not {service_replicas}")
         self.data_dir = data_dir.resolve()
+        self.ready_timeout_s = ready_timeout_s
+        """How long children get to answer (``start``, ``add_worker``, ``start_again``): a
+        child answers once it has imported, connected and started, and on a machine
+        loaded far past its cores (the chaos soak beside a test suite, load 20 on 2
+        cores) 18 children starting at once wrote no log line within 60 s."""
         self.trace_endpoint = trace_endpoint
         """An OTLP/HTTP base URL (Jaeger's :4318) every child exports its spans to; empty:
         the children get the caller's own ``OTEL_*`` variables, if any."""
@@ -168,6 +175,8 @@ class DevStack:
         self.simulator = TargetSimulator(SimulatorConfig(latency_s=simulator_latency_s))
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.ready_urls: dict[str, str] = {}
+        self._log_starts: dict[str, int] = {}
+        """Each child's log size when it was last spawned: its metrics line comes after."""
         """Each child's loopback URL that answers 200 once it has started."""
         self.gateway_port = 0
         self.settings: Settings | None = None
@@ -245,7 +254,7 @@ class DevStack:
                 self._spawn(f"worker-{n}", ["worker", "--id", f"w-{n}"], plain)
             for spec in self.worker_specs:
                 self._spawn(f"worker-{spec.id}", spec.argv(), spec.env, spec.module)
-            await wait_answering(self.ready_urls, self.describe_dead_children)
+            await self._wait_answering(list(self.children))
             self._write_env()
         except BaseException:
             await self.stop()
@@ -382,10 +391,14 @@ class DevStack:
             port_text = gateway_port or str(self.gateway_port)
             self.ready_urls[name] = f"http://127.0.0.1:{port_text}/healthz"
         else:
-            # Served only once the child's start() is done (serve_until_signalled).
-            port = free_port()
-            args = [*args, "--metrics-port", str(port)]
-            self.ready_urls[name] = f"http://127.0.0.1:{port}/metrics"
+            # Served only once the child's start() is done (serve_until_signalled), on a
+            # port the child picks itself and logs: one picked here could be taken before
+            # the child binds it, tens of seconds later on a busy machine (a quarantine
+            # restart in the chaos soak died "address already in use").
+            args = [*args, "--metrics-port", "0"]
+            self.ready_urls.pop(name, None)
+            log_file = logs / f"{name}.log"
+            self._log_starts[name] = log_file.stat().st_size if log_file.exists() else 0
         self.children[name] = start_jetfleet(
             args,
             self.config_path,
@@ -412,7 +425,7 @@ class DevStack:
         """
         name = f"worker-{spec.id}"
         self._spawn(name, spec.argv(), spec.env, spec.module)
-        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
+        await self._wait_answering([name])
         return name
 
     def kill(self, name: str) -> None:
@@ -435,7 +448,56 @@ class DevStack:
         args, env, module = self._launches[name]
         self._spawn(name, args, env, module)
         self.killed.discard(name)
-        await wait_answering({name: self.ready_urls[name]}, self.describe_dead_children)
+        await self._wait_answering([name])
+
+    async def _wait_answering(self, names: list[str]) -> None:
+        """Until children ``names`` answer; a StackError says how far each one got (the
+        last line of its log, or none: still importing, or not yet connected)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.ready_timeout_s
+        try:
+            while unknown := [n for n in names if not self._learn_url(n)]:
+                dead = self.describe_dead_children()
+                if dead:
+                    raise StackError(f"jetfleet dev: a child exited while starting:\n{dead}")
+                if loop.time() > deadline:
+                    raise StackError(
+                        f"jetfleet dev: {', '.join(sorted(unknown))} did not answer within "
+                        f"{self.ready_timeout_s:g} s; see their logs in the data folder's logs/"
+                    )
+                await asyncio.sleep(_URL_POLL_S)
+            await wait_answering(
+                {n: self.ready_urls[n] for n in names},
+                self.describe_dead_children,
+                max(1.0, deadline - loop.time()),
+            )
+        except StackError as exc:
+            raise StackError(f"{exc}\n{self._last_lines(names)}") from None
+
+    def _learn_url(self, name: str) -> bool:
+        """Whether child ``name``'s ready URL is known: read, for one serving metrics, from
+        the line its start logs (``... metrics on http://host:port/metrics``)."""
+        if name in self.ready_urls:
+            return True
+        log_file = self.data_dir / "logs" / f"{name}.log"
+        if not log_file.exists():
+            return False
+        with log_file.open("rb") as f:
+            f.seek(self._log_starts.get(name, 0))
+            found = _METRICS_LINE.search(f.read().decode(errors="replace"))
+        if found is None:
+            return False
+        self.ready_urls[name] = found.group(1)
+        return True
+
+    def _last_lines(self, names: list[str]) -> str:
+        lines = []
+        for name in names:
+            log_file = self.data_dir / "logs" / f"{name}.log"
+            text = log_file.read_text(errors="replace") if log_file.exists() else ""
+            last = text.strip().splitlines()[-1][:300] if text.strip() else "(nothing logged)"
+            lines.append(f"  {name}: {last}")
+        return "\n".join(lines)
 
     def dead_children(self) -> list[str]:
         """Names of children that exited while the stack should be running (those
@@ -476,6 +538,11 @@ class DevStack:
         await asyncio.to_thread(self.nats.stop)
         for leftover in ("dev.pid", "env"):
             (self.data_dir / leftover).unlink(missing_ok=True)
+
+
+_METRICS_LINE = re.compile(r" metrics on (http://\S+/metrics)")
+"""What ``serve_until_signalled`` logs once the child's metrics are served."""
+_URL_POLL_S = 0.1
 
 
 def _one_server(sync_always: bool) -> NatsFactory:

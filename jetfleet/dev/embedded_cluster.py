@@ -192,8 +192,14 @@ class EmbeddedCluster:
         )
 
     def meta_leader(self) -> str:
-        """The meta leader every running node names, or "" while they do not agree."""
+        """The meta leader every running node names, once it sees every other running
+        node as a current, online peer; "" before that.
+
+        Agreeing on a leader is not enough: until the leader has heard from a peer, it
+        places no R3 stream ("no suitable peers for placement, peer offline", seen on
+        the chaos soak's first ``declare``)."""
         named = set()
+        views: dict[str, object] = {}
         for node in self.nodes:
             if not node.running:
                 continue
@@ -203,7 +209,11 @@ class EmbeddedCluster:
             if not leader:
                 return ""
             named.add(leader)
-        return named.pop() if len(named) == 1 else ""
+            views[node.server_name] = meta
+        if len(named) != 1:
+            return ""
+        leader = named.pop()
+        return leader if _sees_peers(views.get(leader), len(views) - 1) else ""
 
     def wait_meta_leader(self, timeout_s: float = 30.0) -> str:
         """Until the running nodes agree on a JetStream meta leader; returns its name.
@@ -253,3 +263,16 @@ class EmbeddedCluster:
                 node.process.terminate()
         for node in self.nodes:
             node.stop()
+
+
+def _sees_peers(meta: object, others: int) -> bool:
+    """The meta leader's ``meta_cluster`` view lists ``others`` peers current and online."""
+    replicas = meta.get("replicas") if isinstance(meta, dict) else None
+    if not isinstance(replicas, list):
+        return others == 0
+    ready = [
+        r
+        for r in replicas
+        if isinstance(r, dict) and r.get("current") and not r.get("offline", False)
+    ]
+    return len(ready) >= others

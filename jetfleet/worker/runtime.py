@@ -5,6 +5,9 @@ Life of a delivery (docs/architecture.md): decode the work order, take the job's
 run the handler while the lease is renewed (leaser renew + ``in_progress`` in one beat),
 publish the outcome, report to the sink, and only then ack (committed or suppressed),
 terminate (dead-lettered) or, having given the lease back, nak with backoff (retryable).
+Acks and terms are confirmed by the server and sent again while unconfirmed, off the
+job's path (jetfleet/worker/settle_confirm.py): one sent while the consumer elects a
+leader is not lost.
 A worker that lost its lease touches the message no more: JetStream would honour an ack,
 nak or term from a superseded delivery.
 """
@@ -98,6 +101,7 @@ from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
 from jetfleet.worker.robots import RobotsAllowed, RobotsBook, RobotsDisallowed, RobotsNotYet
+from jetfleet.worker.settle_confirm import SettleConfirmations
 from jetfleet.worker.slot_lending import SlotLending, standby_lanes
 from jetfleet.worker.target_gate import TargetGate
 from jetfleet.worker.target_holds import TargetHolds
@@ -124,6 +128,8 @@ OUTCOME_TIMEOUT_S = 2.0
 CLAIM_WAIT_S = 30.0
 """How long a starting worker waits for a leaser to write its identity claim (one started
 beside the leaser must not die because it asked first); then it refuses to start."""
+OPEN_WAIT_S = 60.0
+"""How long a starting worker waits for JetStream to answer for its result bucket."""
 # Refusals that concern the whole target for this worker: stop pulling it until then.
 TARGET_WIDE_REFUSALS = frozenset(
     {
@@ -230,6 +236,8 @@ class Worker:
         self.leases = LeaseClient(nc)
         self.permits = PermitClient(nc)
         self.stats: Counter[str] = Counter()
+        self.settles = SettleConfirmations(nc, self.stats)
+        """Acks and terms, each confirmed by the server off the job's path."""
         self.attempts = CounterFamily(
             "jetfleet_worker_attempts_total",
             "Attempts by worker, identity, target, handler version, version tuple id, "
@@ -321,7 +329,7 @@ class Worker:
             ConfigError: a result with an inline body could exceed the server's max_payload.
             IdentityOwned: another live worker owns this worker's identity.
         """
-        self._objects = await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
+        self._objects = await self._open_result_objects()
         if self.identity:
             # Before anything of the identity is used: a second owner never starts.
             self.claim = await self._first_claim(self.identity)
@@ -375,6 +383,35 @@ class Worker:
             ),
         )
 
+    async def _open_result_objects(self) -> ResultObjects:
+        """The result bucket, waiting up to ``OPEN_WAIT_S`` while JetStream does not
+        answer: a worker started while a cluster node is down or just back may ask while
+        the bucket's stream elects a leader, and must come up all the same.
+
+        Raises:
+            ConfigError: see ``ResultObjects.open``.
+            Exception: what kept it from opening, once the wait is over.
+        """
+        give_up_at = time.monotonic() + OPEN_WAIT_S
+        backoff = Backoff(0.2, 2.0)
+        warned = False
+        while True:
+            try:
+                return await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() >= give_up_at:
+                    raise
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "worker %s cannot open the result bucket yet (%s); waiting up to "
+                        "%g s for JetStream to answer",
+                        self.worker_id,
+                        type(exc).__name__,
+                        OPEN_WAIT_S,
+                    )
+            await asyncio.sleep(backoff.next_s())
+
     async def _first_claim(self, identity: str) -> IdentityClaim:
         """Claim ``identity``, waiting up to ``CLAIM_WAIT_S`` for a leaser to answer.
 
@@ -422,6 +459,9 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        # The last jobs' acks, confirmed before the connection closes (a lost one only
+        # makes the job wait out its ack wait, so the wait is short).
+        await self.settles.drain()
         if self._announcing is not None:
             # Not deleted: other workers of the region may share the key; it lapses.
             with contextlib.suppress(Exception):
@@ -925,13 +965,13 @@ class Worker:
             self.stats["already-done"] += 1
             # The leaser stored the duplicate record (another job's commit holds the key)
             # before it answered. A lost ack costs no second request to the target.
-            await msg.ack()
+            self.settles.send(msg, b"", timer)
             return None
         if isinstance(reply, LeaseRefusal):
             self.stats[f"refused:{reply.reason}"] += 1
             reason = reply.reason
             if reply.reason == "dead-lettered":
-                await self._term(msg, "dead-lettered")  # a term that was lost, sent again
+                await self._term(msg, "dead-lettered", timer)  # a term that was lost, sent again
                 return None
             retry_after = max(MIN_REFUSAL_DELAY_S, reply.retry_after_s)
             if reply.reason in RATE_REFUSALS:
@@ -1563,9 +1603,9 @@ class Worker:
             # the leaser a round trip per job (a partitioned target's in-flight place was
             # freed by the sink).
             with attempt_spans.settle_span(msg, "ack"):
-                await msg.ack()
+                self.settles.send(msg, b"", held.timer)
         elif reply.status == "dead-lettered":
-            await self._term(msg, verdict.reason)
+            await self._term(msg, verdict.reason, held.timer)
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
@@ -1768,11 +1808,11 @@ class Worker:
         room = (self.nc.max_payload - MALFORMED_ROOM_BYTES) * 3 // 4
         return max(0, min(self.settings.fleet.max_job_bytes, room))
 
-    async def _term(self, msg: Msg, reason: str) -> None:
+    async def _term(self, msg: Msg, reason: str, timer: AckTimer | None = None) -> None:
         # nats-py's term() sends a bare +TERM; the reason needs the raw frame.
         with attempt_spans.settle_span(msg, "term"):
             tracing.note("terminated", reason)
-            await self.nc.publish(msg.reply, b"+TERM " + reason.encode()[:200])
+            self.settles.send(msg, b"+TERM " + reason.encode()[:200], timer)
 
 
 async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
