@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from jetfleet import subjects, tracing
+from jetfleet.attempt_history import record_of
 from jetfleet.backoff import Backoff
 from jetfleet.errors import (
     Blocked,
@@ -44,6 +45,7 @@ from jetfleet.js_errors import is_unavailable
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, HistogramFamily, MetricFamily
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.permit_client import PermitClient
 from jetfleet.presence_writer import LeaserPresenceWriter
 from jetfleet.publish import publish_durably
@@ -804,6 +806,7 @@ class Worker:
         attempt_spans.verdict_noted(verdict)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
+            await self._record_unsettled(order, held)
         elif verdict.kind == "retryable":
             if await self._give_back(order, held):
                 self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
@@ -868,7 +871,9 @@ class Worker:
                 called=verdict.called,
             )
         versions = self._versions(order)
-        await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
+        held.record = await self._publish_outcome(
+            order, attempt, verdict, duration, versions, held.fence
+        )
         if verdict.kind not in ("ok", "permanent"):
             return verdict, None
         return verdict, await self._report(order, attempt, verdict, duration, versions, held)
@@ -1447,11 +1452,24 @@ class Worker:
         if not held.fence:
             return True
         released = await self.leases.release(
-            order.job.id, held.fence, refund=refund, avoid_reason=avoid_reason
+            order.job.id,
+            held.fence,
+            refund=refund,
+            avoid_reason=avoid_reason,
+            attempt=held.record,
         )
         if released is None:
             return held.may_nak_unanswered()
         return released
+
+    async def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
+        """An attempt that ran but lost its lease (or that the sink refused to settle
+        under it) ends with a release all the same, carrying its record: the leaser
+        refuses it (``lease-lost``, or releases a lease still ours) and keeps the record
+        in the job's history, so the attempt is in its dead letter. Nothing is nakked:
+        the delivery is someone else's, or its ack wait returns it."""
+        if held.fence and held.record is not None:
+            await self.leases.release(order.job.id, held.fence, attempt=held.record)
 
     async def _refund_unrun(self, order: WorkOrder, held: Held) -> bool:
         """Release the lease of a job that sent nothing, with a refund, asking again
@@ -1569,6 +1587,7 @@ class Worker:
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
+            await self._record_unsettled(order, held)
 
     async def _report(
         self,
@@ -1687,7 +1706,10 @@ class Worker:
         duration: float,
         versions: Versions,
         fence: int,
-    ) -> None:
+    ) -> AttemptRecord:
+        """Publish the attempt's outcome event on its target's subject (the job in the
+        ``Jf-Job`` header); the attempt's record, which a release of the lease carries
+        into the job's history."""
         kind = "retryable" if verdict.kind == "lost" else verdict.kind
         self.attempts.inc(
             worker=self.worker_id,
@@ -1713,15 +1735,17 @@ class Worker:
             subnet=self.settings.worker.subnet,
             called=verdict.called and requests_target(order.job.handler),
         )
-        subject = subjects.outcome(order.target, order.job.id)
+        # One subject per target: a per-job subject costs the server an index entry
+        # for as long as the stream keeps it (docs/scale.md#subject-state).
+        subject = subjects.outcomes(order.target)
+        headers = {JOB_HEADER: order.job.id}
         if kind == "ok":
-            # Nothing is rebuilt from a success's event (its result is the record), and
-            # waiting for the stream's ack would cost every job a round trip.
-            await self.nc.publish(subject, _encoder.encode(event))
-            return
-        # A failure's event is part of the job's attempt history, which its dead letter
-        # is rebuilt from (now, or after later attempts): stored, with the stream's ack,
-        # before the report.
+            # Waiting for the stream's ack would cost every job a round trip; a success's
+            # event is telemetry (its result is the record).
+            await self.nc.publish(subject, _encoder.encode(event), headers=headers)
+            return record_of(event)
+        # A failure's event is evidence for the quarantine rules (they name its
+        # sequence): stored, with the stream's ack, before the report or the release.
         try:
             # One event per grant (the fence), so a retried publish cannot store two.
             await publish_durably(
@@ -1730,11 +1754,13 @@ class Worker:
                 _encoder.encode(event),
                 msg_id=f"out-{order.job.id}-{fence or attempt}",
                 timeout_s=OUTCOME_TIMEOUT_S,
+                headers=headers,
             )
         except SubmitError as exc:
-            # The verdict still counts (the sink gets the worker's own record of this
-            # attempt); only the history of earlier attempts may miss this one.
+            # The verdict still counts, and the job's history gets the attempt's record
+            # from the release or the report; only the rules miss this event.
             log.warning("outcome of job %s not stored: %s", order.job.id, exc)
+        return record_of(event)
 
     async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
         """Have the sink keep an undecodable work order on jf.rejected (with its bytes),

@@ -36,6 +36,7 @@ from jetfleet.schemas.lease import (
     Sealed,
 )
 from jetfleet.schemas.presence import PresenceWrite
+from jetfleet.schemas.report import AttemptRecord
 from jetfleet.schemas.versions import VersionsCommand, VersionsReply
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
@@ -358,9 +359,17 @@ class Leaser:
                 # before the answer, so the nak that follows finds it.
                 scope, name = _holder_scope(record)
                 avoid = await self.avoid.entry(call.job_id, scope, name, call.avoid_reason)
-            if call.refund or avoid is not None:
-                await self.store.amend(call.job_id, refund=call.refund, avoid=avoid)
+            attempt = _released_attempt(call, record)
+            if call.refund or avoid is not None or attempt is not None:
+                await self.store.amend(
+                    call.job_id, refund=call.refund, avoid=avoid, attempt=attempt
+                )
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
+        attempt = _released_attempt(call, None)
+        if attempt is not None:
+            # A lost lease's attempt still ran: recorded for the job's history (if the
+            # entry granted its fence), then refused as any release of a lost lease.
+            await self.store.amend(call.job_id, attempt=attempt)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
 
     async def _revoked_on_renewal(self, record: LeaseRecord, fence: int) -> bool:
@@ -788,6 +797,20 @@ def _subnet_of(record: LeaseRecord) -> str:
         return canonical_subnet(record.subnet)
     except ValueError:
         return ""
+
+
+def _released_attempt(call: LeaseRelease, record: LeaseRecord | None) -> AttemptRecord | None:
+    """The attempt record a release carries, as the job's ledger entry keeps it: under
+    the release's fence, and, when the lease was live, with the holder the leaser
+    granted it to (its ``record``), not whoever the record names."""
+    attempt = call.attempt
+    if attempt is None:
+        return None
+    if record is None:
+        return msgspec.structs.replace(attempt, fence=call.fence)
+    return msgspec.structs.replace(
+        attempt, fence=call.fence, worker=record.worker, identity=record.identity
+    )
 
 
 def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:
