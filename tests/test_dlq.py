@@ -389,9 +389,7 @@ async def test_a_retryable_failure_is_retried_with_growing_delays_then_dead_lett
     entry = await (await js.key_value(subjects.BUCKET_FENCES)).get("err-1")
     ledger = msgspec.json.decode(entry.value or b"", type=JobLeaseHistory)
     assert ledger.attempts == letter.history[:-1]
-    assert [(a.outcome, a.worker) for a in ledger.attempts] == [("retryable", "w-0")] * (
-        budget - 1
-    )
+    assert [(a.outcome, a.worker) for a in ledger.attempts] == [("retryable", "w-0")] * (budget - 1)
     per_job = [m async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.*.*")]
     assert per_job == []
 
