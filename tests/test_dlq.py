@@ -386,8 +386,8 @@ async def test_a_retryable_failure_is_retried_with_growing_delays_then_dead_lett
     assert simulator.counts()["by_path_kind"] == {"error": budget}
     # The history came from the job's ledger entry (each failed attempt's release put
     # its record there) and the last attempt's report: no per-job outcome subject.
-    entry = await (await js.key_value(subjects.BUCKET_FENCES)).get("err-1")
-    ledger = msgspec.json.decode(entry.value or b"", type=JobLeaseHistory)
+    kept = await (await js.key_value(subjects.BUCKET_FENCES)).get("err-1")
+    ledger = msgspec.json.decode(kept.value or b"", type=JobLeaseHistory)
     assert ledger.attempts == letter.history[:-1]
     assert [(a.outcome, a.worker) for a in ledger.attempts] == [("retryable", "w-0")] * (budget - 1)
     per_job = [m async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.*.*")]
