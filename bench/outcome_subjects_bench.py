@@ -90,9 +90,7 @@ def family(subject: str) -> str:
     return ".".join(parts[:2]) if subject.startswith("jf.") else parts[0]
 
 
-def settings_for(
-    nats_url: str, redis_url: str, sim: TargetSimulator, targets: int, concurrency: int
-) -> Settings:
+def settings_for(nats_url: str, redis_url: str, sim: TargetSimulator, args: Any) -> Settings:
     target = TargetSettings(
         base_url=sim.base_url + "/",
         rate=100_000,
@@ -106,15 +104,15 @@ def settings_for(
         nats=NatsSettings(url=nats_url),
         redis=RedisSettings(url=redis_url),
         fleet=FleetSettings(
-            ack_wait_s=10.0,
-            lease_ttl_s=3.0,
+            ack_wait_s=args.ack_wait_s,
+            lease_ttl_s=args.lease_ttl_s,
             retry_base_s=0.05,
             retry_max_backoff_s=0.2,
             dedupe_ttl_s=3600.0,
             user_agent="jetfleet-bench (+loopback only)",
         ),
-        worker=WorkerSettings(concurrency=concurrency),
-        targets={f"t{n}": target for n in range(targets)},
+        worker=WorkerSettings(concurrency=args.concurrency),
+        targets={f"t{n}": target for n in range(args.targets)},
     )
 
 
@@ -146,7 +144,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     await asyncio.to_thread(redis.start)
     try:
         async with TargetSimulator(SimulatorConfig()) as sim:
-            settings = settings_for(nats.url, redis.url, sim, args.targets, args.concurrency)
+            settings = settings_for(nats.url, redis.url, sim, args)
             stack = InProcessStack(settings)
             await stack.start(workers=args.workers)
             tap = await connect_nats(settings.nats, "wiretap")
@@ -238,6 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--fail-pct", type=float, default=5.0)
     parser.add_argument("--budget-s", type=float, default=600.0)
+    # The production defaults: the tests' short ones (10 s, 3 s) lose leases on a loaded
+    # machine, and the retries and releases that follow blur the counts.
+    parser.add_argument("--ack-wait-s", type=float, default=60.0)
+    parser.add_argument("--lease-ttl-s", type=float, default=30.0)
     parser.add_argument("--json-out", type=Path)
     args = parser.parse_args(argv)
     result = asyncio.run(run(args))
