@@ -73,7 +73,7 @@ class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=Tru
     worker from before this field). The leaser appends it to the job's ledger entry
     (``JobLeaseHistory.attempts``), for its dead letter's history. Sent also when the
     lease was lost: refused ``lease-lost`` as ever, the record is still appended if its
-    fence is one the entry granted (docs/leases.md#releases)."""
+    fence is one the entry granted (docs/dead-letters.md#what-a-dead-letter-holds)."""
 
 
 LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease
