@@ -48,21 +48,26 @@ def record_of(event: Outcome) -> AttemptRecord:
     )
 
 
-def with_attempt(attempts: list[AttemptRecord], record: AttemptRecord) -> list[AttemptRecord]:
+def with_attempt(
+    attempts: list[AttemptRecord], record: AttemptRecord, grants: int
+) -> list[AttemptRecord]:
     """``attempts`` (a ledger entry's) with ``record`` added: ``attempts`` itself when an
     attempt of the same fence is there already (a release asked again, or a forgery
-    after the real one), else the records ordered by attempt and fence, the newest
-    ``MAX_HISTORY`` kept, with the record's text cut to ``MAX_RECORD_TEXT``."""
+    after the real one), else the records ordered by fence (the leaser's, never the
+    worker's attempt number), the newest ``MAX_HISTORY`` kept. The record's attempt
+    number is clamped to ``grants`` (the entry's grant count: no attempt is numbered
+    past the grants made) and its text cut to ``MAX_RECORD_TEXT``."""
     if any(kept.fence == record.fence for kept in attempts):
         return attempts
     cut = msgspec.structs.replace(
         record,
+        attempt=min(max(record.attempt, 0), grants),
         worker=record.worker[:MAX_RECORD_TEXT],
         identity=record.identity[:MAX_RECORD_TEXT],
         outcome=record.outcome[:MAX_RECORD_TEXT],
         reason=record.reason[:MAX_RECORD_TEXT],
     )
-    return sorted([*attempts, cut], key=_order)[-MAX_HISTORY:]
+    return sorted([*attempts, cut], key=lambda kept: kept.fence)[-MAX_HISTORY:]
 
 
 async def old_attempts(nc: NatsClient, target: str, job_id: str) -> list[AttemptRecord]:
@@ -128,4 +133,6 @@ async def attempt_history(
 
 
 def _order(record: AttemptRecord) -> tuple[int, int]:
-    return record.attempt, record.fence
+    # By fence first, the leaser's order (the worker's attempt number is only what it
+    # says); by attempt among equal fences (0 when leases are off).
+    return record.fence, record.attempt

@@ -84,8 +84,9 @@ class LeaseClient:
         not count against the job's budget; ``avoid_reason``: the target refused it
         here, so this worker's identity goes on the job's avoid list), False if it was
         not ours any more, None if unknown (it then expires by its TTL). ``attempt``: the
-        record of the attempt the release ends, for the job's history (recorded even
-        when the lease was lost). Asked again, briefly, while the leaser is busy."""
+        record of the attempt the release ends, for the job's history (recorded also when
+        the lease was lost, if nobody was granted the job since: LeaseRelease.attempt).
+        Asked again, briefly, while the leaser is busy."""
         call = LeaseRelease(
             job_id=job_id,
             fence=fence,

@@ -211,13 +211,18 @@ class LeaseStore:
         refund: bool = False,
         avoid: AvoidEntry | None = None,
         attempt: AttemptRecord | None = None,
+        lost: bool = False,
     ) -> None:
         """After a release or a revoke, in one compare-and-set: take back one grant
         (``refund``), put ``avoid`` on the job's avoid list (its marker is the caller's)
-        and add ``attempt`` to its attempts (``with_attempt``), the last only if its
-        fence is one the entry granted (above 0, at most its highest). A settled job's
-        entry is left as it is: it runs no more, and its letter is written from what
-        the entry held. Given up, with the entry unchanged, under too much contention."""
+        and add ``attempt`` to its attempts (``with_attempt``). The attempt of a live
+        lease's release is kept if its fence is one the entry granted (above 0, at most
+        its highest); that of a lost lease's (``lost``: the release was refused, so
+        nothing proves the fence was this job's) only if its fence is the entry's
+        highest, the newest holder's: fences are global, so any lower one could be
+        another job's, sent to evict the real records. A settled job's entry is left as
+        it is: it runs no more, and its letter is written from what the entry held.
+        Given up, with the entry unchanged, under too much contention."""
         for _ in range(_CAS_TRIES):
             read = await self.read_history(job_id)
             old = read.history
@@ -228,8 +233,10 @@ class LeaseStore:
                 new = msgspec.structs.replace(new, grants=max(0, new.grants - 1))
             if avoid is not None:
                 new = msgspec.structs.replace(new, avoid=with_entry(new.avoid, avoid))
-            if attempt is not None and 0 < attempt.fence <= new.fence:
-                attempts = with_attempt(new.attempts, attempt)
+            if attempt is not None and _recordable(attempt.fence, old.fence, lost):
+                # Clamped to the grants before this release's refund: the attempt it
+                # ends was counted among them.
+                attempts = with_attempt(new.attempts, attempt, old.grants)
                 if attempts is not new.attempts:
                     new = msgspec.structs.replace(new, attempts=attempts)
             if new is old or await self._write_history(job_id, new, read.revision):
@@ -324,3 +331,9 @@ def _routed(history: JobLeaseHistory) -> bool:
     the fence), or sealed."""
     marked = history.routed_seq or history.fence or history.grants
     return bool(marked) or history.settled is not None
+
+
+def _recordable(fence: int, highest: int, lost: bool) -> bool:
+    """Whether an entry whose highest grant is ``highest`` keeps an attempt record of
+    ``fence`` (``LeaseStore.amend``)."""
+    return fence == highest if lost else 0 < fence <= highest

@@ -71,9 +71,11 @@ class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=Tru
     attempt: AttemptRecord | None = None
     """The worker's record of the attempt this release ends (None: no attempt ran, or a
     worker from before this field). The leaser appends it to the job's ledger entry
-    (``JobLeaseHistory.attempts``), for its dead letter's history. Sent also when the
-    lease was lost: refused ``lease-lost`` as ever, the record is still appended if its
-    fence is one the entry granted (docs/dead-letters.md#what-a-dead-letter-holds)."""
+    (``JobLeaseHistory.attempts``), for its dead letter's history: under the release's
+    fence, numbered at most the entry's grant count, once per fence. For a live lease
+    the worker and identity are the lease's. Sent also when the lease was lost: refused
+    ``lease-lost`` as ever, the record (as sent, its text cut) is appended only if its
+    fence is the entry's highest grant (docs/dead-letters.md#what-a-dead-letter-holds)."""
 
 
 LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease

@@ -51,19 +51,23 @@ async def test_a_release_carries_its_attempt_into_the_ledger_entry_once(
     assert again.revision == read.revision and again.history == read.history
 
 
-async def test_a_lost_leases_release_is_refused_and_still_records_its_attempt(
+async def test_a_lost_leases_release_records_its_attempt_only_under_the_newest_grant(
     settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
 ) -> None:
     client = LeaseClient(nc)
     order = order_for(settings, "/page/2")
     first = await grant_fence(client, order, "w-a")
     assert await client.release(order.job.id, first)  # its attempt ran: no record sent
-    second = await grant_fence(client, order, "w-b")
-
-    # w-a's attempt under the first fence ended after its lease was gone (the release
-    # above played its loss): the release is refused, the record kept, and w-b's lease
-    # is untouched.
+    # The newest grant's attempt ended after its lease was gone (the release above
+    # played its loss): refused, and its record kept.
     assert await client.release(order.job.id, first, attempt=attempt(1, first)) is False
+    history = (await store.read_history(order.job.id)).history
+    assert history is not None and history.attempts == [attempt(1, first)]
+
+    # Once a newer grant is made, a lost release of an older fence records nothing:
+    # nothing proves that fence was this job's. w-b's lease is untouched.
+    second = await grant_fence(client, order, "w-b")
+    assert await client.release(order.job.id, first - 1, attempt=attempt(1, first - 1)) is False
     live = await store.live(order.job.id)
     assert live is not None and live.fence == second
     history = (await store.read_history(order.job.id)).history
@@ -80,6 +84,33 @@ async def test_a_lost_leases_release_is_refused_and_still_records_its_attempt(
     assert msgspec.json.decode(reply.data, type=LeaseRefusal).reason == LEASE_LOST
     history = (await store.read_history(order.job.id)).history
     assert history is not None and history.attempts == [attempt(1, first)]
+
+
+async def test_releases_of_never_granted_lower_fences_neither_record_nor_evict(
+    settings: Settings, nc: NatsClient, services: InProcessStack, store: LeaseStore
+) -> None:
+    """Any worker credential may send releases naming a job: fences are global KV
+    revisions, so 1..100 are all at most the entry's highest fence yet were never this
+    job's. Each is refused, and none enters the entry, bloats it or pushes out the real
+    record (nor does an inflated attempt number reorder or renumber it)."""
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/5")
+    for n in range(60):  # enough KV revisions that 1..100 lie below the job's fence
+        other = order_for(settings, f"/other/{n}")
+        assert await client.release(other.job.id, await grant_fence(client, other, "w-x"))
+    fence = await grant_fence(client, order, "w-a")
+    assert fence > 100
+    assert await client.release(order.job.id, fence, attempt=attempt(10**6, fence)) is True
+    real = (await store.read_history(order.job.id)).history
+    assert real is not None
+    assert real.attempts == [attempt(1, fence)]  # numbered at most the grants made
+
+    for forged in range(1, 101):
+        record = attempt(10**6 + forged, forged, worker="w-forged", outcome="x" * 10_000)
+        assert await client.release(order.job.id, forged, attempt=record) is False
+    after = await store.read_history(order.job.id)
+    assert after.history == real
+    assert after.history is not None and after.history.attempts == [attempt(1, fence)]
 
 
 async def test_the_dead_letter_takes_its_history_from_the_entry_and_old_events(

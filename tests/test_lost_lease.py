@@ -250,10 +250,18 @@ async def test_a_worker_that_lost_its_lease_never_acks_naks_or_terms_the_job(
     live = await store.live(job)
     assert live is not None and live.fence == lease_b.fence
     assert [r async for r in iter_results(nc.jetstream(), "demo")] == []
-    # A's attempt ran all the same: its release (refused, the lease is B's) put A's
-    # record of it in J's history.
+    # A's attempt ran all the same, and its release carries its record; refused (the
+    # lease is B's), it leaves J's history alone: A's fence is below B's newest grant,
+    # and a lower fence proves nothing about J.
+    assert services.leaser is not None
+    latency = services.leaser.latency
+
+    async def a_release_refused() -> bool:
+        return latency.count(op="release", answer="refused") >= 1
+
+    await wait_for(a_release_refused, 10.0, "A's release carrying its record to be refused")
     kept = await store.highest_fence(job)
-    assert [(r.worker, r.fence, r.outcome) for r in kept.attempts] == [("A", lease_a.fence, "ok")]
+    assert kept.attempts == []
 
     # B finishes: committed once, J acked and gone, no third delivery.
     GATES["B"].set()
@@ -328,12 +336,14 @@ async def gated_refused(ctx: HandlerContext) -> HandlerOutput:
     raise PermanentFailure("test-refused", f"refused to {ctx.worker_id}")
 
 
-async def test_an_attempt_whose_lease_was_lost_is_in_the_dead_letters_history(
+async def test_a_lost_attempt_superseded_by_a_newer_grant_stays_out_of_the_ledger(
     settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
 ) -> None:
     """A stalls past its lease, B takes J over; both attempts fail for good. A's report
-    is fenced out, B's dead-letters J: the letter lists A's attempt too (recorded by A's
-    release after the sink refused it), from J's ledger entry."""
+    is fenced out and its release (carrying its record) refused: its fence is below the
+    newest grant's, and a lower fence proves nothing about J (fences are global, so
+    accepting one would let anyone's releases evict J's real records). B dead-letters J:
+    the letter lists B's attempt, and A's is in neither the entry nor the letter."""
     store = await LeaseStore.open(nc.jetstream())
     a = await workers.start(StalledWorker, "A")
     order = await publish_job(settings, nc, handler="test.gate-refused")
@@ -349,6 +359,15 @@ async def test_an_attempt_whose_lease_was_lost_is_in_the_dead_letters_history(
     GATES["A"].set()
     await wait_for(not_empty(a.finished), 5.0, "A to finish")
     assert a.stats["rejected:fenced-out"] == 1
+    assert services.leaser is not None
+    latency = services.leaser.latency
+
+    async def a_release_refused() -> bool:
+        return latency.count(op="release", answer="refused") >= 1
+
+    await wait_for(a_release_refused, 10.0, "A's release carrying its record to be refused")
+    entry = (await store.read_history(job)).history
+    assert entry is not None and entry.attempts == []
     GATES["B"].set()
     await wait_for(not_empty(b.finished), 5.0, "B to finish")
     assert b.stats["dead-lettered"] == 1
@@ -359,6 +378,5 @@ async def test_an_attempt_whose_lease_was_lost_is_in_the_dead_letters_history(
     ]
     assert letter.reason == "test-refused"
     assert [(r.worker, r.fence, r.outcome) for r in letter.history] == [
-        ("A", lease_a.fence, "permanent"),
         ("B", lease_b.fence, "permanent"),
     ]

@@ -360,17 +360,38 @@ class Leaser:
                 scope, name = _holder_scope(record)
                 avoid = await self.avoid.entry(call.job_id, scope, name, call.avoid_reason)
             attempt = _released_attempt(call, record)
-            if call.refund or avoid is not None or attempt is not None:
+            if call.refund or avoid is not None:
+                # The refund and avoid entry are the release's own: a failed write is
+                # answered busy, as before records were carried.
                 await self.store.amend(
                     call.job_id, refund=call.refund, avoid=avoid, attempt=attempt
                 )
+            elif attempt is not None:
+                await self._record_attempt(call.job_id, attempt, lost=False)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
         attempt = _released_attempt(call, None)
         if attempt is not None:
-            # A lost lease's attempt still ran: recorded for the job's history (if the
-            # entry granted its fence), then refused as any release of a lost lease.
-            await self.store.amend(call.job_id, attempt=attempt)
+            # A lost lease's attempt still ran: recorded for the job's history if its
+            # fence is the entry's newest grant, then refused as any release of a lost
+            # lease.
+            await self._record_attempt(call.job_id, attempt, lost=True)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
+
+    async def _record_attempt(self, job_id: str, attempt: AttemptRecord, lost: bool) -> None:
+        """Add a released attempt's record to the job's ledger entry, best effort: the
+        lease is already deleted (or was lost), so a failed write must not turn the
+        answer into ``busy`` (the worker's retry would find the lease gone and its job
+        wait out its whole ack wait instead of its retry delay). Logged, not raised."""
+        try:
+            await self.store.amend(job_id, attempt=attempt, lost=lost)
+        except Exception as exc:
+            log.warning(
+                "job %s: the record of its attempt under fence %d is not in its ledger "
+                "entry (its dead letter will miss it): %s",
+                job_id,
+                attempt.fence,
+                exc,
+            )
 
     async def _revoked_on_renewal(self, record: LeaseRecord, fence: int) -> bool:
         """Revoke a lease whose holder is quarantined on its target, or whose target's
