@@ -6,8 +6,9 @@
 or as ``jetfleet serve`` children with ``--mode process``). For every job the bench first
 takes the job's lease and stores one outcome event on ``jf.outcome.<target>.<job>`` (as a
 worker did before outcome events moved to ``jf.outcome.<target>``: this measures the old
-path, a job from before the switch, docs/benchmarks.md section 3); neither is timed. Then it sends the sink one report per
-job over ``nc.request(jf.sink.report.demo)`` and times each round trip:
+path, a job from before the switch, docs/benchmarks.md section 3); neither is timed.
+Then it sends the sink one report per job over ``nc.request(jf.sink.report.demo)`` and
+times each round trip:
 
 * ``success``: a ``Success`` (an ``http.get`` record) -> fence check, put-if-absent
   commit on ``jf.results.demo.<key>``;
