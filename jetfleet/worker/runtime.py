@@ -123,6 +123,15 @@ SINK_TIMEOUT_S = 5.0
 # A malformed-order report's fields beside its bytes (worker id, subject, error, JSON).
 MALFORMED_ROOM_BYTES = 4096
 OUTCOME_TIMEOUT_S = 2.0
+RECORDS_IN_FLIGHT = 64
+"""Releases sent in the background only to put an attempt's record in its job's history
+(``_send_record``) at once at most: past that, a record is dropped (logged), so a
+leaser outage cannot pile up tasks."""
+RECORD_TRIES = 3
+"""Asks of such a release while the leaser does not answer (a repeat is harmless: the
+entry keeps one record per fence)."""
+RECORD_DRAIN_S = 1.0
+"""How long a drain waits for those releases, after the jobs, before cancelling them."""
 CLAIM_WAIT_S = 30.0
 """How long a starting worker waits for a leaser to write its identity claim (one started
 beside the leaser must not die because it asked first); then it refuses to start."""
@@ -279,6 +288,8 @@ class Worker:
         )
         self.metrics += self.lending.metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        # History-only releases (_send_record): outside _tasks, so no job waits on them.
+        self._records: set[asyncio.Task[None]] = set()
         self._subnet_busy: dict[str, int] = {}  # subnet-busy refusals in a row, by target
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -424,6 +435,12 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._records:
+            # Only history: a short wait, then cancelled (the record is lost, logged).
+            _, unsent = await asyncio.wait(self._records, timeout=RECORD_DRAIN_S)
+            for task in unsent:
+                task.cancel()
+            await asyncio.gather(*unsent, return_exceptions=True)
         if self._announcing is not None:
             # Not deleted: other workers of the region may share the key; it lapses.
             with contextlib.suppress(Exception):
@@ -806,7 +823,7 @@ class Worker:
         attempt_spans.verdict_noted(verdict)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
-            await self._record_unsettled(order, held)
+            self._record_unsettled(order, held)
         elif verdict.kind == "retryable":
             if await self._give_back(order, held):
                 self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
@@ -1459,17 +1476,67 @@ class Worker:
             attempt=held.record,
         )
         if released is None:
+            if held.record is not None:
+                # Unanswered: the record may be lost with it. Asked again in the
+                # background, the record alone (no refund or avoid entry decided late).
+                self._record_in_background(order.job.id, held.fence, held.record, tries=1)
             return held.may_nak_unanswered()
         return released
 
-    async def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
+    def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
         """An attempt that ran but lost its lease (or that the sink refused to settle
         under it) ends with a release all the same, carrying its record: the leaser
         refuses it (``lease-lost``, or releases a lease still ours) and keeps the record
-        in the job's history, so the attempt is in its dead letter. Nothing is nakked:
-        the delivery is someone else's, or its ack wait returns it."""
+        in the job's history (if nobody was granted the job since), so the attempt is in
+        its dead letter. Nothing is nakked: the delivery is someone else's, or its ack
+        wait returns it. Sent in the background: it only records history, and must not
+        hold the job's slot while the leaser does not answer."""
         if held.fence and held.record is not None:
-            await self.leases.release(order.job.id, held.fence, attempt=held.record)
+            self._record_in_background(order.job.id, held.fence, held.record, tries=0)
+
+    def _record_in_background(
+        self, job_id: str, fence: int, record: AttemptRecord, tries: int
+    ) -> None:
+        """Start ``_send_record`` (``tries``: asks already made), unless too many are in
+        flight: then the record is dropped, logged."""
+        if len(self._records) >= RECORDS_IN_FLIGHT:
+            log.warning(
+                "record of job %s's attempt under fence %d not sent: %d history "
+                "releases in flight already",
+                job_id,
+                fence,
+                len(self._records),
+            )
+            return
+        task = asyncio.create_task(self._send_record(job_id, fence, record, tries))
+        self._records.add(task)
+        task.add_done_callback(self._records.discard)
+
+    async def _send_record(
+        self, job_id: str, fence: int, record: AttemptRecord, tries: int
+    ) -> None:
+        """Release ``fence`` carrying ``record`` until the leaser answers, at most
+        ``RECORD_TRIES`` asks in all. Any answer will do: released, or refused with the
+        record kept or not (a repeat of one that landed finds its fence's record there)."""
+        backoff = Backoff()
+        while tries < RECORD_TRIES:
+            if tries:
+                await asyncio.sleep(backoff.next_s())
+            tries += 1
+            try:
+                answered = await self.leases.release(job_id, fence, attempt=record)
+            except Exception as exc:
+                log.warning("record of job %s's attempt not sent: %r", job_id, exc)
+                return
+            if answered is not None:
+                return
+        log.warning(
+            "record of job %s's attempt under fence %d not sent: the leaser did not "
+            "answer %d releases (its dead letter will miss it)",
+            job_id,
+            fence,
+            RECORD_TRIES,
+        )
 
     async def _refund_unrun(self, order: WorkOrder, held: Held) -> bool:
         """Release the lease of a job that sent nothing, with a refund, asking again
@@ -1587,7 +1654,7 @@ class Worker:
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
-            await self._record_unsettled(order, held)
+            self._record_unsettled(order, held)
 
     async def _report(
         self,
