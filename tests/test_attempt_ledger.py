@@ -8,6 +8,7 @@ sent by hand, as a worker sends them."""
 from __future__ import annotations
 
 import msgspec
+import pytest
 from jetfleet.schemas import AttemptRecord, Failure, Outcome, SinkReply
 from jetfleet.schemas.lease import LEASE_LOST, LeaseRefusal, LeaseRelease
 from nats.aio.client import Client as NatsClient
@@ -175,3 +176,32 @@ async def test_the_entrys_history_keeps_the_newest_attempts(
     history = (await store.read_history(order.job.id)).history
     assert history is not None
     assert [a.fence for a in history.attempts] == fences[-MAX_HISTORY:]
+
+
+async def test_a_failed_record_write_after_the_release_is_answered_as_the_release(
+    settings: Settings,
+    nc: NatsClient,
+    services: InProcessStack,
+    store: LeaseStore,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lease is deleted before the record's write: a jf-fences error there must not
+    answer ``busy`` (the worker's retry would find the lease lost and the job would wait
+    out its whole ack wait instead of its retry delay). The failure is made by hand in
+    the leaser's own store; NATS and the release are real."""
+    assert services.leaser is not None
+    leaser_store = services.leaser.store
+
+    async def failing_amend(*args: object, **kwargs: object) -> None:
+        raise TimeoutError("jf-fences did not answer")
+
+    monkeypatch.setattr(leaser_store, "amend", failing_amend)
+    client = LeaseClient(nc)
+    order = order_for(settings, "/page/6")
+    fence = await grant_fence(client, order, "w-a")
+    assert await client.release(order.job.id, fence, attempt=attempt(1, fence)) is True
+    assert await store.live(order.job.id) is None
+    # A lost lease's release whose record cannot be written is refused as ever.
+    assert await client.release(order.job.id, fence, attempt=attempt(1, fence)) is False
+    history = (await store.read_history(order.job.id)).history
+    assert history is not None and history.attempts == []
