@@ -5,8 +5,10 @@
 ``micro``: an embedded nats-server, the topology, a leaser and a sink (in this process,
 or as ``jetfleet serve`` children with ``--mode process``). For every job the bench first
 takes the job's lease and stores one outcome event on ``jf.outcome.<target>.<job>`` (as a
-worker does before it reports); neither is timed. Then it sends the sink one report per
-job over ``nc.request(jf.sink.report.demo)`` and times each round trip:
+worker did before outcome events moved to ``jf.outcome.<target>``: this measures the old
+path, a job from before the switch, docs/benchmarks.md section 3); neither is timed.
+Then it sends the sink one report per job over ``nc.request(jf.sink.report.demo)`` and
+times each round trip:
 
 * ``success``: a ``Success`` (an ``http.get`` record) -> fence check, put-if-absent
   commit on ``jf.results.demo.<key>``;

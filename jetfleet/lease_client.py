@@ -23,6 +23,7 @@ from jetfleet.schemas.lease import (
     LeaseReply,
     LeaseRequest,
 )
+from jetfleet.schemas.report import AttemptRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,14 +73,27 @@ class LeaseClient:
         return _settled(await self._call(LeaseRenew(job_id=job_id, fence=fence)))
 
     async def release(
-        self, job_id: str, fence: int, refund: bool = False, avoid_reason: str = ""
+        self,
+        job_id: str,
+        fence: int,
+        refund: bool = False,
+        avoid_reason: str = "",
+        attempt: AttemptRecord | None = None,
     ) -> bool | None:
         """True if it was still ours and is now released (``refund``: the attempt does
         not count against the job's budget; ``avoid_reason``: the target refused it
         here, so this worker's identity goes on the job's avoid list), False if it was
-        not ours any more, None if unknown (it then expires by its TTL). Asked again,
-        briefly, while the leaser is busy."""
-        call = LeaseRelease(job_id=job_id, fence=fence, refund=refund, avoid_reason=avoid_reason)
+        not ours any more, None if unknown (it then expires by its TTL). ``attempt``: the
+        record of the attempt the release ends, for the job's history (recorded also when
+        the lease was lost, if nobody was granted the job since: LeaseRelease.attempt).
+        Asked again, briefly, while the leaser is busy."""
+        call = LeaseRelease(
+            job_id=job_id,
+            fence=fence,
+            refund=refund,
+            avoid_reason=avoid_reason,
+            attempt=attempt,
+        )
         backoff = Backoff()
         reply = await self._call(call)
         for _ in range(RELEASE_TRIES - 1):

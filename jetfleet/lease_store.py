@@ -21,10 +21,12 @@ from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from jetfleet import subjects
+from jetfleet.attempt_history import with_attempt
 from jetfleet.avoid_list import with_entry
 from jetfleet.js_errors import is_wrong_last_sequence
 from jetfleet.leader_reads import leader_bucket
 from jetfleet.schemas.lease import AvoidEntry, JobLeaseHistory, LeaseRecord, Sealed
+from jetfleet.schemas.report import AttemptRecord
 
 # Compare-and-set attempts before a write gives up under contention.
 _CAS_TRIES = 10
@@ -204,12 +206,23 @@ class LeaseStore:
             return 0
 
     async def amend(
-        self, job_id: str, refund: bool = False, avoid: AvoidEntry | None = None
+        self,
+        job_id: str,
+        refund: bool = False,
+        avoid: AvoidEntry | None = None,
+        attempt: AttemptRecord | None = None,
+        lost: bool = False,
     ) -> None:
         """After a release or a revoke, in one compare-and-set: take back one grant
-        (``refund``) and put ``avoid`` on the job's avoid list (its marker is the
-        caller's). A settled job's entry is left as it is: it runs no more. Given up,
-        with the entry unchanged, under too much contention."""
+        (``refund``), put ``avoid`` on the job's avoid list (its marker is the caller's)
+        and add ``attempt`` to its attempts (``with_attempt``). The attempt of a live
+        lease's release is kept if its fence is one the entry granted (above 0, at most
+        its highest); that of a lost lease's (``lost``: the release was refused, so
+        nothing proves the fence was this job's) only if its fence is the entry's
+        highest, the newest holder's: fences are global, so any lower one could be
+        another job's, sent to evict the real records. A settled job's entry is left as
+        it is: it runs no more, and its letter is written from what the entry held.
+        Given up, with the entry unchanged, under too much contention."""
         for _ in range(_CAS_TRIES):
             read = await self.read_history(job_id)
             old = read.history
@@ -220,16 +233,24 @@ class LeaseStore:
                 new = msgspec.structs.replace(new, grants=max(0, new.grants - 1))
             if avoid is not None:
                 new = msgspec.structs.replace(new, avoid=with_entry(new.avoid, avoid))
+            if attempt is not None and _recordable(attempt.fence, old.fence, lost):
+                # Clamped to the grants before this release's refund: the attempt it
+                # ends was counted among them.
+                attempts = with_attempt(new.attempts, attempt, old.grants)
+                if attempts is not new.attempts:
+                    new = msgspec.structs.replace(new, attempts=attempts)
             if new is old or await self._write_history(job_id, new, read.revision):
                 return
-        # Not silent: the refund (an attempt that never ran) or the avoid entry is lost.
+        # Not silent: the refund (an attempt that never ran), the avoid entry or the
+        # attempt's record is lost.
         log.warning(
             "job %s: gave up amending its ledger entry after %d compare-and-sets "
-            "(refund %s, avoid %s): under contention, it stays as it was",
+            "(refund %s, avoid %s, attempt %s): under contention, it stays as it was",
             job_id,
             _CAS_TRIES,
             refund,
             avoid.name if avoid is not None else "-",
+            attempt.fence if attempt is not None else "-",
         )
 
     async def renew(self, job_id: str, fence: int, ttl_s: float) -> LeaseRecord | None:
@@ -310,3 +331,9 @@ def _routed(history: JobLeaseHistory) -> bool:
     the fence), or sealed."""
     marked = history.routed_seq or history.fence or history.grants
     return bool(marked) or history.settled is not None
+
+
+def _recordable(fence: int, highest: int, lost: bool) -> bool:
+    """Whether an entry whose highest grant is ``highest`` keeps an attempt record of
+    ``fence`` (``LeaseStore.amend``)."""
+    return fence == highest if lost else 0 < fence <= highest

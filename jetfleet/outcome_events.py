@@ -1,14 +1,18 @@
-"""Reading outcome events off ``jf.outcome.<target>.<job id>``, where anyone may publish.
+"""Reading outcome events off ``jf.outcome.>``, where anyone may publish.
 
-Every reader (a dead letter's attempt history, ``jetfleet doctor``) takes an event only
-through ``read_outcome``: one that is oversized, does not decode, names another job or
-target than its subject, or carries an impossible duration is skipped with a reason,
-and never stops the reader or the dead letter it feeds.
+Workers publish on ``jf.outcome.<target>`` with the job id in the ``Jf-Job`` header;
+events from before that sit on ``jf.outcome.<target>.<job id>`` until their retention
+ends, and every reader takes both. Every reader (the quarantine rules and breaker, the
+gateway's tail, ``jetfleet doctor``, a dead letter's history of old events) takes an
+event only through ``read_outcome``: one that is oversized, does not decode, names
+another job or target than its subject and header, or carries an impossible duration is
+skipped with a reason, and never stops the reader or the dead letter it feeds.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import msgspec
 
@@ -19,12 +23,19 @@ MAX_OUTCOME_BYTES = 8192
 """The largest event read. A worker's own is far smaller (its detail is cut at 500
 characters); a larger one would be copied into dead letters and reports."""
 
+JOB_HEADER = "Jf-Job"
+"""The header naming the job of an event on a per-target subject (``jf.outcome.<target>``)."""
+
 _decoder = msgspec.json.Decoder(Outcome)
 _PREFIX = f"{subjects.PREFIX}.outcome."
 
 
-def read_outcome(subject: str, data: bytes) -> Outcome | str:
-    """The outcome event ``data`` stored on ``subject``, or why it is skipped.
+def read_outcome(
+    subject: str, data: bytes, headers: Mapping[str, str] | None = None
+) -> Outcome | str:
+    """The outcome event ``data`` stored on ``subject`` with ``headers``, or why it is
+    skipped. The job it must name is the subject's last token on a per-job subject, the
+    ``Jf-Job`` header on a per-target one (an event there without the header is skipped).
 
     Returns:
         The event, or a sentence saying what is wrong with it (for the log).
@@ -35,11 +46,15 @@ def read_outcome(subject: str, data: bytes) -> Outcome | str:
         event = _decoder.decode(data)
     except (msgspec.MsgspecError, RecursionError) as exc:  # RecursionError: nested too deep
         return f"does not decode as an Outcome: {exc}"
-    target, _, job_id = subject.removeprefix(_PREFIX).partition(".")
+    target, per_job, job_id = subject.removeprefix(_PREFIX).partition(".")
+    if not per_job:
+        job_id = (headers or {}).get(JOB_HEADER, "")
+        if not job_id:
+            return f"no {JOB_HEADER} header on a per-target subject: names no job"
     if (event.target, event.job_id) != (target, job_id):
         return (
             f"names job {event.job_id[:128]!r} of target {event.target[:64]!r}, not the "
-            f"job and target of its subject"
+            f"job and target of its subject and {JOB_HEADER} header"
         )
     if not math.isfinite(event.duration_s) or event.duration_s < 0:
         return f"duration_s is {event.duration_s!r}, not a finite number >= 0"

@@ -150,11 +150,22 @@ def rejected(target: str) -> str:
     return f"{PREFIX}.rejected.{target}"
 
 
+def outcomes(target: str) -> str:
+    """Where the outcome events of ``target``'s jobs are published, the job id in the
+    ``Jf-Job`` header: one subject per target, so the server keeps no per-job index
+    entry for them (docs/scale.md#subject-state). ``outcome_filters`` reads a target."""
+    return f"{PREFIX}.outcome.{target}"
+
+
 def outcome(target: str, job_id: str) -> str:
-    """Where the outcome events of one job of ``target`` are published; subscribe to
-    ``jf.outcome.<target>.>`` for a whole target. The job token lets the sink read one
-    job's attempt history without scanning the target's."""
+    """The per-job subject outcome events were published on before ``outcomes``: such
+    events live until ``fleet.retention_s`` ends, and readers still take them."""
     return f"{PREFIX}.outcome.{target}.{job_id}"
+
+
+def outcome_filters(target: str) -> list[str]:
+    """The filters matching every outcome event of ``target``, of either subject form."""
+    return [outcomes(target), f"{outcomes(target)}.>"]
 
 
 def sink_report(target: str) -> str:

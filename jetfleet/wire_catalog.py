@@ -217,10 +217,14 @@ CHANNELS: tuple[Channel, ...] = (
     ),
     Channel(
         name="outcome",
-        address=subjects.outcome(_TARGET, "{job_id}"),
+        address=subjects.outcomes(_TARGET),
         kind="stream",
         payload=Outcome,
-        description="One event per attempt's outcome, read by quarantine and metrics.",
+        description=(
+            "One event per attempt's outcome, the job id in the Jf-Job header, read by "
+            "quarantine, the gateway's tail and doctor (events from before this subject "
+            "are on jf.outcome.{target}.{job_id} until their retention ends)."
+        ),
         stream=subjects.STREAM_OUTCOMES,
     ),
     Channel(

@@ -18,7 +18,7 @@ from jetfleet.schemas.names import (
     RequiredName,
     TargetName,
 )
-from jetfleet.schemas.report import Versions
+from jetfleet.schemas.report import AttemptRecord, Versions
 
 
 class LeaseRequest(msgspec.Struct, frozen=True, tag="grant", omit_defaults=True):
@@ -68,6 +68,14 @@ class LeaseRelease(msgspec.Struct, frozen=True, tag="release", omit_defaults=Tru
     """Non-empty: the target refused the attempt there (``challenged``, ``blocked``), so
     the holder's identity (its worker id when it has none) goes on the job's avoid list
     with this reason, before the answer: the job's next delivery goes to someone else."""
+    attempt: AttemptRecord | None = None
+    """The worker's record of the attempt this release ends (None: no attempt ran, or a
+    worker from before this field). The leaser appends it to the job's ledger entry
+    (``JobLeaseHistory.attempts``), for its dead letter's history: under the release's
+    fence, numbered at most the entry's grant count, once per fence. For a live lease
+    the worker and identity are the lease's. Sent also when the lease was lost: refused
+    ``lease-lost`` as ever, the record (as sent, its text cut) is appended only if its
+    fence is the entry's highest grant (docs/dead-letters.md#what-a-dead-letter-holds)."""
 
 
 LeaseCall = LeaseRequest | LeaseRenew | LeaseRelease
@@ -200,6 +208,10 @@ class JobLeaseHistory(msgspec.Struct, frozen=True, omit_defaults=True):
     avoid: list[AvoidEntry] = []
     """Who the job should not be granted to for a while, oldest first (at most
     ``AVOID_MAX``): an entry holds while its marker lives."""
+    attempts: list[AttemptRecord] = []
+    """The job's attempts that ended in a release (failed, blocked, lost, or not
+    settled by the sink), oldest first, at most ``MAX_HISTORY`` (the newest), one per
+    fence: what its dead letter's history is built from. Written by the leaser only."""
 
 
 class Evidence(msgspec.Struct, frozen=True, omit_defaults=True):

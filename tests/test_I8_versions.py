@@ -42,7 +42,7 @@ from jetfleet.version_tuple import (
 )
 from jetfleet.worker import Worker
 from tests.conftest import make_settings, sim_target, wait_for
-from tests.queueing.helpers import committed, submit_paths
+from tests.queueing.helpers import committed, outcomes, submit_paths
 from tests.stack import InProcessStack, running_stack
 
 DEMO = "demo"
@@ -117,8 +117,7 @@ async def test_I8_an_unapproved_tuple_gets_no_lease_and_its_jobs_run_on_approved
     assert {r.versions.id for r in results} == {approved}
     assert {r.versions.declared["ring"] for r in results} == {"stable"}
     assert all(r.versions.handler.startswith("http.get@") for r in results)
-    outcomes = read_stream(nc.jetstream(), subjects.STREAM_OUTCOMES, f"jf.outcome.{DEMO}.>")
-    events = [msgspec.json.decode(m.data, type=Outcome) async for m in outcomes]
+    events = await outcomes(nc.jetstream(), DEMO)
     assert {(e.worker, e.versions.id) for e in events} == {("w-stable", approved)}
     granted = refusals.get(answer="granted", reason="", target=DEMO, worker="w-canary")
     assert granted == 0

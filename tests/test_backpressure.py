@@ -26,10 +26,17 @@ from jetfleet import subjects
 from jetfleet.connection import connect_nats
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.stream_reader import read_stream
 from jetfleet.worker import Worker
 from tests.conftest import wait_for
-from tests.queueing.helpers import committed, dead, delivered, queue_settings, submit_paths, target
+from tests.queueing.helpers import (
+    committed,
+    dead,
+    delivered,
+    outcomes,
+    queue_settings,
+    submit_paths,
+    target,
+)
 from tests.stack import InProcessStack
 
 HELD, OPEN = "held", "open"
@@ -57,13 +64,7 @@ class BackpressureEnv:
         return await submit_paths(self.js, self.settings, target_name, paths, prefix)
 
     async def outcomes(self, target_name: str) -> list[Outcome]:
-        decoder = msgspec.json.Decoder(Outcome)
-        return [
-            decoder.decode(m.data)
-            async for m in read_stream(
-                self.js, subjects.STREAM_OUTCOMES, f"jf.outcome.{target_name}.>"
-            )
-        ]
+        return await outcomes(self.js, target_name)
 
 
 @pytest.fixture

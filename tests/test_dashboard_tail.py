@@ -14,6 +14,7 @@ from jetfleet.services.gateway.outcome_tail import OutcomeTail
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 from tests.conftest import wait_for
@@ -90,19 +91,25 @@ async def test_the_tail_stops_under_a_flood_and_leaves_no_consumer(
 
 
 async def test_a_restarted_tail_counts_each_event_once(settings: Settings, nc: NatsClient) -> None:
+    """Events of both subject forms count: the per-job form of events stored before
+    outcomes moved to per-target subjects, then the per-target one with its header."""
     async with running_stack(settings):
+        js = nc.jetstream()
         for n in range(50):
-            await nc.jetstream().publish(subjects.outcome("demo", f"f{n}"), _event(n))
-        tail = OutcomeTail(nc.jetstream(), ServerClock(nc))
+            await js.publish(subjects.outcome("demo", f"f{n}"), _event(n))
+        tail = OutcomeTail(js, ServerClock(nc))
         tail.start()
         try:
             await wait_for(_events_past(tail, 50), 30, "the first 50 events")
             await tail.stop()
+            await js.publish(subjects.outcomes("demo"), _event(50))  # no Jf-Job: skipped
             for n in range(50, 60):
-                await nc.jetstream().publish(subjects.outcome("demo", f"f{n}"), _event(n))
+                await js.publish(
+                    subjects.outcomes("demo"), _event(n), headers={JOB_HEADER: f"f{n}"}
+                )
             tail.start()  # as a gateway started again after drain
             await wait_for(_events_past(tail, 60), 30, "the 10 later events")
             [row] = tail.series.rows("worker", tail.series.newest_s)
-            assert (tail.series.events, row.ok) == (60, 60)
+            assert (tail.series.events, row.ok, tail.skipped) == (60, 60, 1)
         finally:
             await tail.stop()

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 from jetfleet.schemas import AttemptRecord, CommittedResult, DeadLetter, Job, WorkOrder
+from jetfleet.schemas.lease import JobLeaseHistory
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
 
@@ -45,6 +46,7 @@ from jetfleet.ops.dead_letters import (
     replay,
     replay_job_id,
 )
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.publish import publish_durably
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings, TargetSettings
@@ -382,15 +384,24 @@ async def test_a_retryable_failure_is_retried_with_growing_delays_then_dead_lett
     assert [a.reason for a in letter.history] == ["http-500"] * budget
     assert len({a.fence for a in letter.history}) == budget  # one lease per attempt
     assert simulator.counts()["by_path_kind"] == {"error": budget}
+    # The history came from the job's ledger entry (each failed attempt's release put
+    # its record there) and the last attempt's report: no per-job outcome subject.
+    kept = await (await js.key_value(subjects.BUCKET_FENCES)).get("err-1")
+    ledger = msgspec.json.decode(kept.value or b"", type=JobLeaseHistory)
+    assert ledger.attempts == letter.history[:-1]
+    assert [(a.outcome, a.worker) for a in ledger.attempts] == [("retryable", "w-0")] * (budget - 1)
+    per_job = [m async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.*.*")]
+    assert per_job == []
 
     # The server's timestamps of the attempts' outcome events: each wait is at least the
     # backoff floor for that attempt (jitter is 50-100 % of base * 2^(n-1)), which doubles.
     stamps: list[datetime] = []
 
     async def all_outcomes() -> bool:
-        filter_ = subjects.outcome("demo", "err-1")
         stamps[:] = [
-            m.metadata.timestamp async for m in read_stream(js, subjects.STREAM_OUTCOMES, filter_)
+            m.metadata.timestamp
+            async for m in read_stream(js, subjects.STREAM_OUTCOMES, subjects.outcomes("demo"))
+            if (m.headers or {}).get(JOB_HEADER) == "err-1"
         ]
         return len(stamps) == budget
 

@@ -31,6 +31,7 @@ from jetfleet.ops.doctor import (
     read_attempts,
     target_rules,
 )
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.settings import FleetSettings, NatsSettings, Settings, TargetSettings
 from tests.conftest import make_settings, wait_for
 from tests.stack import InProcessStack
@@ -278,7 +279,12 @@ async def test_empty_or_missing_stream_yields_no_attempts_observed(
     assert report.message == NO_ATTEMPTS and report.read.events == 0
 
 
-async def _publish_outcomes(js: JetStreamContext, target: str, durations: list[float]) -> None:
+async def _publish_outcomes(
+    js: JetStreamContext, target: str, durations: list[float], per_target: bool | None = None
+) -> None:
+    """Events of ``target`` with ``durations``: on the per-target subject with the Jf-Job
+    header (``per_target``), else on the per-job subject of events stored before that;
+    None: alternately, the first per-job."""
     versions = Versions(jetfleet="0", handler="http.get@1")
     for n, duration in enumerate(durations):
         event = Outcome(
@@ -290,7 +296,14 @@ async def _publish_outcomes(js: JetStreamContext, target: str, durations: list[f
             duration_s=duration,
             versions=versions,
         )
-        await js.publish(subjects.outcome(target, event.job_id), msgspec.json.encode(event))
+        if per_target if per_target is not None else n % 2 == 1:
+            await js.publish(
+                subjects.outcomes(target),
+                msgspec.json.encode(event),
+                headers={JOB_HEADER: event.job_id},
+            )
+        else:
+            await js.publish(subjects.outcome(target, event.job_id), msgspec.json.encode(event))
 
 
 async def test_read_is_bounded_to_the_most_recent_events_and_the_since_window(
@@ -299,9 +312,11 @@ async def test_read_is_bounded_to_the_most_recent_events_and_the_since_window(
     js = nc.jetstream()
     # 600 events of target "a" with 30 of "b" spread among them; b's durations are their
     # order, so the most recent ones are the largest.
+    # Both subject forms, as after outcomes moved to per-target subjects while older
+    # events still live: the target filter reads both.
     for n in range(30):
         await _publish_outcomes(js, "a", [0.01] * 20)
-        await _publish_outcomes(js, "b", [float(n)])
+        await _publish_outcomes(js, "b", [float(n)], per_target=n % 2 == 1)
     blocked = Outcome(
         job_id="b-blocked",
         target="b",
@@ -312,7 +327,9 @@ async def test_read_is_bounded_to_the_most_recent_events_and_the_since_window(
         versions=Versions(jetfleet="0", handler="http.get@1"),
         reason="rate-limited",
     )
-    await js.publish(subjects.outcome("b", blocked.job_id), msgspec.json.encode(blocked))
+    await js.publish(
+        subjects.outcomes("b"), msgspec.json.encode(blocked), headers={JOB_HEADER: blocked.job_id}
+    )
 
     attempts, read = await read_attempts(js, target="b")
     assert [a.duration_s for a in attempts] == [float(n) for n in range(30)]

@@ -21,7 +21,7 @@ subject                                              published   consumed by
 ``jf.ratelimit``                                     worker      ratelimit
 ``jf.sink.report.<target>``                          worker      sink
 ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>``     admin       sink (via JF_ADVISORIES)
-``jf.outcome.<target>.<job id>``                     worker      quarantine, gateway tail
+``jf.outcome.<target>`` (``Jf-Job`` header)           worker      quarantine, gateway tail
 gateway ``POST`` bodies (jobs, pause, resume,        (token)     gateway
 proposals, dead-letter replay)
 ==================================================  ==========  =========================
@@ -96,7 +96,7 @@ from jetfleet.auth.credentials import settings_for_role
 from jetfleet.auth.roles import Role
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.outcome_events import read_outcome
+from jetfleet.outcome_events import JOB_HEADER, read_outcome
 from jetfleet.responder import Responder
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
@@ -655,7 +655,7 @@ async def test_fuzz_work(fuzz: FuzzStack, batch: list[tuple[str, str, bytes]]) -
     await commits_a_valid_job(fuzz)
 
 
-# --- jf.outcome.<target>.<job id> -------------------------------------------------
+# --- jf.outcome.<target> (Jf-Job header) ---------------------------------------------
 
 OUTCOME_FIELDS: ws.Overrides = {
     "Outcome.target": st.just(FUZZ_TARGET),
@@ -664,16 +664,16 @@ OUTCOME_FIELDS: ws.Overrides = {
 }
 
 
-def _outcome_subject(token: str, data: bytes) -> str:
-    """The subject a worker would use for ``data`` (its own target and job), or one made
-    from ``token`` when it names none usable."""
+def _outcome_subject(token: str, data: bytes) -> tuple[str, dict[str, str]]:
+    """The subject and ``Jf-Job`` header a worker would use for ``data`` (its own target
+    and job), or ones made from ``token`` when it names none usable."""
     with contextlib.suppress(msgspec.MsgspecError, RecursionError):
         doc = msgspec.json.decode(data)
         if isinstance(doc, dict):
             target, job = doc.get("target"), doc.get("job_id")
             if all(isinstance(t, str) and ws.is_subject_token(t) for t in (target, job)):
-                return subjects.outcome(str(target), str(job))
-    return subjects.outcome(token, "job")
+                return subjects.outcomes(str(target)), {JOB_HEADER: str(job)}
+    return subjects.outcomes(token), {JOB_HEADER: "job"}
 
 
 def _quarantine_read(fuzz: FuzzStack) -> int:
@@ -697,9 +697,9 @@ async def test_fuzz_outcome(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> 
     refused = 0
     last = 0
     for token, data in batch:
-        subject = _outcome_subject(token, data)
-        refused += isinstance(read_outcome(subject, data), str)
-        last = (await js.publish(subject, data)).seq
+        subject, headers = _outcome_subject(token, data)
+        refused += isinstance(read_outcome(subject, data, headers), str)
+        last = (await js.publish(subject, data, headers=headers)).seq
 
     async def read_all() -> bool:
         return _quarantine_read(fuzz) == read_before + len(batch) and tail._last_seq >= last
@@ -718,7 +718,9 @@ async def test_fuzz_outcome(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> 
         duration_s=0.1,
         versions=Versions(jetfleet="0.0.0"),
     )
-    await js.publish(subjects.outcome(FUZZ_TARGET, "live"), msgspec.json.encode(event))
+    await js.publish(
+        subjects.outcomes(FUZZ_TARGET), msgspec.json.encode(event), headers={JOB_HEADER: "live"}
+    )
 
     async def counted() -> bool:
         return _quarantine_read(fuzz) == read_before + len(batch) + 1
@@ -864,7 +866,7 @@ FUZZED: dict[str, str] = {
     **{route.subject: route.role for route in REQUEST_ROUTES},
     subjects.submit("{target}"): "client",
     subjects.work("{target}", "{tier}"): "scheduler",
-    subjects.outcome("{target}", "{job_id}"): "worker",
+    subjects.outcomes("{target}"): "worker",
     subjects.max_deliveries_advisories(subjects.STREAM_WORK): "admin",
 }
 """Every consumed subject this module fuzzes, with the role it publishes as."""

@@ -106,7 +106,7 @@ async def test_item5_a_handler_that_never_returns_times_out_and_its_job_ends_dea
     decoder = msgspec.json.Decoder(Outcome)
     outcomes = [
         decoder.decode(m.data)
-        async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.demo.>")
+        async for m in read_stream(js, subjects.STREAM_OUTCOMES, subjects.outcomes("demo"))
     ]
     assert [o.attempt for o in outcomes] == list(range(1, ATTEMPTS + 1)), outcomes
     print(f"\n{handler_name}: dead-lettered {took:.1f} s after submit, history {letter.history}")

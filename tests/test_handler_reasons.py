@@ -82,7 +82,7 @@ async def test_a_handler_reason_with_line_breaks_ends_dead_after_one_attempt(
     outcomes = msgspec.json.Decoder(Outcome)
     attempts = [
         outcomes.decode(m.data).attempt
-        async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.demo.>")
+        async for m in read_stream(js, subjects.STREAM_OUTCOMES, subjects.outcomes("demo"))
     ]
     # One permanent failure ends the job: it is not run again for a reason the sink refused.
     assert attempts == [1]

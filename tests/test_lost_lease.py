@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 
 import msgspec
 import pytest
-from jetfleet.schemas import DataOutput, HandlerOutput, Job, WorkOrder
+from jetfleet.schemas import DataOutput, DeadLetter, HandlerOutput, Job, WorkOrder
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
@@ -23,10 +23,12 @@ from jetfleet import subjects
 from jetfleet.admission import admit
 from jetfleet.client import new_job_id, resolve_url
 from jetfleet.connection import connect_nats
+from jetfleet.errors import PermanentFailure
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
+from jetfleet.stream_reader import read_stream
 from jetfleet.worker import Worker
 from jetfleet.worker.handlers import HandlerContext, handler
 from jetfleet.worker.verdict import Held
@@ -92,7 +94,7 @@ def settings(nats_url: str, redis_url: str, simulator: TargetSimulator) -> Setti
         {"demo": target},
         lease_ttl_s=TTL_S,
         ack_wait_s=ACK_WAIT_S,
-        handlers=("test.gate",),
+        handlers=("test.gate", "test.gate-refused"),
     )
 
 
@@ -192,8 +194,8 @@ async def work_state(nc: NatsClient) -> tuple[int, int, int]:
     return stream.state.messages, info.num_ack_pending or 0, info.delivered.consumer_seq
 
 
-async def publish_job(settings: Settings, nc: NatsClient) -> WorkOrder:
-    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", "/page/1"), handler="test.gate")
+async def publish_job(settings: Settings, nc: NatsClient, handler: str = "test.gate") -> WorkOrder:
+    job = Job(id=new_job_id(), url=resolve_url(settings, "demo", "/page/1"), handler=handler)
     order = admit(subjects.submit("demo"), _encoder.encode(job), settings)
     assert isinstance(order, WorkOrder), order
     await nc.jetstream().publish(subjects.work("demo", "normal"), _encoder.encode(order))
@@ -248,6 +250,18 @@ async def test_a_worker_that_lost_its_lease_never_acks_naks_or_terms_the_job(
     live = await store.live(job)
     assert live is not None and live.fence == lease_b.fence
     assert [r async for r in iter_results(nc.jetstream(), "demo")] == []
+    # A's attempt ran all the same, and its release carries its record; refused (the
+    # lease is B's), it leaves J's history alone: A's fence is below B's newest grant,
+    # and a lower fence proves nothing about J.
+    assert services.leaser is not None
+    latency = services.leaser.latency
+
+    async def a_release_refused() -> bool:
+        return latency.count(op="release", answer="refused") >= 1
+
+    await wait_for(a_release_refused, 10.0, "A's release carrying its record to be refused")
+    kept = await store.highest_fence(job)
+    assert kept.attempts == []
 
     # B finishes: committed once, J acked and gone, no third delivery.
     GATES["B"].set()
@@ -290,6 +304,11 @@ async def test_a_worker_whose_renewal_is_refused_abandons_the_job_and_leaves_the
     await wait_for(is_set(CANCELLED["A"]), 2 * TTL_S, "A to give up J")
     await wait_for(not_empty(a.finished), 5.0, "A to finish")
     assert a.stats["lease-lost"] == 1
+    # The cancelled attempt is in J's history: A's release after the loss recorded it.
+    kept = await store.highest_fence(order.job.id)
+    assert [(r.worker, r.fence, r.outcome, r.reason) for r in kept.attempts] == [
+        ("A", live.fence, "retryable", "lease-lost")
+    ]
     await wire.everything_sent_by(a)
     assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)
     sent_by_a = len(wire.on(reply_1))
@@ -308,3 +327,56 @@ async def test_a_worker_whose_renewal_is_refused_abandons_the_job_and_leaves_the
     assert (await work_state(nc))[2] == 2
     results = [r async for r in iter_results(nc.jetstream(), "demo")]
     assert [(r.job_id, r.worker) for r in results] == [(order.job.id, "B")]
+
+
+@handler("test.gate-refused")
+async def gated_refused(ctx: HandlerContext) -> HandlerOutput:
+    ENTERED[ctx.worker_id].set()
+    await GATES[ctx.worker_id].wait()
+    raise PermanentFailure("test-refused", f"refused to {ctx.worker_id}")
+
+
+async def test_a_lost_attempt_superseded_by_a_newer_grant_stays_out_of_the_ledger(
+    settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
+) -> None:
+    """A stalls past its lease, B takes J over; both attempts fail for good. A's report
+    is fenced out and its release (carrying its record) refused: its fence is below the
+    newest grant's, and a lower fence proves nothing about J (fences are global, so
+    accepting one would let anyone's releases evict J's real records). B dead-letters J:
+    the letter lists B's attempt, and A's is in neither the entry nor the letter."""
+    store = await LeaseStore.open(nc.jetstream())
+    a = await workers.start(StalledWorker, "A")
+    order = await publish_job(settings, nc, handler="test.gate-refused")
+    job = order.job.id
+    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
+    lease_a = await store.live(job)
+    assert lease_a is not None
+
+    b = await workers.start(RecordingWorker, "B")
+    await wait_for(is_set(ENTERED["B"]), 3 * (TTL_S + ACK_WAIT_S), "B to start J")
+    lease_b = await store.live(job)
+    assert lease_b is not None and lease_b.fence > lease_a.fence
+    GATES["A"].set()
+    await wait_for(not_empty(a.finished), 5.0, "A to finish")
+    assert a.stats["rejected:fenced-out"] == 1
+    assert services.leaser is not None
+    latency = services.leaser.latency
+
+    async def a_release_refused() -> bool:
+        return latency.count(op="release", answer="refused") >= 1
+
+    await wait_for(a_release_refused, 10.0, "A's release carrying its record to be refused")
+    entry = (await store.read_history(job)).history
+    assert entry is not None and entry.attempts == []
+    GATES["B"].set()
+    await wait_for(not_empty(b.finished), 5.0, "B to finish")
+    assert b.stats["dead-lettered"] == 1
+
+    [letter] = [
+        msgspec.json.decode(m.data, type=DeadLetter)
+        async for m in read_stream(nc.jetstream(), subjects.STREAM_DLQ, "jf.dlq.>")
+    ]
+    assert letter.reason == "test-refused"
+    assert [(r.worker, r.fence, r.outcome) for r in letter.history] == [
+        ("B", lease_b.fence, "permanent"),
+    ]

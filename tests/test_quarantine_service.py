@@ -25,6 +25,7 @@ from nats.js.errors import KeyNotFoundError
 from jetfleet import subjects
 from jetfleet.cli.quarantine_commands import send
 from jetfleet.ops.quarantine_view import read_quarantines
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.settings import (
     BreakerSettings,
     EgressRule,
@@ -197,6 +198,33 @@ async def test_unreadable_events_and_undeclared_targets_count_for_nothing(
     await wait_for(retired, 30.0, "the retirement from the third counted challenge")
     (record,) = await records(settings)
     assert [e.job_id for e in record.evidence] == ["s0", "s1", "s2"]
+
+
+async def test_events_of_both_subject_forms_count_and_a_per_target_one_needs_its_header(
+    settings: Settings, nc: NatsClient, services: InProcessStack
+) -> None:
+    """Workers publish on jf.outcome.<target> with the job in Jf-Job; events from before
+    that, on jf.outcome.<target>.<job>, are still in the window until they age out."""
+    replica = await services.add_quarantine()
+    js = nc.jetstream()
+    await js.publish(subjects.outcomes(SHOP), _challenged(SHOP, "bare"))  # names no job
+    await js.publish(
+        subjects.outcomes(SHOP), _challenged(SHOP, "p0"), headers={JOB_HEADER: "not-p0"}
+    )
+    await js.publish(subjects.outcome(SHOP, "old"), _challenged(SHOP, "old"))
+    await js.publish(subjects.outcomes(SHOP), _challenged(SHOP, "p1"), headers={JOB_HEADER: "p1"})
+    await read_everything(nc, replica)
+    assert replica.events.get(verdict="skipped") == 2
+    assert await records(settings) == []
+
+    await js.publish(subjects.outcomes(SHOP), _challenged(SHOP, "p2"), headers={JOB_HEADER: "p2"})
+
+    async def retired() -> bool:
+        return bool(await records(settings))
+
+    await wait_for(retired, 30.0, "the retirement from three challenges of both forms")
+    (record,) = await records(settings)
+    assert [e.job_id for e in record.evidence] == ["old", "p1", "p2"]
 
 
 async def test_by_default_one_block_cools_the_worker_off_that_target(

@@ -53,7 +53,7 @@ class Env:
         decoder = msgspec.json.Decoder(Outcome)
         return [
             decoder.decode(m.data)
-            async for m in read_stream(self.js, subjects.STREAM_OUTCOMES, "jf.outcome.slow.>")
+            async for m in read_stream(self.js, subjects.STREAM_OUTCOMES, subjects.outcomes("slow"))
         ]
 
 

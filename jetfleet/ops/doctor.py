@@ -1,6 +1,7 @@
 """``jetfleet doctor``: check the fleet's timeouts against the attempt durations it saw.
 
-The doctor reads outcome events (``jf.outcome.<target>.<job_id>`` in ``JF_OUTCOMES``),
+The doctor reads outcome events (``jf.outcome.<target>``, and ``jf.outcome.<target>.<job_id>``
+from before, in ``JF_OUTCOMES``),
 keeps the attempts that ran a handler to an end (kinds ``ok``, ``retryable`` and
 ``permanent``; ``blocked`` attempts are refusals by the target and are skipped), and
 computes per target the count, p50, p95, p99 and max of their durations. It then checks
@@ -497,9 +498,10 @@ def attempt_of(event: Outcome) -> Attempt | None:
 # ---------------------------------------------------------------------------------- reading
 
 
-def outcome_filter(target: str | None) -> str:
-    """The JF_OUTCOMES filter for one target's events, or every target's."""
-    return f"{subjects.PREFIX}.outcome.{target}.>" if target else f"{subjects.PREFIX}.outcome.>"
+def outcome_filters(target: str | None) -> list[str]:
+    """The JF_OUTCOMES filters for one target's events (per-target subject, and the
+    per-job ones of events from before it), or every target's."""
+    return subjects.outcome_filters(target) if target else [f"{subjects.PREFIX}.outcome.>"]
 
 
 async def read_attempts(
@@ -532,17 +534,17 @@ async def read_attempts(
         raise ValueError(f"limit must be >= 1, got {limit}")
     if since_s is not None and since_s <= 0:
         raise ValueError(f"since must be > 0 seconds, got {since_s:g}")
-    filter_subject = outcome_filter(target)
-    summary = ReadSummary(filter_subject=filter_subject, limit=limit, since_s=since_s)
+    filters = outcome_filters(target)
+    summary = ReadSummary(filter_subject=" ".join(filters), limit=limit, since_s=since_s)
     cutoff = None
     if since_s is not None:
         cutoff = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(seconds=since_s)
-    reader = _BoundedReader(js, filter_subject, limit, cutoff)
+    reader = _BoundedReader(js, filters, limit, cutoff)
     events = await reader.read()
     attempts: list[Attempt] = []
     counts: Counter[str] = Counter()
     for data in events:
-        event = read_outcome(data.subject, data.payload)
+        event = read_outcome(data.subject, data.payload, data.headers)
         if isinstance(event, str):
             counts["undecodable"] += 1
             if counts["undecodable"] <= _SKIPS_LOGGED:
@@ -627,6 +629,7 @@ class _Event(msgspec.Struct, frozen=True):
     subject: str
     payload: bytes
     timestamp: datetime.datetime
+    headers: dict[str, str] | None = None
 
 
 class _BoundedReader:
@@ -644,12 +647,12 @@ class _BoundedReader:
     def __init__(
         self,
         js: JetStreamContext,
-        filter_subject: str,
+        filters: list[str],
         limit: int,
         cutoff: datetime.datetime | None,
     ) -> None:
         self.js = js
-        self.filter_subject = filter_subject
+        self.filters = filters
         self.limit = limit
         self.cutoff = cutoff
         self.limit_reached = False
@@ -703,7 +706,8 @@ class _BoundedReader:
         name = f"jf-doctor-{uuid.uuid4().hex[:16]}"
         config = js_api.ConsumerConfig(
             name=name,
-            filter_subject=self.filter_subject,
+            filter_subject=self.filters[0] if len(self.filters) == 1 else None,
+            filter_subjects=self.filters if len(self.filters) > 1 else None,
             ack_policy=js_api.AckPolicy.NONE,
             deliver_policy=js_api.DeliverPolicy.BY_START_TIME
             if start_time is not None
@@ -746,4 +750,4 @@ def _kept_event(msg: Msg) -> _Event:
     # size stays visible to read_outcome, which refuses it), never whole.
     meta = msg.metadata
     payload = msg.data if len(msg.data) <= MAX_OUTCOME_BYTES else msg.data[: MAX_OUTCOME_BYTES + 1]
-    return _Event(meta.sequence.stream, msg.subject, payload, meta.timestamp)
+    return _Event(meta.sequence.stream, msg.subject, payload, meta.timestamp, msg.headers)

@@ -34,6 +34,7 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from jetfleet import subjects, tracing
+from jetfleet.attempt_history import record_of
 from jetfleet.backoff import Backoff
 from jetfleet.errors import (
     Blocked,
@@ -47,6 +48,7 @@ from jetfleet.js_errors import is_unavailable
 from jetfleet.last_hand_back import note_last_hand_back
 from jetfleet.lease_client import LeaseClient, is_busy
 from jetfleet.metrics import CounterFamily, HistogramFamily, MetricFamily
+from jetfleet.outcome_events import JOB_HEADER
 from jetfleet.permit_client import PermitClient
 from jetfleet.presence_writer import LeaserPresenceWriter
 from jetfleet.publish import publish_durably
@@ -125,6 +127,15 @@ SINK_TIMEOUT_S = 5.0
 # A malformed-order report's fields beside its bytes (worker id, subject, error, JSON).
 MALFORMED_ROOM_BYTES = 4096
 OUTCOME_TIMEOUT_S = 2.0
+RECORDS_IN_FLIGHT = 64
+"""Releases sent in the background only to put an attempt's record in its job's history
+(``_send_record``) at once at most: past that, a record is dropped (logged), so a
+leaser outage cannot pile up tasks."""
+RECORD_TRIES = 3
+"""Asks of such a release while the leaser does not answer (a repeat is harmless: the
+entry keeps one record per fence)."""
+RECORD_DRAIN_S = 1.0
+"""How long a drain waits for those releases, after the jobs, before cancelling them."""
 CLAIM_WAIT_S = 30.0
 """How long a starting worker waits for a leaser to write its identity claim (one started
 beside the leaser must not die because it asked first); then it refuses to start."""
@@ -285,6 +296,8 @@ class Worker:
         )
         self.metrics += self.lending.metrics
         self._tasks: set[asyncio.Task[None]] = set()
+        # History-only releases (_send_record): outside _tasks, so no job waits on them.
+        self._records: set[asyncio.Task[None]] = set()
         self._subnet_busy: dict[str, int] = {}  # subnet-busy refusals in a row, by target
         self._loops: list[asyncio.Task[None]] = []
         self._stopping = asyncio.Event()
@@ -459,6 +472,12 @@ class Worker:
             for task in pending:
                 task.cancel()  # _process gives a cancelled job back so it is retried now
             await asyncio.gather(*pending, return_exceptions=True)
+        if self._records:
+            # Only history: a short wait, then cancelled (the record is lost, logged).
+            _, unsent = await asyncio.wait(self._records, timeout=RECORD_DRAIN_S)
+            for task in unsent:
+                task.cancel()
+            await asyncio.gather(*unsent, return_exceptions=True)
         # The last jobs' acks, confirmed before the connection closes (a lost one only
         # makes the job wait out its ack wait, so the wait is short).
         await self.settles.drain()
@@ -844,6 +863,7 @@ class Worker:
         attempt_spans.verdict_noted(verdict)
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
+            self._record_unsettled(order, held)
         elif verdict.kind == "retryable":
             if await self._give_back(order, held):
                 self._failed_here.failed(order.job.id, msg.metadata.num_delivered or 0)
@@ -908,7 +928,9 @@ class Worker:
                 called=verdict.called,
             )
         versions = self._versions(order)
-        await self._publish_outcome(order, attempt, verdict, duration, versions, held.fence)
+        held.record = await self._publish_outcome(
+            order, attempt, verdict, duration, versions, held.fence
+        )
         if verdict.kind not in ("ok", "permanent"):
             return verdict, None
         return verdict, await self._report(order, attempt, verdict, duration, versions, held)
@@ -1487,11 +1509,74 @@ class Worker:
         if not held.fence:
             return True
         released = await self.leases.release(
-            order.job.id, held.fence, refund=refund, avoid_reason=avoid_reason
+            order.job.id,
+            held.fence,
+            refund=refund,
+            avoid_reason=avoid_reason,
+            attempt=held.record,
         )
         if released is None:
+            if held.record is not None:
+                # Unanswered: the record may be lost with it. Asked again in the
+                # background, the record alone (no refund or avoid entry decided late).
+                self._record_in_background(order.job.id, held.fence, held.record, tries=1)
             return held.may_nak_unanswered()
         return released
+
+    def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
+        """An attempt that ran but lost its lease (or that the sink refused to settle
+        under it) ends with a release all the same, carrying its record: the leaser
+        refuses it (``lease-lost``, or releases a lease still ours) and keeps the record
+        in the job's history (if nobody was granted the job since), so the attempt is in
+        its dead letter. Nothing is nakked: the delivery is someone else's, or its ack
+        wait returns it. Sent in the background: it only records history, and must not
+        hold the job's slot while the leaser does not answer."""
+        if held.fence and held.record is not None:
+            self._record_in_background(order.job.id, held.fence, held.record, tries=0)
+
+    def _record_in_background(
+        self, job_id: str, fence: int, record: AttemptRecord, tries: int
+    ) -> None:
+        """Start ``_send_record`` (``tries``: asks already made), unless too many are in
+        flight: then the record is dropped, logged."""
+        if len(self._records) >= RECORDS_IN_FLIGHT:
+            log.warning(
+                "record of job %s's attempt under fence %d not sent: %d history "
+                "releases in flight already",
+                job_id,
+                fence,
+                len(self._records),
+            )
+            return
+        task = asyncio.create_task(self._send_record(job_id, fence, record, tries))
+        self._records.add(task)
+        task.add_done_callback(self._records.discard)
+
+    async def _send_record(
+        self, job_id: str, fence: int, record: AttemptRecord, tries: int
+    ) -> None:
+        """Release ``fence`` carrying ``record`` until the leaser answers, at most
+        ``RECORD_TRIES`` asks in all. Any answer will do: released, or refused with the
+        record kept or not (a repeat of one that landed finds its fence's record there)."""
+        backoff = Backoff()
+        while tries < RECORD_TRIES:
+            if tries:
+                await asyncio.sleep(backoff.next_s())
+            tries += 1
+            try:
+                answered = await self.leases.release(job_id, fence, attempt=record)
+            except Exception as exc:
+                log.warning("record of job %s's attempt not sent: %r", job_id, exc)
+                return
+            if answered is not None:
+                return
+        log.warning(
+            "record of job %s's attempt under fence %d not sent: the leaser did not "
+            "answer %d releases (its dead letter will miss it)",
+            job_id,
+            fence,
+            RECORD_TRIES,
+        )
 
     async def _refund_unrun(self, order: WorkOrder, held: Held) -> bool:
         """Release the lease of a job that sent nothing, with a refund, asking again
@@ -1609,6 +1694,7 @@ class Worker:
         else:
             # Fenced out or expired: another delivery owns the job; leave the message.
             log.info("sink answered %s for %s: %s", reply.status, order.job.id, reply.detail)
+            self._record_unsettled(order, held)
 
     async def _report(
         self,
@@ -1727,7 +1813,10 @@ class Worker:
         duration: float,
         versions: Versions,
         fence: int,
-    ) -> None:
+    ) -> AttemptRecord:
+        """Publish the attempt's outcome event on its target's subject (the job in the
+        ``Jf-Job`` header); the attempt's record, which a release of the lease carries
+        into the job's history."""
         kind = "retryable" if verdict.kind == "lost" else verdict.kind
         self.attempts.inc(
             worker=self.worker_id,
@@ -1753,15 +1842,17 @@ class Worker:
             subnet=self.settings.worker.subnet,
             called=verdict.called and requests_target(order.job.handler),
         )
-        subject = subjects.outcome(order.target, order.job.id)
+        # One subject per target: a per-job subject costs the server an index entry
+        # for as long as the stream keeps it (docs/scale.md#subject-state).
+        subject = subjects.outcomes(order.target)
+        headers = {JOB_HEADER: order.job.id}
         if kind == "ok":
-            # Nothing is rebuilt from a success's event (its result is the record), and
-            # waiting for the stream's ack would cost every job a round trip.
-            await self.nc.publish(subject, _encoder.encode(event))
-            return
-        # A failure's event is part of the job's attempt history, which its dead letter
-        # is rebuilt from (now, or after later attempts): stored, with the stream's ack,
-        # before the report.
+            # Waiting for the stream's ack would cost every job a round trip; a success's
+            # event is telemetry (its result is the record).
+            await self.nc.publish(subject, _encoder.encode(event), headers=headers)
+            return record_of(event)
+        # A failure's event is evidence for the quarantine rules (they name its
+        # sequence): stored, with the stream's ack, before the report or the release.
         try:
             # One event per grant (the fence), so a retried publish cannot store two.
             await publish_durably(
@@ -1770,11 +1861,13 @@ class Worker:
                 _encoder.encode(event),
                 msg_id=f"out-{order.job.id}-{fence or attempt}",
                 timeout_s=OUTCOME_TIMEOUT_S,
+                headers=headers,
             )
         except SubmitError as exc:
-            # The verdict still counts (the sink gets the worker's own record of this
-            # attempt); only the history of earlier attempts may miss this one.
+            # The verdict still counts, and the job's history gets the attempt's record
+            # from the release or the report; only the rules miss this event.
             log.warning("outcome of job %s not stored: %s", order.job.id, exc)
+        return record_of(event)
 
     async def _keep_malformed(self, msg: Msg, target: str, error: str) -> None:
         """Have the sink keep an undecodable work order on jf.rejected (with its bytes),

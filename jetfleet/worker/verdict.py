@@ -6,7 +6,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 
-from jetfleet.schemas import HandlerOutput
+from jetfleet.schemas import AttemptRecord, HandlerOutput
 from jetfleet.worker.ack_timer import AckTimer
 
 
@@ -78,6 +78,10 @@ class Held:
     """The handler's task while it runs: cancelled if the lease is lost."""
     timer: AckTimer | None = None
     """The delivery's ack wait (None: not tracked, leases off)."""
+    record: AttemptRecord | None = None
+    """The attempt's record once its outcome event is published (None before, and for a
+    delivery that sent nothing): every release of the lease from then on carries it, so
+    the leaser keeps it in the job's history."""
 
     def may_nak_unanswered(self) -> bool:
         """Whether a nak may follow a release the leaser did not answer: only while the

@@ -112,7 +112,7 @@ class OutcomeTail:
                     continue  # nothing new: fetch again (this also keeps the consumer alive)
                 for msg in msgs:
                     self._last_seq = msg.metadata.sequence.stream
-                    event = read_outcome(msg.subject, msg.data)
+                    event = read_outcome(msg.subject, msg.data, msg.headers)
                     if isinstance(event, str):
                         self.skipped += 1
                         log.debug("skipped outcome event %d: %s", self._last_seq, event)

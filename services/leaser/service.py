@@ -36,6 +36,7 @@ from jetfleet.schemas.lease import (
     Sealed,
 )
 from jetfleet.schemas.presence import PresenceWrite
+from jetfleet.schemas.report import AttemptRecord
 from jetfleet.schemas.versions import VersionsCommand, VersionsReply
 from jetfleet.services.leaser.avoid_check import AvoidList
 from jetfleet.services.leaser.breaker_commands import BreakerCommands, breaker_objection
@@ -358,10 +359,39 @@ class Leaser:
                 # before the answer, so the nak that follows finds it.
                 scope, name = _holder_scope(record)
                 avoid = await self.avoid.entry(call.job_id, scope, name, call.avoid_reason)
+            attempt = _released_attempt(call, record)
             if call.refund or avoid is not None:
-                await self.store.amend(call.job_id, refund=call.refund, avoid=avoid)
+                # The refund and avoid entry are the release's own: a failed write is
+                # answered busy, as before records were carried.
+                await self.store.amend(
+                    call.job_id, refund=call.refund, avoid=avoid, attempt=attempt
+                )
+            elif attempt is not None:
+                await self._record_attempt(call.job_id, attempt, lost=False)
             return LeaseGrant(fence=call.fence, ttl_s=0.0)
+        attempt = _released_attempt(call, None)
+        if attempt is not None:
+            # A lost lease's attempt still ran: recorded for the job's history if its
+            # fence is the entry's newest grant, then refused as any release of a lost
+            # lease.
+            await self._record_attempt(call.job_id, attempt, lost=True)
         return LeaseRefusal(reason=LEASE_LOST, detail="the lease is gone or superseded")
+
+    async def _record_attempt(self, job_id: str, attempt: AttemptRecord, lost: bool) -> None:
+        """Add a released attempt's record to the job's ledger entry, best effort: the
+        lease is already deleted (or was lost), so a failed write must not turn the
+        answer into ``busy`` (the worker's retry would find the lease gone and its job
+        wait out its whole ack wait instead of its retry delay). Logged, not raised."""
+        try:
+            await self.store.amend(job_id, attempt=attempt, lost=lost)
+        except Exception as exc:
+            log.warning(
+                "job %s: the record of its attempt under fence %d is not in its ledger "
+                "entry (its dead letter will miss it): %s",
+                job_id,
+                attempt.fence,
+                exc,
+            )
 
     async def _revoked_on_renewal(self, record: LeaseRecord, fence: int) -> bool:
         """Revoke a lease whose holder is quarantined on its target, or whose target's
@@ -788,6 +818,20 @@ def _subnet_of(record: LeaseRecord) -> str:
         return canonical_subnet(record.subnet)
     except ValueError:
         return ""
+
+
+def _released_attempt(call: LeaseRelease, record: LeaseRecord | None) -> AttemptRecord | None:
+    """The attempt record a release carries, as the job's ledger entry keeps it: under
+    the release's fence, and, when the lease was live, with the holder the leaser
+    granted it to (its ``record``), not whoever the record names."""
+    attempt = call.attempt
+    if attempt is None:
+        return None
+    if record is None:
+        return msgspec.structs.replace(attempt, fence=call.fence)
+    return msgspec.structs.replace(
+        attempt, fence=call.fence, worker=record.worker, identity=record.identity
+    )
 
 
 def _holder_scope(record: LeaseRecord) -> tuple[AvoidScope, str]:

@@ -286,7 +286,7 @@ class QuarantineService:
     async def _take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         self.next_seq = seq + 1
-        event = read_outcome(msg.subject, msg.data)
+        event = read_outcome(msg.subject, msg.data, msg.headers)
         if isinstance(event, str):
             log.warning("skipped outcome event %d on %s: %s", seq, msg.subject, event)
             self.events.inc(verdict="skipped")

@@ -16,7 +16,7 @@ from jetfleet.schemas.lease import Sealed, SealedDeath
 from jetfleet.services.sink.commit import CommitPolicy, FenceRead, judge, read_fence, seal
 from nats.aio.client import Client as NatsClient
 
-from jetfleet.attempt_history import attempt_history
+from jetfleet.attempt_history import merged_history, old_attempts
 from jetfleet.lease_store import LeaseStore
 from jetfleet.results import committed_job
 from jetfleet.settlement import land
@@ -33,11 +33,13 @@ async def dead_letter(
     answer. ``on_written`` is called if this call stored the letter (a report sent again
     is answered from the seal, and its letter is there already)."""
     order = failure.order
-    # Every read at once: the seal follows one round trip after the fence was read.
-    read, holder, history = await asyncio.gather(
+    # Every read at once: the seal follows one round trip after the fence was read. The
+    # job's attempts are in its ledger entry (the fence read); events of its attempts
+    # from before outcomes moved to per-target subjects are on its old outcome subject.
+    read, holder, old = await asyncio.gather(
         read_fence(store, order.job.id) if policy.leases else _unfenced(),
         committed_job(nc.jetstream(), order.target, order.key),
-        attempt_history(nc, order.target, order.job.id, failure.history),
+        old_attempts(nc, order.target, order.job.id),
     )
     if read is not None:
         verdict = judge(read, failure.fence, order, failure.versions)
@@ -47,6 +49,9 @@ async def dead_letter(
         # The work is already done (a lost ack or term, then a failing rerun): the job
         # is settled as a duplicate, never both committed and dead.
         return SinkReply(status="suppressed:duplicate-key", detail=order.key, committed_by=holder)
+    entry = read.history.history if read is not None else None
+    recorded = [*old, *(entry.attempts if entry is not None else [])]
+    history = merged_history(order.job.id, recorded, failure.history)
     letter = DeadLetter(order=order, reason=failure.reason, history=history, detail=failure.detail)
     death = SealedDeath(fence=failure.fence, letter=letter)
     if read is None:

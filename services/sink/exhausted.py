@@ -210,7 +210,8 @@ class ExhaustedJobs:
             await self._record_duplicate(order, holder, "already-done")
             tracing.note("duplicate", holder)
             return True
-        history = await attempt_history(self.nc, order.target, order.job.id, [])
+        entry_attempts = read.history.attempts if read.history is not None else []
+        history = await attempt_history(self.nc, order.target, order.job.id, entry_attempts, [])
         reason, detail = await self._why(order, advisory, stored, history, read.history)
         letter = DeadLetter(order=order, reason=reason, history=history, detail=detail)
         # Fence 0: no holder decided. A grant recorded since the read makes the seal fail.

@@ -23,7 +23,15 @@ import asyncio
 import time
 from collections.abc import Iterable
 
-from jetfleet.schemas import DataOutput, HandlerOutput, HttpFetch, SinkReply, Versions, WorkOrder
+from jetfleet.schemas import (
+    AttemptRecord,
+    DataOutput,
+    HandlerOutput,
+    HttpFetch,
+    SinkReply,
+    Versions,
+    WorkOrder,
+)
 from jetfleet.schemas.lease import LeaseAlreadyDone, LeaseGrant, LeaseReply, LeaseRequest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
@@ -115,11 +123,11 @@ class FaultyWorker(Worker):
         duration: float,
         versions: Versions,
         fence: int,
-    ) -> None:
+    ) -> AttemptRecord:
         self.events.write(
             "outcome", job=order.job.id, attempt=attempt, kind=verdict.kind, reason=verdict.reason
         )
-        await super()._publish_outcome(order, attempt, verdict, duration, versions, fence)
+        return await super()._publish_outcome(order, attempt, verdict, duration, versions, fence)
 
     async def _process_order(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         verdict = await super()._process_order(msg, order, target)
