@@ -13,10 +13,11 @@ A reply a service was about to send when its server died is refused by the serve
 reconnects to (``allow_responses`` is that server's record of requests it delivered):
 the requester asks again. Those refusals, and only those, are expected here.
 
-Acks sent while a work consumer has no leader are lost (an ack is not confirmed); those
-jobs, already committed, are delivered again after ``ack_wait`` and acked as already
-done without a second request to the target. That wait is most of this test's time
-when it happens (about one run in three here): 15-25 s per kill without, 40-50 s with.
+An ack sent while a work consumer has no leader gets no answer; the worker sends it
+again until the server confirms it (jetfleet/worker/settle_confirm.py). Should one still
+be lost (given up after 30 s, or past the ack wait), its job, already committed, is
+delivered again after ``ack_wait`` and acked as already done without a second request to
+the target.
 """
 
 from __future__ import annotations
