@@ -20,7 +20,8 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
 
 import aiohttp
 import msgspec
@@ -38,7 +39,6 @@ from jetfleet.attempt_history import record_of
 from jetfleet.backoff import Backoff
 from jetfleet.errors import (
     Blocked,
-    IdentityOwned,
     PermanentFailure,
     RetryLater,
     SubmitError,
@@ -113,6 +113,7 @@ from jetfleet.worker.verdict import Held, Verdict, fit_reason, target_answered
 from jetfleet.worker.worker_names import check_worker_names
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _order_decoder = msgspec.json.Decoder(WorkOrder)
 _reply_decoder = msgspec.json.Decoder(SinkReply)
@@ -405,25 +406,21 @@ class Worker:
             ConfigError: see ``ResultObjects.open``.
             Exception: what kept it from opening, once the wait is over.
         """
-        give_up_at = time.monotonic() + OPEN_WAIT_S
-        backoff = Backoff(0.2, 2.0)
-        warned = False
-        while True:
-            try:
-                return await ResultObjects.open(self.js, self.settings, self.nc.max_payload)
-            except Exception as exc:
-                if not is_unavailable(exc) or time.monotonic() >= give_up_at:
-                    raise
-                if not warned:
-                    warned = True
-                    log.warning(
-                        "worker %s cannot open the result bucket yet (%s); waiting up to "
-                        "%g s for JetStream to answer",
-                        self.worker_id,
-                        type(exc).__name__,
-                        OPEN_WAIT_S,
-                    )
-            await asyncio.sleep(backoff.next_s())
+
+        def warn(exc: Exception) -> None:
+            log.warning(
+                "worker %s cannot open the result bucket yet (%s); waiting up to "
+                "%g s for JetStream to answer",
+                self.worker_id,
+                type(exc).__name__,
+                OPEN_WAIT_S,
+            )
+
+        return await _while_unavailable(
+            lambda: ResultObjects.open(self.js, self.settings, self.nc.max_payload),
+            OPEN_WAIT_S,
+            warn,
+        )
 
     async def _first_claim(self, identity: str) -> IdentityClaim:
         """Claim ``identity``, waiting up to ``CLAIM_WAIT_S`` for a leaser to answer.
@@ -433,29 +430,22 @@ class Worker:
             Exception: what kept the claim from being written, once the wait is over.
         """
         ttl_s = self.settings.worker.claim_ttl_s
-        give_up_at = time.monotonic() + CLAIM_WAIT_S
-        backoff = Backoff(0.2, 2.0)
-        warned = False
-        while True:
-            try:
-                return await self.identities.claim(identity, self.worker_id, ttl_s)
-            except IdentityOwned:
-                raise
-            except Exception as exc:
-                if not is_unavailable(exc) or time.monotonic() >= give_up_at:
-                    raise
-                if not warned:
-                    warned = True
-                    log.warning(
-                        "worker %s cannot claim identity %s yet (%s): no leaser answers "
-                        "%s; waiting up to %g s for one (start `jetfleet serve leaser`)",
-                        self.worker_id,
-                        identity,
-                        type(exc).__name__,
-                        subjects.PRESENCE,
-                        CLAIM_WAIT_S,
-                    )
-            await asyncio.sleep(backoff.next_s())
+
+        def warn(exc: Exception) -> None:
+            log.warning(
+                "worker %s cannot claim identity %s yet (%s): no leaser answers "
+                "%s; waiting up to %g s for one (start `jetfleet serve leaser`)",
+                self.worker_id,
+                identity,
+                type(exc).__name__,
+                subjects.PRESENCE,
+                CLAIM_WAIT_S,
+            )
+
+        # IdentityOwned is an answer, not unavailability: it is raised at once.
+        return await _while_unavailable(
+            lambda: self.identities.claim(identity, self.worker_id, ttl_s), CLAIM_WAIT_S, warn
+        )
 
     async def drain(self, timeout_s: float = 30.0) -> None:
         """Stop pulling, let in-flight jobs finish (release them after ``timeout_s``)."""
@@ -1947,3 +1937,24 @@ def _lease_answer(reply: LeaseReply | None) -> str:
     if is_busy(reply):
         return "busy"
     return "refused" if isinstance(reply, LeaseRefusal) else "granted"
+
+
+async def _while_unavailable(
+    call: Callable[[], Awaitable[_T]], wait_s: float, warn: Callable[[Exception], None]
+) -> _T:
+    """``call()``, asked again with a growing pause while JetStream or the leaser does not
+    answer (``is_unavailable``), for up to ``wait_s``; ``warn`` is told the first time.
+    Any other error, or unavailability past ``wait_s``, is raised."""
+    give_up_at = time.monotonic() + wait_s
+    backoff = Backoff(0.2, 2.0)
+    warned = False
+    while True:
+        try:
+            return await call()
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() >= give_up_at:
+                raise
+            if not warned:
+                warned = True
+                warn(exc)
+        await asyncio.sleep(backoff.next_s())
