@@ -8,6 +8,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from nats.aio.client import Client as NatsClient
 
@@ -47,11 +48,12 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
     credentials = load_credentials(settings.credentials, role)
     refused = asyncio.Event()
     nc = CoalescingClient()
+    # A cluster is given as a comma-separated list of seed URLs.
+    servers = [u.strip() for u in settings.url.split(",") if u.strip()]
     # nats-py annotates the timeouts as int, but takes seconds as floats (as nats.connect's
     # untyped **options passed them before).
     options: dict[str, Any] = {
-        # A cluster is given as a comma-separated list of seed URLs.
-        "servers": [u.strip() for u in settings.url.split(",") if u.strip()],
+        "servers": servers,
         "name": name,
         "connect_timeout": settings.connect_timeout_s,
         "ping_interval": settings.ping_interval_s,
@@ -60,7 +62,11 @@ async def connect_nats(settings: NatsSettings, name: str, role: Role = "admin") 
         "reconnect_time_wait": 0.5,
         "allow_reconnect": True,
         "error_cb": _error_logger(role, name, refused),
-        **_auth_options(credentials, role, name),
+        **(
+            _auth_options(credentials, role, name)
+            if credentials is not None
+            else _url_auth(servers)
+        ),
     }
     connecting = asyncio.ensure_future(nc.connect(**options))
     # nats-py retries refused credentials forever (max_reconnect_attempts=-1): stop at
@@ -106,6 +112,25 @@ def _auth_options(credentials: RoleCredentials | None, role: Role, name: str) ->
         options["user"] = credentials.nats_user
         options["password"] = credentials.nats_password
     return options
+
+
+def _url_auth(servers: list[str]) -> dict[str, Any]:
+    """The user and password that the seed URLs carry, as connection-wide options.
+
+    nats-py uses a URL's user only when connecting to that very URL: servers it learns
+    from the cluster (``connect_urls``) are added without one, and a reconnect to them is
+    refused ("Authorization Violation") until it happens to pick a seed again. Given as
+    options, the user is presented to every server. Seeds with different users are left
+    as they are (each seed then uses its own).
+    """
+    found = {(p.username, p.password) for p in map(urlsplit, servers) if p.username}
+    if len(found) != 1 or any(not urlsplit(u).username for u in servers):
+        return {}
+    ((user, password),) = found
+    assert user is not None
+    if password is None:  # nats://TOKEN@host is a token, as nats-py reads it
+        return {"token": unquote(user)}
+    return {"user": unquote(user), "password": unquote(password)}
 
 
 def inbox_prefix(role: Role, name: str) -> str:

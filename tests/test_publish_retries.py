@@ -11,9 +11,11 @@ import nats
 import pytest
 from nats.js.api import StreamConfig
 
+from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.errors import SubmitError
 from jetfleet.publish import publish_durably
+from jetfleet.settings import NatsSettings
 from tests.conftest import admin_url
 
 # Beyond the ~5.1 s of waits after which the earlier budget of six tries gave up, and
@@ -60,7 +62,7 @@ async def test_repeats_of_one_message_id_racing_on_a_replicated_stream_all_get_i
     # On an R3 stream a repeat that arrives while the first copy is being replicated is
     # refused with 10158 ("duplicate message id is in process"), as a retry after a lost
     # PubAck is during an election; it must be tried again, not fail the caller.
-    nc = await nats.connect(servers=admin_url(nats_cluster.url).split(","))
+    nc = await connect_nats(NatsSettings(url=admin_url(nats_cluster.url)), "race-test")
     try:
         js = nc.jetstream()
         await js.add_stream(StreamConfig(name="RACE", subjects=["race.>"], num_replicas=3))

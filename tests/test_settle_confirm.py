@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import nats
 import pytest
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 
+from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
+from jetfleet.settings import NatsSettings
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.settle_confirm import SettleConfirmations
 from tests.conftest import admin_url, wait_for
@@ -31,7 +32,9 @@ JOBS = 20
 async def test_acks_sent_while_the_consumer_has_no_leader_are_taken_once_it_has_one(
     nats_cluster: EmbeddedCluster,
 ) -> None:
-    nc = await nats.connect(admin_url(nats_cluster.url).split(","), max_reconnect_attempts=-1)
+    # jetfleet's own connection: it presents the URL's user to every node, also to those
+    # it learns from the cluster (a plain nats.connect is refused by those on reconnect).
+    nc = await connect_nats(NatsSettings(url=admin_url(nats_cluster.url)), "settle-test")
     try:
         js = nc.jetstream()
         await js.add_stream(
