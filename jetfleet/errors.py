@@ -73,6 +73,17 @@ class Blocked(ControlSignal):
         """The HTTP status the target answered (0 when not HTTP)."""
 
 
+class NotSent(ControlSignal):
+    """Raised by ``HandlerContext.ready``: the attempt's first request may not go now (no
+    permit, or the lease went). The worker ends the attempt unrun, as it would have
+    before the handler started; a handler lets it through unchanged."""
+
+    def __init__(self, verdict: object) -> None:
+        super().__init__("the first request may not be sent now")
+        self.verdict = verdict
+        """The worker's verdict for the attempt (jetfleet.worker.verdict.Verdict)."""
+
+
 class LeaseLost(ControlSignal):
     """Someone else now owns the job: stop, discard state built for it, never ack."""
 

@@ -136,7 +136,16 @@ async def start_hanging_spell(env: IsolationEnv, spell: int) -> int:
     async def slots_hanging() -> bool:
         return env.hanging.in_flight("hang") == CONCURRENCY
 
-    await wait_for(slots_hanging, 30, f"all {CONCURRENCY} hanging slots in use")
+    try:
+        await wait_for(slots_hanging, 60, f"all {CONCURRENCY} hanging slots in use")
+    except AssertionError as exc:
+        # Say where the spell's jobs are, so a failure here can be told apart: not
+        # leased (queue, places), leased but not sent (worker), or already over.
+        raise AssertionError(
+            f"{exc}: spell {spell}, {env.hanging.in_flight('hang')} hanging at the target, "
+            f"{env.hanging.counts()['total']} hanging requests so far, "
+            f"{await dead(env.js, HANGING)} hanging jobs dead-lettered"
+        ) from None
     return SPELL
 
 

@@ -7,10 +7,15 @@ the ratelimit service, scheduler, leaser, sink and workers in this process."""
 
 from __future__ import annotations
 
-from jetfleet.schemas import LeaseGrant, LeaseRefusal
+import asyncio
+
+import msgspec
+from jetfleet.schemas import HandlerOutput, LeaseGrant, LeaseRefusal
 
 from jetfleet.lease_client import LeaseClient
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
+from jetfleet.worker.builtin import http_get
+from jetfleet.worker.handlers import HandlerContext, handler
 from tests.conftest import wait_for
 from tests.leasing import ask, order_for
 from tests.queueing.helpers import committed, dead, queue_settings, submit_paths, target
@@ -98,5 +103,55 @@ async def test_without_leases_a_job_waits_for_its_permit_and_keeps_its_one_attem
             assert await dead(js, "slow") == 0
             assert site.counts()["by_path_kind"] == {"page": jobs}
             assert site.max_in_any_window(1.0) <= 2.0 + 1, site.counts()["windows"]
+        finally:
+            await stack.stop()
+
+
+SLOW_SETUP_HANDLER = "test.slow-setup"
+SETUP_RATE = 2.0
+
+
+@handler(SLOW_SETUP_HANDLER, permit_when_ready=True)
+async def slow_setup_get(ctx: HandlerContext) -> HandlerOutput:
+    """``http.get`` after a setup as slow as a browser page opening under load: 1.8 s for
+    the first of each four jobs down to 0 s for the fourth, so requests sent at the end
+    of their setup, with permits taken before it, would all leave at once."""
+    n = int(ctx.order.job.url.rsplit("/", 1)[1])
+    await asyncio.sleep(1.8 - 0.6 * (n % 4))
+    assert ctx.ready is not None, "the worker gave a permit_when_ready handler no ready"
+    await ctx.ready()
+    return await http_get(ctx)
+
+
+async def test_a_handler_permitted_when_ready_sends_at_the_cap_however_long_its_setup(
+    nats_url: str, redis_url: str
+) -> None:
+    jobs = 12
+    async with TargetSimulator(SimulatorConfig()) as site:
+        capped = target(site.base_url, rate=SETUP_RATE, burst=1, max_attempts=1)
+        settings = queue_settings(nats_url, redis_url, {"setup": capped}, concurrency=4)
+        settings = msgspec.structs.replace(
+            settings, fleet=msgspec.structs.replace(settings.fleet, handlers=(SLOW_SETUP_HANDLER,))
+        )
+        stack = InProcessStack(settings)
+        await stack.start(workers=2)
+        try:
+            js = stack.connections[0].jetstream()
+            paths = [f"/page/{n}" for n in range(jobs)]
+            await submit_paths(js, settings, "setup", paths, "ready", handler=SLOW_SETUP_HANDLER)
+
+            async def all_committed() -> bool:
+                return await committed(js, "setup") == jobs
+
+            await wait_for(all_committed, 90, f"the {jobs} jobs committed")
+            # A permit that said wait at ready ended its attempt unrun, refunded: with one
+            # attempt each, none is dead.
+            assert await dead(js, "setup") == 0
+            assert site.counts()["by_path_kind"] == {"page": jobs}
+            # 2/s, burst 1: any 1 s window holds at most 3 (taken before the setups, the
+            # permits' spacing was gone by the time the requests left).
+            assert site.max_in_any_window(1.0) <= SETUP_RATE + 1, site.counts()["windows"]
+            refusals = sum(w.stats["refused:rate-limited"] for w in stack.workers)
+            assert refusals >= 1, "no permit said wait at ready: the refund was not tested"
         finally:
             await stack.stop()

@@ -1,8 +1,11 @@
 """The ``browser.page`` handler: visit the job's page in headless Chromium, wait for a
 selector, read what the job's extraction spec names, screenshot on request.
 
-Manners as ``http.get`` (docs/browser.md): the worker checked robots.txt and took the
-first request's rate permit before the handler runs. The page's document request is sent
+Manners as ``http.get`` (docs/browser.md): the worker checked robots.txt before the
+handler runs, and takes the first request's rate permit when the page is open and its
+document request about to leave (``ctx.ready``): taken before the page opened (a second
+under load), permits spaced at the target's rate reached it bunched. The page's document
+request is sent
 by the handler itself (``route.fetch``), hop by hop, so each redirect is checked against
 the target (``redirect-off-target``) and clears robots.txt and a permit of its own, and
 it carries the target's identifying User-Agent. Every other request the page would make
@@ -161,6 +164,11 @@ class _Visit:
         }
         for hop in range(MAX_REDIRECTS + 1):
             self._still_on()
+            if not hop and ctx.ready is not None:
+                # The first request's permit, taken now that the page is open and the
+                # request about to leave (jetfleet.worker.handlers, permit_when_ready).
+                await ctx.ready()
+                self._still_on()
             if hop and ctx.another_request is not None:
                 # Each hop is a request: robots.txt must allow it, and it takes a permit.
                 await ctx.another_request(url)
@@ -216,7 +224,7 @@ def _count_refusal(visit: _Visit, message: ConsoleMessage) -> None:
         visit.refused += 1
 
 
-@handler(HANDLER)
+@handler(HANDLER, permit_when_ready=True)
 async def browser_page(ctx: HandlerContext) -> HandlerOutput:
     """Visit the job's URL in the identity's browser context and read it (docs/browser.md).
 

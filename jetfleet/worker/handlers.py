@@ -39,8 +39,15 @@ class HandlerContext:
     (a redirect hop): it checks the URL against the target's robots.txt (raising
     PermanentFailure ``robots-disallowed``, or RetryLater while robots.txt is unknown)
     and takes a rate permit, waiting for one if the target's limit says so. The worker
-    took the first request's permit just before the handler started. None outside a
-    worker."""
+    took the first request's permit just before the handler started (or takes it at
+    ``ready``). None outside a worker."""
+    ready: Callable[[], Awaitable[None]] | None = None
+    """Set for a handler registered with ``permit_when_ready``: await it once, just
+    before the attempt's first request leaves (after slow local setup, such as opening a
+    browser page). The worker takes the first request's permit then, so the permit and
+    the request's arrival at the target are milliseconds apart, however long the setup
+    took. When the request may not go now it raises a signal of the worker's
+    (``NotSent``), which the handler lets through unchanged. None otherwise."""
     browser: BrowserContexts | None = None
     """The worker's browser contexts, one per identity (``browser.page``); None when the
     worker has no browser (``worker.browser.enabled`` is false)."""
@@ -51,10 +58,12 @@ HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]
 _REGISTRY: dict[str, tuple[HandlerFn, str]] = {}
 # Handlers that send nothing to their job's target (robots.txt does not apply to them).
 _SENDS_NOTHING: set[str] = set()
+# Handlers whose first request's permit is taken at ``HandlerContext.ready``.
+_PERMIT_WHEN_READY: set[str] = set()
 
 
 def handler(
-    name: str, version: str = "1", requests_target: bool = True
+    name: str, version: str = "1", requests_target: bool = True, permit_when_ready: bool = False
 ) -> Callable[[HandlerFn], HandlerFn]:
     """Register ``fn`` as the handler called ``name`` (jobs ask for it by that name).
 
@@ -65,6 +74,11 @@ def handler(
             target's robots.txt is obeyed, and its first request's rate permit taken,
             before it runs). Only a handler that never touches the target, such as
             ``noop``, says False: its jobs take no permit.
+        permit_when_ready: the handler sets up for a while before its first request
+            (``browser.page`` opens a page): the permit is taken when it awaits
+            ``HandlerContext.ready``, not before it starts. Taken before a setup of a
+            second under load, permits spaced at the target's rate reached the target
+            bunched, more than the cap in one second.
     """
 
     def register(fn: HandlerFn) -> HandlerFn:
@@ -73,6 +87,10 @@ def handler(
             _SENDS_NOTHING.discard(name)
         else:
             _SENDS_NOTHING.add(name)
+        if permit_when_ready and requests_target:
+            _PERMIT_WHEN_READY.add(name)
+        else:
+            _PERMIT_WHEN_READY.discard(name)
         return fn
 
     return register
@@ -91,6 +109,12 @@ def requests_target(name: str) -> bool:
     """Whether the handler ``name`` sends requests to its job's target (False for one
     not registered here: its job ends ``unknown-handler`` without a request)."""
     return name in _REGISTRY and name not in _SENDS_NOTHING
+
+
+def permits_when_ready(name: str) -> bool:
+    """Whether the handler ``name`` takes its first request's permit at
+    ``HandlerContext.ready`` (registered with ``permit_when_ready``)."""
+    return name in _PERMIT_WHEN_READY
 
 
 def registered() -> tuple[str, ...]:

@@ -39,6 +39,7 @@ from jetfleet.attempt_history import record_of
 from jetfleet.backoff import Backoff
 from jetfleet.errors import (
     Blocked,
+    NotSent,
     PermanentFailure,
     RetryLater,
     SubmitError,
@@ -96,7 +97,13 @@ from jetfleet.worker.browser_page import HANDLER as BROWSER_HANDLER
 from jetfleet.worker.browser_page import NO_BROWSER
 from jetfleet.worker.failed_here import FailedHere
 from jetfleet.worker.hand_back_pace import HandBackPace
-from jetfleet.worker.handlers import HandlerContext, HandlerFn, get_handler, requests_target
+from jetfleet.worker.handlers import (
+    HandlerContext,
+    HandlerFn,
+    get_handler,
+    permits_when_ready,
+    requests_target,
+)
 from jetfleet.worker.identity_cookies import IdentityCookies
 from jetfleet.worker.manners import start_warnings
 from jetfleet.worker.rate_pacing import RatePacing
@@ -1124,9 +1131,12 @@ class Worker:
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         judged = await self._judged_unsent(msg, order, attempt)
         sends = judged is None and requests_target(order.job.handler)
-        unrun = await self._first_permit(msg, order, held) if sends else None
-        # A rate-bound lane fetches its next job once this one knows whether it sends.
-        await self.rate_pacing.answered(msg.reply or "")
+        at_ready = sends and permits_when_ready(order.job.handler)
+        unrun = await self._first_permit(msg, order, held) if sends and not at_ready else None
+        if not at_ready:
+            # A rate-bound lane fetches its next job once this one knows whether it sends
+            # (a handler permitted when ready says so at ready, or when it ends).
+            await self.rate_pacing.answered(msg.reply or "")
         if judged is not None:
             return judged
         if unrun is not None:
@@ -1142,7 +1152,8 @@ class Worker:
             # not use the identity.
             return unsure
         fn, _ = get_handler(order.job.handler)
-        held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn))
+        ready = self._permit_at_ready(msg, order, held) if at_ready else None
+        held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn, ready))
         self._handlers.add(handler)
         handler.add_done_callback(self._handlers.discard)
         try:
@@ -1154,6 +1165,32 @@ class Worker:
             raise
         finally:
             held.running = None
+            if at_ready:  # ended before its ready (a page that would not open), or after
+                await self.rate_pacing.answered(msg.reply or "")
+
+    def _permit_at_ready(
+        self, msg: Msg, order: WorkOrder, held: Held
+    ) -> Callable[[], Awaitable[None]]:
+        """The ``HandlerContext.ready`` of a handler permitted when ready: takes the first
+        request's permit (once), as ``_first_permit`` does before other handlers start.
+
+        Raises (from the callback):
+            NotSent: the request may not go now; carries the attempt's ``unrun`` (or
+                ``lost``) verdict.
+        """
+        taken = False
+
+        async def ready() -> None:
+            nonlocal taken
+            if taken:
+                return
+            unrun = await self._first_permit(msg, order, held)
+            await self.rate_pacing.answered(msg.reply or "")
+            if unrun is not None:
+                raise NotSent(unrun)
+            taken = True
+
+        return ready
 
     def _identity_unsure(self, msg: Msg, target: str) -> Verdict | None:
         """An ``unrun`` verdict if the identity may not be used now: its claim is lost
@@ -1302,11 +1339,24 @@ class Worker:
             called=False,
         )
 
-    async def _attempt(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
+    async def _attempt(
+        self,
+        order: WorkOrder,
+        attempt: int,
+        fn: HandlerFn,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> Verdict:
         with attempt_spans.handler_span(order, attempt):
-            return attempt_spans.verdict_noted(await self._attempt_untraced(order, attempt, fn))
+            verdict = await self._attempt_untraced(order, attempt, fn, ready)
+            return attempt_spans.verdict_noted(verdict)
 
-    async def _attempt_untraced(self, order: WorkOrder, attempt: int, fn: HandlerFn) -> Verdict:
+    async def _attempt_untraced(
+        self,
+        order: WorkOrder,
+        attempt: int,
+        fn: HandlerFn,
+        ready: Callable[[], Awaitable[None]] | None = None,
+    ) -> Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
         ctx = HandlerContext(
@@ -1319,6 +1369,7 @@ class Worker:
             session=self._session,
             objects=self._objects,
             another_request=lambda url: self._another_request(order.target, url),
+            ready=ready,
             browser=self.browser,
         )
         # The budget of every attempt (the order carries the target's when the job set
@@ -1327,6 +1378,9 @@ class Worker:
         what = f"handler {order.job.handler} on job {order.job.id}"
         try:
             output = await self._deadline.run(fn(ctx), budget_s, what)
+        except NotSent as exc:
+            assert isinstance(exc.verdict, Verdict)
+            return exc.verdict  # its first request never left: as if never started
         except PermanentFailure as exc:
             reason, cut = fit_reason(exc.reason)
             detail = "; ".join(filter(None, (exc.detail, cut)))
