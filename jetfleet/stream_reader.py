@@ -3,6 +3,7 @@ durable consumer: for exports, listings and tests."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
 from datetime import datetime
@@ -11,7 +12,7 @@ from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError, NotFoundError
+from nats.js.errors import FetchTimeoutError, NotFoundError, ServiceUnavailableError
 
 BATCH = 500
 
@@ -49,7 +50,7 @@ async def read_stream(
         try:
             while remaining > 0:
                 try:
-                    msgs = await sub.fetch(min(BATCH, remaining), timeout=2.0)
+                    msgs = await _fetch(sub, min(BATCH, remaining))
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     return  # the rest expired or was deleted while we read
                 for msg in msgs:
@@ -60,6 +61,27 @@ async def read_stream(
     finally:
         with contextlib.suppress(NotFoundError):
             await js.delete_consumer(stream, info.name)
+
+
+UNANSWERED_PULL_S = 15.0
+"""How long a pull answered "no responders" (503) is asked again. On a cluster the
+reader's consumer, just created, can take a moment before its node answers pulls (seen
+right after a stream leader was killed and started again); a reader that gave up there
+failed the listing or export it served."""
+
+
+async def _fetch(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + UNANSWERED_PULL_S
+    pause_s = 0.05
+    while True:
+        try:
+            return await sub.fetch(batch, timeout=2.0)
+        except ServiceUnavailableError:
+            if loop.time() + pause_s > deadline:
+                raise
+            await asyncio.sleep(pause_s)
+            pause_s = min(1.0, pause_s * 2)
 
 
 async def count_messages(js: JetStreamContext, stream: str, filter_: str) -> int:
