@@ -77,7 +77,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 LONGEST_FIRST = (
-    "tests/test_chaos_soak.py",
+    "tests/test_chaos_soak.py",  # only with -m soak
     "tests/test_packaging.py",
     "tests/test_cli_pipes.py",
     "tests/test_tracing.py",

@@ -1,6 +1,11 @@
 """The chaos soak's short form, as CI runs it: ``bench/chaos.py --jobs 2000 --nats
 cluster`` (the long form runs 20,000; docs/benchmarks.md has the last results of both).
 
+Marked ``soak``: the suite leaves it out, and ``python -m pytest -m soak`` runs it alone,
+as .ci/run does after the suite. Beside the suite it took a process for 3 to 8 minutes
+and, with its fleet of a dozen processes, loaded the machine under the suite's timing
+checks (rate caps counted per second at the targets).
+
 On a 3-node NATS cluster (R3 streams, consumers and buckets, ``sync_interval: always``),
 two replicas of every service and a few workers run 2,000 jobs while a random worker is
 SIGKILLed every few seconds (and started again, also while a NATS node is down), each
@@ -28,6 +33,7 @@ SCRIPT_TIMEOUT_S = 720
 (docs/benchmarks.md)."""
 
 
+@pytest.mark.soak
 @pytest.mark.timeout(SCRIPT_TIMEOUT_S + 20)
 def test_chaos_short_form_loses_nothing_applies_once_takes_no_stale_commit_holds_caps() -> None:
     out = subprocess.run(
