@@ -210,7 +210,9 @@ async def test_I4_browser_jobs_hold_the_targets_cap_at_the_target_redirect_hops_
 ) -> None:
     base = make_settings(nats_url, redis_url, {"demo": sim_target(simulator)})
     settings = browser_settings(base, tmp_path / "profiles")
-    slow = msgspec.structs.replace(settings.targets[SHOP], rate=RATE, burst=1)
+    # One attempt each: a permit that says wait once the page is open (the handler's
+    # ready) must end the attempt unrun and refunded, or the job would end dead.
+    slow = msgspec.structs.replace(settings.targets[SHOP], rate=RATE, burst=1, max_attempts=1)
     settings = msgspec.structs.replace(settings, targets={SHOP: slow})
     stack = InProcessStack(settings)
     await stack.start(workers=0)
@@ -230,6 +232,8 @@ async def test_I4_browser_jobs_hold_the_targets_cap_at_the_target_redirect_hops_
         assert simulator.max_in_any_window(1.0) <= RATE + 1, counts["windows"]
         assert simulator.max_in_any_window(3.0) <= 3 * RATE + 1
         assert "shop-img" not in counts["by_path_kind"]
+        waits = sum(w.stats["refused:rate-limited"] for w in stack.workers)
+        assert waits >= 1, "no permit said wait with a page open: the refund went untested"
     finally:
         await stack.stop()
 

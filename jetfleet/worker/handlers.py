@@ -41,16 +41,19 @@ class HandlerContext:
     and takes a rate permit, waiting for one if the target's limit says so. The worker
     took the first request's permit just before the handler started (or takes it at
     ``ready``). None outside a worker."""
+    browser: BrowserContexts | None = None
+    """The worker's browser contexts, one per identity (``browser.page``); None when the
+    worker has no browser (``worker.browser.enabled`` is false)."""
     ready: Callable[[], Awaitable[None]] | None = None
     """Set for a handler registered with ``permit_when_ready``: await it once, just
     before the attempt's first request leaves (after slow local setup, such as opening a
     browser page). The worker takes the first request's permit then, so the permit and
     the request's arrival at the target are milliseconds apart, however long the setup
     took. When the request may not go now it raises a signal of the worker's
-    (``NotSent``), which the handler lets through unchanged. None otherwise."""
-    browser: BrowserContexts | None = None
-    """The worker's browser contexts, one per identity (``browser.page``); None when the
-    worker has no browser (``worker.browser.enabled`` is false)."""
+    (``NotSent``), which the handler lets through unchanged. A handler so registered must
+    await it before its first request: nothing else takes that permit. None for other
+    handlers, and without leases (``fleet.leases = false``), where the permit is waited
+    for in place before the handler starts."""
 
 
 HandlerFn = Callable[[HandlerContext], Awaitable[HandlerOutput]]

@@ -6,8 +6,9 @@ ten jobs, ask for ten permits and hand nine back, every interval: the target is 
 and buffered rather than left in its queue. So for a while after such an answer the
 worker fetches the target's jobs one at a time, and fetches the next only once the last
 has its answer (and the hold that answer set has passed). A delivery's answer is its
-first request's permit (``Worker._first_permit``), or its lease's when the lease is not
-granted, or its end when it asks for neither.
+first request's permit (``Worker._first_permit``; asked inside the handler, at its
+``ready``, for a handler registered with ``permit_when_ready``), or its lease's when the
+lease is not granted, or its end when it asks for neither.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
@@ -1131,7 +1132,10 @@ class Worker:
     async def _run(self, msg: Msg, order: WorkOrder, attempt: int, held: Held) -> Verdict:
         judged = await self._judged_unsent(msg, order, attempt)
         sends = judged is None and requests_target(order.job.handler)
-        at_ready = sends and permits_when_ready(order.job.handler)
+        # Without leases the permit is waited for in place, as long as the limiter says:
+        # inside the handler that wait would eat the attempt's budget (and spend the
+        # attempt, each delivery being one there), so it stays before the handler.
+        at_ready = sends and bool(held.fence) and permits_when_ready(order.job.handler)
         unrun = await self._first_permit(msg, order, held) if sends and not at_ready else None
         if not at_ready:
             # A rate-bound lane fetches its next job once this one knows whether it sends
@@ -1141,16 +1145,10 @@ class Worker:
             return judged
         if unrun is not None:
             return unrun
-        if held.lost.is_set():
-            # Lost while its permit was asked for (the keeper had no handler to cancel
-            # yet): no await between this check and the task, so a later loss cancels it.
-            return Verdict("lost", reason="lease-lost", called=False)
-        unsure = self._identity_unsure(msg, order.target)
-        if unsure is not None:
-            # Lost, or no longer surely ours, while its lease or permit was asked for
-            # (the cancel at that moment missed a job not started yet): the handler must
-            # not use the identity.
-            return unsure
+        not_now = self._lost_or_unsure(msg, order, held)
+        if not_now is not None:
+            await self.rate_pacing.answered(msg.reply or "")
+            return not_now
         fn, _ = get_handler(order.job.handler)
         ready = self._permit_at_ready(msg, order, held) if at_ready else None
         held.running = handler = asyncio.create_task(self._attempt(order, attempt, fn, ready))
@@ -1179,18 +1177,39 @@ class Worker:
                 ``lost``) verdict.
         """
         taken = False
+        once = asyncio.Lock()  # two calls at once take one permit, not two
+        # The job's span, as here: the handler runs ready in a task of the browser
+        # driver's, whose context is the job that started the driver.
+        job_context = otel_context.get_current()
 
         async def ready() -> None:
             nonlocal taken
-            if taken:
-                return
-            unrun = await self._first_permit(msg, order, held)
-            await self.rate_pacing.answered(msg.reply or "")
-            if unrun is not None:
-                raise NotSent(unrun)
-            taken = True
+            async with once:
+                if taken:
+                    return
+                token = otel_context.attach(job_context)
+                try:
+                    unrun = await self._first_permit(msg, order, held)
+                finally:
+                    otel_context.detach(token)
+                await self.rate_pacing.answered(msg.reply or "")
+                # The lease or the identity may have gone while the permit was asked
+                # for; the handler's cancel reaches a request already on its way late.
+                not_now = unrun or self._lost_or_unsure(msg, order, held)
+                if not_now is not None:
+                    raise NotSent(not_now)
+                taken = True
 
         return ready
+
+    def _lost_or_unsure(self, msg: Msg, order: WorkOrder, held: Held) -> Verdict | None:
+        """The verdict of a job whose lease went (``lost``) or whose identity may not be
+        used now (``_identity_unsure``) while its lease or permit was asked for: the
+        cancel at that moment missed a handler not started yet, or a request not sent
+        yet. None: it may send."""
+        if held.lost.is_set():
+            return Verdict("lost", reason="lease-lost", called=False)
+        return self._identity_unsure(msg, order.target)
 
     def _identity_unsure(self, msg: Msg, target: str) -> Verdict | None:
         """An ``unrun`` verdict if the identity may not be used now: its claim is lost
