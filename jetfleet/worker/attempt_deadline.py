@@ -48,6 +48,10 @@ class AttemptDeadline:
             done, _ = await asyncio.wait({task}, timeout=budget_s + GRACE_S)
         except asyncio.CancelledError:
             task.cancel()  # the lease was lost or the worker drains: the handler stops too
+            # It may end with an error of its own before the cancel lands (a process
+            # resumed after a SIGSTOP finds its timeout and its lost lease at once):
+            # nobody awaits it now, so take it, or asyncio reports it as never retrieved.
+            task.add_done_callback(_retrieved)
             raise
         if done:
             return task.result()
@@ -65,4 +69,12 @@ class AttemptDeadline:
             )
             self.left_behind.add(task)
             task.add_done_callback(self.left_behind.discard)
+            task.add_done_callback(_retrieved)
         raise RetryLater(HANDLER_TIMEOUT, detail=f"no verdict within {budget_s:g} s")
+
+
+def _retrieved(task: asyncio.Task[HandlerOutput]) -> None:
+    """Take the outcome of a handler nobody awaits any more: its verdict no longer
+    counts (the attempt ended without it)."""
+    if not task.cancelled():
+        task.exception()
