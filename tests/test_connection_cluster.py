@@ -10,8 +10,11 @@ to every server (jetfleet/connection.py).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
 
 from jetfleet.auth.bundle import Bundle
 from jetfleet.connection import connect_nats
@@ -40,13 +43,23 @@ async def test_a_connection_given_one_seed_with_its_user_reconnects_to_another_n
                 return nc.is_connected and url is not None and url.port != _port(seed.url)
 
             await wait_for(on_another_node, 30.0, "a reconnect to a node other than the seed")
-            # The session's own user, on a node the client only learned of.
-            reply = await nc.request("$JS.API.INFO", b"", timeout=10)
-            assert b"jetstream" in reply.data or b"memory" in reply.data, reply.data
+            # The session's own user, on a node the client only learned of: a round trip
+            # through the server (core NATS: JetStream may still be electing a leader).
+            echo = await nc.subscribe("one-seed.echo", cb=_echo(nc))
+            reply = await nc.request("one-seed.echo", b"ping", timeout=10)
+            assert reply.data == b"ping"
+            await echo.unsubscribe()
         finally:
             await asyncio.to_thread(nats_cluster.restart, 0, 30.0)
     finally:
         await nc.close()
+
+
+def _echo(nc: NatsClient) -> Callable[[Msg], Awaitable[None]]:
+    async def answer(msg: Msg) -> None:
+        await nc.publish(msg.reply, msg.data)
+
+    return answer
 
 
 def _port(url: str) -> int:

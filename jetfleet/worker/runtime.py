@@ -1563,7 +1563,8 @@ class Worker:
     ) -> bool:
         """Release the lease before a nak; True only if the nak may follow.
 
-        Released: yes. Not ours any more: no. When the leaser cannot say, only if the
+        Released: yes, unless the keeper holds the lease lost (then the delivery may be
+        superseded). Not ours any more: no. When the leaser cannot say, only if the
         lease is not known lost and the delivery's ack wait surely has not run out
         (``Held.may_nak_unanswered``): the next delivery is then refused as ``held``
         until the lease's TTL ends. Otherwise the job is left to its ack wait: a nak
@@ -1584,7 +1585,11 @@ class Worker:
                 # background, the record alone (no refund or avoid entry decided late).
                 self._record_in_background(order.job.id, held.fence, held.record, tries=1)
             return held.may_nak_unanswered()
-        return released
+        # Released although the keeper holds the lease lost (its renewals went unanswered
+        # past the TTL, though the leaser had not let it go): its +WPI beats stopped too,
+        # so JetStream may have handed the message out again, and a nak now would land
+        # on that delivery. The job is left to its ack wait (seen in the I1 soak).
+        return released and not held.lost.is_set()
 
     def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
         """An attempt that ran but lost its lease (or that the sink refused to settle
