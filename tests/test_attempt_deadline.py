@@ -48,3 +48,28 @@ async def test_a_handler_failing_as_its_attempt_is_cancelled_is_not_left_unretri
         assert [c["message"] for c in reported] == []
     finally:
         loop.set_exception_handler(previous)
+
+
+async def test_a_handler_crashing_after_its_attempt_was_cancelled_is_logged_as_a_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    started = asyncio.Event()
+
+    async def handler() -> HandlerOutput:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise TypeError("a bug in its clean-up") from None
+        raise AssertionError("not cancelled")
+
+    attempt = asyncio.ensure_future(AttemptDeadline().run(handler(), 60.0, "handler"))
+    await started.wait()
+    (inner,) = [t for t in asyncio.all_tasks() if t.get_coro().__name__ == "handler"]  # type: ignore[union-attr]
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    await asyncio.wait({inner})
+    await asyncio.sleep(0)  # its done-callbacks run
+    crashes = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert [str(r.exc_info[1]) for r in crashes if r.exc_info] == ["a bug in its clean-up"]

@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable
 
-from jetfleet.errors import RetryLater
+from jetfleet.errors import ControlSignal, RetryLater
 from jetfleet.schemas import HandlerOutput
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ class AttemptDeadline:
 
 def _retrieved(task: asyncio.Task[HandlerOutput]) -> None:
     """Take the outcome of a handler nobody awaits any more: its verdict no longer
-    counts (the attempt ended without it)."""
-    if not task.cancelled():
-        task.exception()
+    counts (the attempt ended without it), but a crash is still logged as one."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None and not isinstance(exc, ControlSignal):
+        log.error("a handler ended with a crash after its attempt was over", exc_info=exc)

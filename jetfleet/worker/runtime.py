@@ -1658,7 +1658,8 @@ class Worker:
         while True:
             released = await self.leases.release(order.job.id, held.fence, refund=True)
             if released or (released is False and not unanswered):
-                return released
+                # Lost by the keeper's count: no nak, as in ``_give_back``.
+                return released and not held.lost.is_set()
             # Unanswered, or gone after an unanswered ask (which may have released and
             # refunded it): whether the nak may follow depends on the delivery's ack
             # wait, as for any unanswered release.
