@@ -240,8 +240,14 @@ async def test_a_worker_process_killed_leaves_no_chromium_and_its_profile_reopen
     holder.send_signal(sig)  # no drain: the process just dies
     await holder.wait()
 
+    def alive(proc: psutil.Process) -> bool:
+        try:
+            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:  # ended between the listing and the look
+            return False
+
     async def none_left() -> bool:
-        return not [p for p in on_profile() if p.is_running() and p.status() != "zombie"]
+        return not [p for p in on_profile() if alive(p)]
 
     await wait_for(none_left, 30, "every Chromium of the killed process to end")
     settings = BrowserSettings(enabled=True, executable=CHROMIUM, profiles_dir=str(tmp_path))

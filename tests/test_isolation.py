@@ -47,6 +47,7 @@ K = 400  # healthy jobs per measurement: several seconds of work at full speed
 MAX_SLOWDOWN = 1.10
 RUNS = 5  # of each kind, interleaved; the medians are compared
 SPELL = 4 * CONCURRENCY  # hanging jobs per spell: the slots full, a backlog behind them
+LEASE_TTL_S = 10.0
 
 
 @dataclass
@@ -115,7 +116,17 @@ async def env(
             HANGING: target(hanging.base_url, timeout_s=HANG_TIMEOUT_S, max_attempts=1),
         }
         settings = queue_settings(
-            nats_url, redis_url, targets, concurrency=CONCURRENCY, **layout(request.param)
+            nats_url,
+            redis_url,
+            targets,
+            concurrency=CONCURRENCY,
+            # Leases longer than the tests' 3 s: everything here shares one event loop,
+            # and on a loaded machine a renewal late by 3 s lost a hanging job's lease,
+            # whose request (still hanging at the target) was then sent again: more
+            # hanging requests than slots, which this test does not measure.
+            lease_ttl_s=LEASE_TTL_S,
+            ack_wait_s=2 * LEASE_TTL_S,
+            **layout(request.param),
         )
         lanes = LaneMap(settings)
         assert lanes.lane_of(HEALTHY) != lanes.lane_of(HANGING)
