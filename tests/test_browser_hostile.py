@@ -242,7 +242,7 @@ async def test_a_worker_process_killed_leaves_no_chromium_and_its_profile_reopen
 
     def alive(proc: psutil.Process) -> bool:
         try:
-            return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            return bool(proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE)
         except psutil.NoSuchProcess:  # ended between the listing and the look
             return False
 
