@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from jetfleet.worker.browser_contexts import BrowserContexts
 
 
+ReadyFn = Callable[[], Awaitable[None]]
+"""``HandlerContext.ready``: takes the attempt's first permit just before its request."""
+
+
 @dataclass(frozen=True)
 class HandlerContext:
     """What a handler gets for one attempt. Identity state never leaves the worker."""
@@ -44,7 +48,7 @@ class HandlerContext:
     browser: BrowserContexts | None = None
     """The worker's browser contexts, one per identity (``browser.page``); None when the
     worker has no browser (``worker.browser.enabled`` is false)."""
-    ready: Callable[[], Awaitable[None]] | None = None
+    ready: ReadyFn | None = None
     """Set for a handler registered with ``permit_when_ready``: await it once, just
     before the attempt's first request leaves (after slow local setup, such as opening a
     browser page). The worker takes the first request's permit then, so the permit and

@@ -101,6 +101,7 @@ from jetfleet.worker.hand_back_pace import HandBackPace
 from jetfleet.worker.handlers import (
     HandlerContext,
     HandlerFn,
+    ReadyFn,
     get_handler,
     permits_when_ready,
     requests_target,
@@ -1166,9 +1167,7 @@ class Worker:
             if at_ready:  # ended before its ready (a page that would not open), or after
                 await self.rate_pacing.answered(msg.reply or "")
 
-    def _permit_at_ready(
-        self, msg: Msg, order: WorkOrder, held: Held
-    ) -> Callable[[], Awaitable[None]]:
+    def _permit_at_ready(self, msg: Msg, order: WorkOrder, held: Held) -> ReadyFn:
         """The ``HandlerContext.ready`` of a handler permitted when ready: takes the first
         request's permit (once), as ``_first_permit`` does before other handlers start.
 
@@ -1363,7 +1362,7 @@ class Worker:
         order: WorkOrder,
         attempt: int,
         fn: HandlerFn,
-        ready: Callable[[], Awaitable[None]] | None = None,
+        ready: ReadyFn | None = None,
     ) -> Verdict:
         with attempt_spans.handler_span(order, attempt):
             verdict = await self._attempt_untraced(order, attempt, fn, ready)
@@ -1374,7 +1373,7 @@ class Worker:
         order: WorkOrder,
         attempt: int,
         fn: HandlerFn,
-        ready: Callable[[], Awaitable[None]] | None = None,
+        ready: ReadyFn | None = None,
     ) -> Verdict:
         assert self._session is not None
         target = self.settings.targets[order.target]
