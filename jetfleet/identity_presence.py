@@ -106,6 +106,13 @@ class IdentityClaim:
         self.valid_until = sent_at + self.ttl_s * SURE_SHARE
 
     @property
+    def lapses_at(self) -> float:
+        """Monotonic time at which the server drops an unrenewed claim, by a server clock
+        that keeps time with this one (a clock running ahead drops it sooner, down to
+        ``valid_until``)."""
+        return self.valid_until + self.ttl_s * (1 - SURE_SHARE)
+
+    @property
     def give_up_at(self) -> float:
         """Monotonic time at which a claim still unconfirmed is given up (``lost``)."""
         return self.valid_until + GIVE_UP_TTLS * self.ttl_s
@@ -239,9 +246,16 @@ class IdentityPresence:
                 # identity. CancelledError is not an Exception, so drain still stops it.
                 failing = _warn_once(failing, claim, exc)
                 wait_s = retry.next_s()
+                now = time.monotonic()
                 if claim.live():
-                    wait_s = min(wait_s, (claim.valid_until - time.monotonic()) / 2)
-                next_at = time.monotonic() + wait_s
+                    wait_s = min(wait_s, (claim.valid_until - now) / 2)
+                else:
+                    # Unsure: the server most likely keeps the key for the rest of its
+                    # TTL, so a renewal landing then keeps the claim. A full beat's wait
+                    # would fall past that (the window is a third of the TTL, the beat
+                    # too): try often enough to land inside it.
+                    wait_s = min(wait_s, max(RETRY_FIRST_S, (claim.lapses_at - now) / 3))
+                next_at = now + wait_s
                 continue
             if not ours:
                 claim.lost.set()

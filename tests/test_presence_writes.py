@@ -249,7 +249,9 @@ async def test_a_claim_kept_through_the_leaser_survives_the_leaser_being_away_br
 ) -> None:
     nc = await _as_worker(fleet, "w-patient")
     presence = IdentityPresence(nc.jetstream(), writer=LeaserPresenceWriter(nc))
-    claim = await presence.claim("alice", "w-patient", ttl_s=3)
+    # The leaser must be back (started, subscribed) inside the last third of the TTL:
+    # 4 s here, where a 3 s TTL left 1 s, too little under load.
+    claim = await presence.claim("alice", "w-patient", ttl_s=12)
     unsure: list[bool] = []
     keeper = asyncio.create_task(presence.keep(claim, lambda: unsure.append(True)))
     try:
@@ -260,7 +262,7 @@ async def test_a_claim_kept_through_the_leaser_survives_the_leaser_being_away_br
         async def unconfirmed() -> bool:
             return bool(unsure)
 
-        await wait_for(unconfirmed, 10, "the claim to stop being sure")
+        await wait_for(unconfirmed, 15, "the claim to stop being sure")
         assert not keeper.done(), "the renewal loop died while the leaser was away"
         assert not claim.live()
         await fleet.stack.start_leaser()
