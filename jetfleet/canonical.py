@@ -12,6 +12,7 @@ import json
 import re
 import string
 from collections.abc import Mapping
+from functools import lru_cache
 from urllib.parse import parse_qsl, quote, urlencode, urljoin, urlsplit, urlunsplit
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -19,9 +20,13 @@ _UNRESERVED = frozenset(string.ascii_letters + string.digits + "-._~")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")  # RFC 3986 section 3.1
 
 
+@lru_cache(maxsize=512)
 def canonical_url(url: str) -> str:
     """Lower-case scheme and host, default port dropped, path normalised, query sorted,
-    fragment removed."""
+    fragment removed.
+
+    Remembered for the last few hundred URLs: admission asks for one job's URL three
+    times (its check, ``is_under``, its key) and for its target's base URL every time."""
     parts = urlsplit(url.strip())
     scheme = parts.scheme.lower()
     host = (parts.hostname or "").lower()

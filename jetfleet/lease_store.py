@@ -24,6 +24,7 @@ from jetfleet import subjects
 from jetfleet.attempt_history import with_attempt
 from jetfleet.avoid_list import with_entry
 from jetfleet.js_errors import is_wrong_last_sequence
+from jetfleet.js_publish import publish_js
 from jetfleet.leader_reads import leader_bucket
 from jetfleet.schemas.lease import AvoidEntry, JobLeaseHistory, LeaseRecord, Sealed
 from jetfleet.schemas.report import AttemptRecord
@@ -257,17 +258,20 @@ class LeaseStore:
         """Extend the lease if ``fence`` is still the live one (compare-and-set); its
         record, or None when it is not ours any more.
 
-        nats-py's ``kv.update`` cannot carry a TTL, so the CAS is a raw publish with
+        nats-py's ``kv.update`` cannot carry a TTL, so the CAS is a publish with
         ``Nats-Expected-Last-Subject-Sequence`` and ``Nats-TTL``.
         """
 
         async def extend(live: LiveLease) -> LeaseRecord:
             record = msgspec.structs.replace(live.record, fence=fence)
-            await self.js.publish(
+            await publish_js(
+                self.js,
                 f"$KV.{subjects.BUCKET_LEASES}.{job_id}",
                 _encoder.encode(record),
-                headers={"Nats-Expected-Last-Subject-Sequence": str(live.revision)},
-                msg_ttl=ttl_whole_seconds(ttl_s),
+                {
+                    "Nats-Expected-Last-Subject-Sequence": str(live.revision),
+                    "Nats-TTL": str(ttl_whole_seconds(ttl_s)),
+                },
             )
             return record
 

@@ -11,6 +11,7 @@ from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableEr
 
 from jetfleet.errors import SubmitError
 from jetfleet.js_errors import is_msg_id_in_process
+from jetfleet.js_publish import publish_js
 
 RETRY_FOR_S = 30.0
 """How long a publish is retried. It must outlast a stream leader election after a node
@@ -42,7 +43,7 @@ async def publish_durably(
         subject: where to publish.
         payload: the message body.
         msg_id: the ``Nats-Msg-Id`` that makes a retry a duplicate, or None.
-        headers: further headers (copied: nats-py changes the dict it is given).
+        headers: further headers (copied, not changed).
         timeout_s: how long one try waits for the stream's ack.
         retry_for_s: how long to keep trying before giving up.
 
@@ -59,7 +60,7 @@ async def publish_durably(
     while True:
         tries += 1
         try:
-            return await js.publish(subject, payload, headers=dict(all_headers), timeout=timeout_s)
+            return await publish_js(js, subject, payload, all_headers, timeout_s)
         except (NoStreamResponseError, NatsTimeoutError, ServiceUnavailableError) as exc:
             last = exc
         except APIError as exc:
