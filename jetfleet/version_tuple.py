@@ -61,12 +61,30 @@ def local_tuple(settings: Settings) -> Versions:
     return msgspec.structs.replace(bare, id=tuple_id(bare))
 
 
+_known_ids: dict[bytes, str] = {}
+_KNOWN_IDS_MAX = 1024
+_tuple_encoder = msgspec.json.Encoder()
+
+
 def tuple_id(versions: Versions) -> str:
     """A short stable hash of the tuple, leaving out ``handler`` (per job) and ``id``.
 
     Fields at their default are left out too (the struct omits defaults): a release that
     adds a field with a default must not change the id of every tuple approved before it,
-    or a leaser upgraded to it would refuse every worker ``version-not-approved``."""
+    or a leaser upgraded to it would refuse every worker ``version-not-approved``.
+
+    Remembered by the tuple's bytes: a fleet runs a handful of tuples, and the leaser
+    asks twice per grant."""
+    encoded = _tuple_encoder.encode(versions)
+    known = _known_ids.get(encoded)
+    if known is None:
+        if len(_known_ids) >= _KNOWN_IDS_MAX:
+            _known_ids.clear()
+        known = _known_ids[encoded] = _hash_of(versions)
+    return known
+
+
+def _hash_of(versions: Versions) -> str:
     fields = msgspec.to_builtins(versions)
     fields.pop("handler", None)
     fields.pop("id", None)

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 
 from jetfleet.coalescing_client import CoalescingClient
 from jetfleet.event_loop import loop_factory
@@ -83,3 +86,47 @@ def test_the_asyncio_choice_uses_asyncio_s_loop() -> None:
         assert type(loop).__module__.startswith("uvloop")
     finally:
         loop.close()
+
+
+async def test_requests_get_their_own_answers_time_out_and_cancel_as_nats_pys_do(
+    nc: NatsClient,
+) -> None:
+    assert isinstance(nc, CoalescingClient)
+
+    async def echo(msg: Msg) -> None:
+        # Answered out of order: each reply must reach the request that asked.
+        await asyncio.sleep(0.001 * (int(msg.data) % 7))
+        await msg.respond(b"re:" + msg.data)
+
+    responder = await nc.subscribe("tests.echo", cb=echo)
+    await nc.flush()
+    answers = await asyncio.gather(
+        *(nc.request("tests.echo", str(n).encode(), timeout=5) for n in range(500))
+    )
+    assert [a.data for a in answers] == [b"re:%d" % n for n in range(500)]
+    with pytest.raises(NoRespondersError):
+        await nc.request("tests.nobody", b"x", timeout=5)
+
+    async def silent(msg: Msg) -> None:
+        return None
+
+    mute = await nc.subscribe("tests.silent", cb=silent)
+    await nc.flush()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(NatsTimeoutError):
+        await nc.request("tests.silent", b"x", timeout=0.3)
+    assert 0.25 <= loop.time() - started < 3.0
+    asking = asyncio.create_task(nc.request("tests.silent", b"x", timeout=30))
+
+    async def asked() -> bool:
+        return bool(nc._resp_map)
+
+    await wait_for(asked, 5.0, "the request to be pending")
+    asking.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asking
+    # Nothing is left waiting: answered, timed-out and cancelled requests are all gone.
+    assert nc._resp_map == {}
+    await responder.unsubscribe()
+    await mute.unsubscribe()
