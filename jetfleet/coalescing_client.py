@@ -5,10 +5,11 @@ nats-py queues each publish and wakes its flusher task, which writes everything 
 so far. Under load the flusher wakes once per loop pass, often for the one or two
 requests the tasks ahead of it made, so a service makes many small writes: on a
 2-core machine the write syscalls (and the server wake-ups each one causes) were a
-third of each service's CPU. This flusher waits one more loop pass before it writes, so
-the requests, replies and acks made by every task that pass runs go out together: one
-write and one server wake-up instead of several. A pass is microseconds; nothing waits
-longer than that.
+third of each service's CPU. This flusher waits two more loop passes before it writes,
+so the requests, replies and acks made by every task those passes run go out together:
+one write and one server wake-up instead of several. A pass is microseconds; nothing
+waits longer than that. (Two passes against one: 655-696 -> 712-717 jobs/s on the full
+path, CPU per job 2.6-2.7 -> 2.5 ms; a third pass gained nothing, docs/benchmarks.md.)
 
 It overrides nats-py's private ``Client._flusher`` (nats-py is pinned to 2.16.x in
 pyproject.toml); tests/test_coalescing_client.py checks the contract it keeps: every
@@ -75,7 +76,7 @@ class CoalescingClient(Client):
             self._resp_map.pop(token, None)
 
     async def _flusher(self) -> None:
-        # Mirrors nats-py 2.16's Client._flusher, plus the one pass of waiting. Every
+        # Mirrors nats-py 2.16's Client._flusher, plus the two passes of waiting. Every
         # future queued before the write is answered by it; a publish made while the
         # write drains finds the queue empty and queues a future of its own.
         while True:
@@ -84,6 +85,7 @@ class CoalescingClient(Client):
             assert self._flush_queue is not None and self._transport is not None
             waiting = [await self._flush_queue.get()]
             try:
+                await asyncio.sleep(0)
                 await asyncio.sleep(0)
                 while not self._flush_queue.empty():
                     waiting.append(self._flush_queue.get_nowait())

@@ -86,7 +86,7 @@ return 1
 
 # ARGV: job id. Drops every member of the job (it has one per worker that asked): only for
 # a settled job, which nobody is granted again.
-_DROP_JOB = """
+DROP_JOB_LUA = """
 local prefix = ARGV[1] .. '\\n'
 local dropped = 0
 for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
@@ -117,7 +117,7 @@ class SubnetHolds:
         self.client = client
         self._take = client.register_script(_TAKE)
         self._keep = client.register_script(_KEEP)
-        self._drop_job = client.register_script(_DROP_JOB)
+        self._drop_job = client.register_script(DROP_JOB_LUA)
 
     async def take(
         self,
