@@ -48,7 +48,7 @@ class CoalescingClient(Client):
         self,
         subject: str,
         payload: bytes,
-        timeout: float = 1,  # noqa: ASYNC109 (nats-py's signature, overridden)
+        timeout: float | None = 1,  # noqa: ASYNC109 (nats-py's signature, overridden)
         headers: dict[str, Any] | None = None,
     ) -> Msg:
         # Mirrors nats-py 2.16's Client._request_new_style: the same reply subject shape
@@ -67,11 +67,13 @@ class CoalescingClient(Client):
             await self.publish(
                 subject, payload, reply=self._resp_sub_prefix.decode() + token, headers=headers
             )
-            timer = loop.call_later(timeout, _time_out, future)
+            # None waits as long as it takes, as nats-py's wait_for(future, None).
+            timer = None if timeout is None else loop.call_later(timeout, _time_out, future)
             try:
                 return await future
             finally:
-                timer.cancel()
+                if timer is not None:
+                    timer.cancel()
         finally:
             self._resp_map.pop(token, None)
 

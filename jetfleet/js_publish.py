@@ -56,4 +56,7 @@ async def publish_js(
     ack = _ack_decoder.decode(reply.data)
     if ack.error is not None:
         APIError.from_error(ack.error)  # raises
+    if ack.seq <= 0 or not ack.stream:
+        # Never a revision 0: a compare-and-set would read it as lost, a create as a fence.
+        raise APIError(description=f"unexpected answer to a publish to {subject}")
     return PubAck(stream=ack.stream, seq=ack.seq, domain=ack.domain, duplicate=ack.duplicate)

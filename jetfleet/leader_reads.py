@@ -115,6 +115,9 @@ async def _leader_get(js: JetStreamContext, stream: str, subject: str) -> _Store
         if answer.error.get("code") == 404:
             return None
         APIError.from_error(answer.error)  # raises
+    if answer.message is None or answer.message.subject != subject:
+        # Never "nothing there": a decision would go ahead on it.
+        raise APIError(description=f"unexpected answer to a message get of {subject}")
     return answer.message
 
 
@@ -123,7 +126,8 @@ def _headers(encoded: str) -> dict[str, str] | None:
     the message get answers them; the last value of a name repeated; None if none."""
     if not encoded:
         return None
-    lines = binascii.a2b_base64(encoded).decode().split("\r\n")[1:]
+    # Any bytes, as nats-py's parser takes them: a header is not ours to refuse.
+    lines = binascii.a2b_base64(encoded).decode("utf-8", "surrogateescape").split("\r\n")[1:]
     headers = {}
     for line in lines:
         name, colon, value = line.partition(":")

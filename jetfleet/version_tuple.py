@@ -62,7 +62,10 @@ def local_tuple(settings: Settings) -> Versions:
 
 
 _known_ids: dict[bytes, str] = {}
-_KNOWN_IDS_MAX = 1024
+_KNOWN_IDS_MAX = 64
+_KNOWN_TUPLE_MAX_BYTES = 4096
+"""Tuples larger than this are hashed every time, not remembered: a report's tuple is
+the sender's to make, and the memo must not hold what a worker chooses to send."""
 _tuple_encoder = msgspec.json.Encoder()
 
 
@@ -73,9 +76,11 @@ def tuple_id(versions: Versions) -> str:
     adds a field with a default must not change the id of every tuple approved before it,
     or a leaser upgraded to it would refuse every worker ``version-not-approved``.
 
-    Remembered by the tuple's bytes: a fleet runs a handful of tuples, and the leaser
-    asks twice per grant."""
-    encoded = _tuple_encoder.encode(versions)
+    Remembered by the tuple's bytes without ``handler`` and ``id``: a fleet runs a
+    handful of tuples, and the leaser asks twice per grant."""
+    encoded = _tuple_encoder.encode(msgspec.structs.replace(versions, handler="", id=""))
+    if len(encoded) > _KNOWN_TUPLE_MAX_BYTES:
+        return _hash_of(versions)
     known = _known_ids.get(encoded)
     if known is None:
         if len(_known_ids) >= _KNOWN_IDS_MAX:

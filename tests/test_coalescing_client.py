@@ -106,6 +106,9 @@ async def test_requests_get_their_own_answers_time_out_and_cancel_as_nats_pys_do
     assert [a.data for a in answers] == [b"re:%d" % n for n in range(500)]
     with pytest.raises(NoRespondersError):
         await nc.request("tests.nobody", b"x", timeout=5)
+    # No timeout: waits for the answer, as nats-py's wait_for(future, None) does.
+    untimed = await nc._request_new_style("tests.echo", b"9", timeout=None)
+    assert untimed.data == b"re:9"
 
     async def silent(msg: Msg) -> None:
         return None
