@@ -21,6 +21,7 @@ from jetfleet.admission import admit
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
+from jetfleet.service import IDLE_POLL_S
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Scheduler:
                         subjects.CONSUMER_SCHEDULER, stream=subjects.STREAM_SUBMIT
                     )
                 try:
-                    msgs = await sub.fetch(BATCH, timeout=1.0)
+                    msgs = await sub.fetch(BATCH, timeout=IDLE_POLL_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     continue
                 await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))
