@@ -13,14 +13,6 @@ from jetfleet.metrics import MetricFamily, MetricsServer, ServiceMeters, otlp_re
 
 log = logging.getLogger(__name__)
 
-IDLE_POLL_S = 0.25
-"""How long a service's reading loop (admission, the backstop, the quarantine rules, the
-gateway's outcome tail) waits in one pull when nothing comes. A drain waits out the pull
-in hand, so this is how long a stopping service lingers: 1 s made every stop of a stack
-cost a second. A pull returns as soon as a message comes, so it adds no latency; idle,
-it is four pull requests a second per loop, and there is one loop per replica, not per
-job (a worker's lanes keep their own, longer wait: there are many of them)."""
-
 
 class Service(Protocol):
     """What every jetfleet service (and the worker) provides."""

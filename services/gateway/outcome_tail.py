@@ -23,11 +23,10 @@ from nats.js.errors import FetchTimeoutError
 from jetfleet import subjects
 from jetfleet.outcome_events import read_outcome
 from jetfleet.server_clock import ServerClock
-from jetfleet.service import IDLE_POLL_S
 
 log = logging.getLogger(__name__)
 BATCH = 256
-FETCH_WAIT_S = IDLE_POLL_S
+FETCH_WAIT_S = 1.0
 RETRY_S = 2.0
 INACTIVE_S = 30.0
 """The server drops our consumer this long after we stop fetching (we died)."""

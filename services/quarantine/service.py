@@ -57,13 +57,12 @@ from jetfleet import subjects
 from jetfleet.metrics import CounterFamily
 from jetfleet.outcome_events import read_outcome
 from jetfleet.server_clock import ServerClock
-from jetfleet.service import IDLE_POLL_S
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 200
-FETCH_WAIT_S = IDLE_POLL_S
+FETCH_WAIT_S = 1.0
 ERROR_RETRY_S = 2.0
 # The server removes a replica's consumer this long after its last fetch: longer than one
 # event can keep the reader busy (its firings' marker claims and one leaser request each,

@@ -21,7 +21,6 @@ from jetfleet.admission import admit
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
-from jetfleet.service import IDLE_POLL_S
 from jetfleet.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class Scheduler:
                         subjects.CONSUMER_SCHEDULER, stream=subjects.STREAM_SUBMIT
                     )
                 try:
-                    msgs = await sub.fetch(BATCH, timeout=IDLE_POLL_S)
+                    msgs = await sub.fetch(BATCH, timeout=1.0)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     continue
                 await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))

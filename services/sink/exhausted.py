@@ -38,14 +38,13 @@ from jetfleet.lease_store import HistoryEntry, LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.results import committed_job
 from jetfleet.server_clock import parse_server_time
-from jetfleet.service import IDLE_POLL_S
 from jetfleet.settings import Settings
 from jetfleet.settlement import land
 
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 50
-FETCH_WAIT_S = IDLE_POLL_S
+FETCH_WAIT_S = 1.0
 # An advisory whose job still has a live lease (its last delivery is still running, or
 # its holder stalled) is looked at again after this; its lease ends within its TTL.
 LIVE_LEASE_RETRY_S = 5.0
