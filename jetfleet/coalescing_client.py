@@ -7,9 +7,10 @@ requests the tasks ahead of it made, so a service makes many small writes: on a
 2-core machine the write syscalls (and the server wake-ups each one causes) were a
 third of each service's CPU. This flusher waits two more loop passes before it writes,
 so the requests, replies and acks made by every task those passes run go out together:
-one write and one server wake-up instead of several. A pass is microseconds; nothing
-waits longer than that. (Two passes against one: 655-696 -> 712-717 jobs/s on the full
-path, CPU per job 2.6-2.7 -> 2.5 ms; a third pass gained nothing, docs/benchmarks.md.)
+one write and one server wake-up instead of several. A pass takes microseconds when idle
+and up to milliseconds under load; nothing waits longer than two of them. (Two passes
+against one: 655-696 -> 712-717 jobs/s on the full path, CPU per job 2.6-2.7 -> 2.5 ms;
+a third pass gained nothing, docs/benchmarks.md.)
 
 It overrides nats-py's private ``Client._flusher`` (nats-py is pinned to 2.16.x in
 pyproject.toml); tests/test_coalescing_client.py checks the contract it keeps: every
