@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from jetfleet.task_stop import stop_task
+from jetfleet.task_stop import raise_if_cancel_dropped, stop_task
 
 
 async def test_a_task_whose_first_cancel_is_swallowed_by_wait_for_is_still_stopped() -> None:
@@ -51,6 +51,34 @@ async def _answer(replies: asyncio.Queue[asyncio.Future[bool]]) -> None:
 def _answered(reply: asyncio.Future[bool]) -> None:
     if not reply.done():
         reply.set_result(True)
+
+
+async def test_a_loop_that_checks_for_a_dropped_cancel_stops_at_its_next_round() -> None:
+    # The lease keeper's way: each round asks whether a cancel was dropped, so it stops
+    # at once, not whenever a resend happens to land between replies (resends here come
+    # only after 60 s, so only the first cancel can have stopped it).
+    loop = asyncio.get_running_loop()
+    replies: asyncio.Queue[asyncio.Future[bool]] = asyncio.Queue()
+    rounds = 0
+
+    async def keeper() -> None:
+        nonlocal rounds
+        while True:
+            raise_if_cancel_dropped()
+            reply = loop.create_future()
+            await replies.put(reply)
+            await asyncio.wait_for(reply, 5.0)
+            rounds += 1
+
+    task = asyncio.create_task(keeper())
+    reply = await replies.get()
+    await asyncio.sleep(0)
+    reply.set_result(True)
+    stopping = asyncio.create_task(stop_task(task, resend_s=60.0))
+    finished, _ = await asyncio.wait({stopping}, timeout=5.0)
+    assert stopping in finished, f"the task ran on through {rounds} rounds after its cancel"
+    assert task.cancelled()
+    assert rounds == 1  # the round whose reply came with the cancel, and no other
 
 
 async def test_stopping_a_finished_task_returns_at_once() -> None:

@@ -84,7 +84,7 @@ from jetfleet.schemas.permit import (
 from jetfleet.schemas.report import MAX_DECODE_ERROR_CHARS, Malformed
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings, owned_identity, with_identity
-from jetfleet.task_stop import stop_task
+from jetfleet.task_stop import raise_if_cancel_dropped, stop_task
 from jetfleet.unrunnable_orders import unrunnable
 from jetfleet.version_tuple import local_tuple, with_handler
 from jetfleet.work_lanes import LaneMap, WorkLane
@@ -1493,6 +1493,7 @@ class Worker:
             interval = self.settings.fleet.ack_wait_s / 3
             while True:
                 await asyncio.sleep(interval)
+                raise_if_cancel_dropped()
                 try:
                     await msg.in_progress()
                 except Exception as exc:  # reconnecting: the next beat tries again
@@ -1509,6 +1510,7 @@ class Worker:
         wait_s = interval
         while True:
             await asyncio.sleep(max(0.0, min(wait_s, renewed_at + held.ttl_s - time.monotonic())))
+            raise_if_cancel_dropped()
             asked_at = time.monotonic()
             renewed = await self._renew_within(msg, order, held, renewed_at + held.ttl_s - asked_at)
             if renewed:
