@@ -91,6 +91,10 @@ _breaker_decoder = msgspec.json.Decoder(BreakerCommand)
 _presence_decoder = msgspec.json.Decoder(PresenceWrite)
 _pause_decoder = msgspec.json.Decoder(PauseCommand)
 _versions_decoder = msgspec.json.Decoder(VersionsCommand)
+_DELIVERY_PREFIX = f"$JS.ACK.{subjects.STREAM_WORK}."
+"""A revoked lease's delivery is nak'ed only on a subject of this form: a work delivery's
+own, and all the leaser's role may publish there (a request naming any other reply
+subject, as a fuzzer's or a forger's, gets no nak, and no permission error)."""
 QUARANTINE_PROPAGATION_S = 1.0
 # Compare-and-set tries of one record before the command is answered failed (ask again).
 PUT_TRIES = 10
@@ -805,7 +809,7 @@ class Leaser:
             avoid = await self.avoid.entry(record.job_id, who, whom, "quarantined")
         if refund or avoid is not None:
             await self.store.amend(record.job_id, refund=refund, avoid=avoid)
-        if record.reply_subject:
+        if record.reply_subject.startswith(_DELIVERY_PREFIX):
             await self.nc.publish(record.reply_subject, b"-NAK")
         return True
 
