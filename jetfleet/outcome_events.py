@@ -4,9 +4,16 @@ Workers publish on ``jf.outcome.<target>`` with the job id in the ``Jf-Job`` hea
 events from before that sit on ``jf.outcome.<target>.<job id>`` until their retention
 ends, and every reader takes both. Every reader (the quarantine rules and breaker, the
 gateway's tail, ``jetfleet doctor``, a dead letter's history of old events) takes an
-event only through ``read_outcome``: one that is oversized, does not decode, names
-another job or target than its subject and header, or carries an impossible duration is
-skipped with a reason, and never stops the reader or the dead letter it feeds.
+event only through ``read_outcomes`` (or ``read_outcome`` where no batch can be): one
+that is oversized, does not decode, names another job or target than its subject and
+header, or carries an impossible duration is skipped with a reason, and never stops the
+reader or the dead letter it feeds.
+
+A worker sends its successes (``ok`` events, telemetry) in batches: one message holds up
+to ``MAX_BATCH_EVENTS`` events of one target as a JSON array, with the count in the
+``Jf-Batch`` header and no ``Jf-Job``. Failures stay one event a message: the rules name
+their stream sequences as evidence and count each sequence once, so a batch is read only
+for its ``ok`` events (anything else in it is skipped).
 """
 
 from __future__ import annotations
@@ -26,7 +33,17 @@ characters); a larger one would be copied into dead letters and reports."""
 JOB_HEADER = "Jf-Job"
 """The header naming the job of an event on a per-target subject (``jf.outcome.<target>``)."""
 
+BATCH_HEADER = "Jf-Batch"
+"""The header of a message holding several ``ok`` events (its value: how many)."""
+
+MAX_BATCH_EVENTS = 64
+"""The most events one batch holds (a worker's sends at most this many)."""
+
+MAX_BATCH_BYTES = MAX_OUTCOME_BYTES * MAX_BATCH_EVENTS
+"""The largest batch read."""
+
 _decoder = msgspec.json.Decoder(Outcome)
+_batch_decoder = msgspec.json.Decoder(list[Outcome])
 _PREFIX = f"{subjects.PREFIX}.outcome."
 
 
@@ -51,6 +68,43 @@ def read_outcome(
         job_id = (headers or {}).get(JOB_HEADER, "")
         if not job_id:
             return f"no {JOB_HEADER} header on a per-target subject: names no job"
+    return _checked(event, target, job_id)
+
+
+def read_outcomes(
+    subject: str, data: bytes, headers: Mapping[str, str] | None = None
+) -> list[Outcome | str]:
+    """The events of one stored message: a batch's (``Jf-Batch`` header) each in turn,
+    else the one ``read_outcome`` reads. Each item is an event or why it is skipped; a
+    batch that cannot be read at all is one reason.
+    """
+    if not headers or BATCH_HEADER not in headers:
+        return [read_outcome(subject, data, headers)]
+    if len(data) > MAX_BATCH_BYTES:
+        return [f"{len(data)} bytes, over the {MAX_BATCH_BYTES} an outcome batch may have"]
+    target, per_job, _ = subject.removeprefix(_PREFIX).partition(".")
+    if per_job:
+        return [f"a batch on a per-job subject ({subject[:200]}): batches are per target"]
+    try:
+        events = _batch_decoder.decode(data)
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        return [f"does not decode as a batch of Outcome: {exc}"]
+    if not 0 < len(events) <= MAX_BATCH_EVENTS:
+        return [f"a batch of {len(events)} events: 1 to {MAX_BATCH_EVENTS} may be sent"]
+    read: list[Outcome | str] = []
+    for event in events:
+        if event.kind != "ok":
+            # A failure is evidence by its own sequence; in a batch it would share one.
+            read.append(f"a {event.kind[:32]!r} event in a batch: only ok events are batched")
+        elif not event.job_id:
+            read.append("an event in a batch names no job")
+        else:
+            read.append(_checked(event, target, event.job_id))
+    return read
+
+
+def _checked(event: Outcome, target: str, job_id: str) -> Outcome | str:
+    """``event`` if it names ``job_id`` of ``target`` and its numbers are possible."""
     if (event.target, event.job_id) != (target, job_id):
         return (
             f"names job {event.job_id[:128]!r} of target {event.target[:64]!r}, not the "

@@ -222,8 +222,10 @@ CHANNELS: tuple[Channel, ...] = (
         payload=Outcome,
         description=(
             "One event per attempt's outcome, the job id in the Jf-Job header, read by "
-            "quarantine, the gateway's tail and doctor (events from before this subject "
-            "are on jf.outcome.{target}.{job_id} until their retention ends)."
+            "quarantine, the gateway's tail and doctor. A worker sends its ok events in "
+            "batches: a JSON array of up to 64 Outcome, header Jf-Batch (the count), no "
+            "Jf-Job. Events from before this subject are on "
+            "jf.outcome.{target}.{job_id} until their retention ends."
         ),
         stream=subjects.STREAM_OUTCOMES,
     ),

@@ -25,6 +25,7 @@ from jetfleet import subjects
 from jetfleet.auth.credentials import settings_for_role
 from jetfleet.client import submit_jobs
 from jetfleet.errors import ConfigError
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.results import iter_results, stored_bytes
 from jetfleet.settings import BrowserSettings, Settings, WorkerSettings, load_settings
 from jetfleet.simulator import TargetSimulator
@@ -77,11 +78,12 @@ class Env:
         ]
 
     async def outcomes(self) -> list[Outcome]:
-        decoder = msgspec.json.Decoder(Outcome)
-        return [
-            decoder.decode(m.data)
-            async for m in read_stream(self.js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
-        ]
+        events = []
+        async for m in read_stream(self.js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):
+            for event in read_outcomes(m.subject, m.data, m.headers):
+                assert not isinstance(event, str), event
+                events.append(event)
+        return events
 
     async def committed(self, *job_ids: str, timeout_s: float = 60.0) -> dict[str, PageVisit]:
         async def done() -> bool:

@@ -31,8 +31,9 @@ from jetfleet.ops.doctor import (
     read_attempts,
     target_rules,
 )
-from jetfleet.outcome_events import JOB_HEADER
+from jetfleet.outcome_events import JOB_HEADER, read_outcomes
 from jetfleet.settings import FleetSettings, NatsSettings, Settings, TargetSettings
+from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, wait_for
 from tests.stack import InProcessStack
 
@@ -60,8 +61,14 @@ def _codes(report: DoctorReport) -> list[str]:
 
 
 async def _stored_outcomes(js: JetStreamContext) -> int:
+    """Outcome events stored (a worker's batch of ok events counted event by event)."""
     try:
-        return (await js.stream_info(subjects.STREAM_OUTCOMES)).state.messages
+        return sum(
+            [
+                len(read_outcomes(m.subject, m.data, m.headers))
+                async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
+            ]
+        )
     except Exception:
         return 0
 

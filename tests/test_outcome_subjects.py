@@ -11,7 +11,7 @@ from jetfleet.schemas import Outcome
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
-from jetfleet.outcome_events import JOB_HEADER, read_outcome
+from jetfleet.outcome_events import BATCH_HEADER, JOB_HEADER, read_outcomes
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.stream_reader import read_stream
@@ -49,25 +49,37 @@ async def test_many_jobs_leave_one_outcome_subject_per_target(
         return True
 
     await wait_for(all_settled, 90.0, "every job committed or dead-lettered")
-    # num_subjects as `nats stream info` shows it (nats-py's StreamState drops it).
-    answer = await nc.request(f"$JS.API.STREAM.INFO.{subjects.STREAM_OUTCOMES}", b"", timeout=5)
-    assert json.loads(answer.data)["state"]["num_subjects"] == len(TARGETS)
-    info = await js.stream_info(subjects.STREAM_OUTCOMES, subjects_filter=">")
-    assert set(info.state.subjects or {}) == {subjects.outcomes(name) for name in TARGETS}
-
-    ran: dict[str, int] = {}
-    async for msg in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):
-        event = read_outcome(msg.subject, msg.data, msg.headers)
-        assert isinstance(event, Outcome), event
-        assert (msg.headers or {})[JOB_HEADER] == event.job_id
-        ran[event.job_id] = ran.get(event.job_id, 0) + 1
-    # Every job's attempts are there: each job ran, the failing ones every attempt of
-    # their budget (a lease lost on a loaded machine adds an attempt, never removes one).
     budget = settings.targets["shop"].max_attempts
     expected = {
         f"{name}-{n}": budget if n % 3 == 2 else 1
         for name in TARGETS
         for n in range(JOBS_PER_TARGET)
     }
-    assert set(ran) == set(expected)
+    ran: dict[str, int] = {}
+
+    async def every_attempt_stored() -> bool:
+        # A worker holds its ok events up to 50 ms for a batch: they may land after
+        # the commit.
+        ran.clear()
+        async for msg in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):
+            events = read_outcomes(msg.subject, msg.data, msg.headers)
+            headers = msg.headers or {}
+            if BATCH_HEADER in headers:
+                assert int(headers[BATCH_HEADER]) == len(events) > 1
+                assert all(isinstance(e, Outcome) and e.kind == "ok" for e in events)
+            else:
+                assert [headers[JOB_HEADER]] == [getattr(e, "job_id", e) for e in events]
+            for event in events:
+                assert isinstance(event, Outcome), event
+                ran[event.job_id] = ran.get(event.job_id, 0) + 1
+        return set(ran) == set(expected)
+
+    await wait_for(every_attempt_stored, 30.0, "every job's outcome events")
+    # num_subjects as `nats stream info` shows it (nats-py's StreamState drops it).
+    answer = await nc.request(f"$JS.API.STREAM.INFO.{subjects.STREAM_OUTCOMES}", b"", timeout=5)
+    assert json.loads(answer.data)["state"]["num_subjects"] == len(TARGETS)
+    info = await js.stream_info(subjects.STREAM_OUTCOMES, subjects_filter=">")
+    assert set(info.state.subjects or {}) == {subjects.outcomes(name) for name in TARGETS}
+    # Every job's attempts are there: each job ran, the failing ones every attempt of
+    # their budget (a lease lost on a loaded machine adds an attempt, never removes one).
     assert all(ran[job] >= runs for job, runs in expected.items()), ran

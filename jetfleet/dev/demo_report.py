@@ -17,8 +17,8 @@ from nats.js import JetStreamContext
 from jetfleet import subjects
 from jetfleet.ops.dead_letters import list_dead_letters
 from jetfleet.ops.status import FleetStatus
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.results import iter_results
-from jetfleet.schemas import Outcome
 from jetfleet.schemas.browser import ExtractedValue, PageVisit
 from jetfleet.schemas.events import CommittedResult
 from jetfleet.schemas.report import Versions
@@ -242,16 +242,15 @@ def version_name(versions: Versions) -> str:
 
 
 async def _version_rates(js: JetStreamContext) -> dict[str, VersionRate]:
-    decoder = msgspec.json.Decoder(Outcome)
     attempts: Counter[str] = Counter()
     ok: Counter[str] = Counter()
     async for msg in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):
-        outcome = decoder.decode(msg.data)
-        if not outcome.called:
-            continue  # judged without a request: says nothing of the version
-        name = version_name(outcome.versions)
-        attempts[name] += 1
-        ok[name] += outcome.kind == "ok"
+        for outcome in read_outcomes(msg.subject, msg.data, msg.headers):
+            if isinstance(outcome, str) or not outcome.called:
+                continue  # skipped, or judged without a request: says nothing of the version
+            name = version_name(outcome.versions)
+            attempts[name] += 1
+            ok[name] += outcome.kind == "ok"
     return {
         name: VersionRate(n, ok[name], round(ok[name] / n, 3))
         for name, n in sorted(attempts.items())

@@ -18,9 +18,10 @@ the settings that must fit those durations, showing the arithmetic of every rule
 * Target timeout. A p99 at or above 80 % of ``timeout_s`` means jobs are being cut off;
   so does a share of attempts ending with reason ``timeout``.
 
-The read is bounded: the most recent ``limit`` outcome events (100,000 by default), and
-with ``since_s`` only those stored in the last ``since_s`` seconds by the server's
-message timestamps. See docs/doctor.md.
+The read is bounded: the most recent ``limit`` stored outcome messages (100,000 by
+default; a worker's batch of ``ok`` events is one message), and with ``since_s`` only
+those stored in the last ``since_s`` seconds by the server's message timestamps. See
+docs/doctor.md.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import durability, subjects
-from jetfleet.outcome_events import MAX_OUTCOME_BYTES, read_outcome
+from jetfleet.outcome_events import BATCH_HEADER, MAX_BATCH_BYTES, MAX_OUTCOME_BYTES, read_outcomes
 from jetfleet.schemas import Outcome
 from jetfleet.settings import Settings
 
@@ -167,7 +168,7 @@ class ReadSummary(msgspec.Struct, frozen=True, kw_only=True):
     """Events counted as attempts (kinds ok, retryable, permanent)."""
     skipped_blocked: int = 0
     skipped_undecodable: int = 0
-    """Events ``read_outcome`` refused: oversized, undecodable, not matching their
+    """Events ``read_outcomes`` refused: oversized, undecodable, not matching their
     subject's job and target, or with an impossible duration (each logged)."""
     limit_reached: bool = False
     """The ``limit`` bound was hit: older matching events may have been left out."""
@@ -543,23 +544,25 @@ async def read_attempts(
     events = await reader.read()
     attempts: list[Attempt] = []
     counts: Counter[str] = Counter()
+    read = 0
     for data in events:
-        event = read_outcome(data.subject, data.payload, data.headers)
-        if isinstance(event, str):
-            counts["undecodable"] += 1
-            if counts["undecodable"] <= _SKIPS_LOGGED:
-                log.warning("skipped outcome event %d on %s: %s", data.seq, data.subject, event)
-            continue
-        attempt = attempt_of(event)
-        if attempt is None:
-            counts["blocked"] += 1
-        else:
-            attempts.append(attempt)
+        for event in read_outcomes(data.subject, data.payload, data.headers):
+            read += 1
+            if isinstance(event, str):
+                counts["undecodable"] += 1
+                if counts["undecodable"] <= _SKIPS_LOGGED:
+                    log.warning("skipped outcome event %d on %s: %s", data.seq, data.subject, event)
+                continue
+            attempt = attempt_of(event)
+            if attempt is None:
+                counts["blocked"] += 1
+            else:
+                attempts.append(attempt)
     if counts["undecodable"] > _SKIPS_LOGGED:
         log.warning("skipped %d outcome events in all", counts["undecodable"])
     summary = msgspec.structs.replace(
         summary,
-        events=len(events),
+        events=read,
         attempts=len(attempts),
         skipped_blocked=counts["blocked"],
         skipped_undecodable=counts["undecodable"],
@@ -633,7 +636,7 @@ class _Event(msgspec.Struct, frozen=True):
 
 
 class _BoundedReader:
-    """Reads the most recent ``limit`` matching events of JF_OUTCOMES (and only those
+    """Reads the most recent ``limit`` matching messages of JF_OUTCOMES (and only those
     after ``cutoff``) through short-lived ephemeral consumers, without a full scan.
 
     A consumer's ``num_pending`` at creation counts the matching messages from its start.
@@ -746,8 +749,9 @@ class _BoundedReader:
 
 
 def _kept_event(msg: Msg) -> _Event:
-    # Up to `limit` events are held at once: an oversized one is kept cut short (its
-    # size stays visible to read_outcome, which refuses it), never whole.
+    # Up to `limit` messages are held at once: an oversized one is kept cut short (its
+    # size stays visible to read_outcomes, which refuses it), never whole.
     meta = msg.metadata
-    payload = msg.data if len(msg.data) <= MAX_OUTCOME_BYTES else msg.data[: MAX_OUTCOME_BYTES + 1]
+    most = MAX_BATCH_BYTES if msg.headers and BATCH_HEADER in msg.headers else MAX_OUTCOME_BYTES
+    payload = msg.data if len(msg.data) <= most else msg.data[: most + 1]
     return _Event(meta.sequence.stream, msg.subject, payload, meta.timestamp, msg.headers)

@@ -25,6 +25,7 @@ from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.quarantine_view import read_quarantines
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.results import iter_results
 from jetfleet.scenario.ledger import Event
 from jetfleet.schemas import Job, Outcome
@@ -323,8 +324,9 @@ async def _alerts(js: JetStreamContext) -> list[BreakerAlert]:
 
 
 async def _outcomes(js: object) -> list[tuple[int, Outcome]]:
-    decoder = msgspec.json.Decoder(Outcome)
     found = []
     async for msg in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):  # type: ignore[arg-type]
-        found.append((msg.metadata.sequence.stream, decoder.decode(msg.data)))
+        for event in read_outcomes(msg.subject, msg.data, msg.headers):
+            if not isinstance(event, str):
+                found.append((msg.metadata.sequence.stream, event))
     return found

@@ -108,6 +108,7 @@ from jetfleet.worker.handlers import (
 )
 from jetfleet.worker.identity_cookies import IdentityCookies
 from jetfleet.worker.manners import start_warnings
+from jetfleet.worker.ok_outcomes import OkOutcomeBatches
 from jetfleet.worker.rate_pacing import RatePacing
 from jetfleet.worker.result_objects import RESULT_TOO_LARGE, ResultObjects
 from jetfleet.worker.retry_after import BoundedWait
@@ -258,6 +259,7 @@ class Worker:
         self.permits = PermitClient(nc)
         self.stats: Counter[str] = Counter()
         self.settles = SettleConfirmations(nc, self.stats)
+        self.ok_outcomes = OkOutcomeBatches(nc)
         """Acks and terms, each confirmed by the server off the job's path."""
         self.attempts = CounterFamily(
             "jetfleet_worker_attempts_total",
@@ -477,8 +479,9 @@ class Worker:
             for task in unsent:
                 task.cancel()
             await asyncio.gather(*unsent, return_exceptions=True)
-        # The last jobs' acks, confirmed before the connection closes (a lost one only
-        # makes the job wait out its ack wait, so the wait is short).
+        # The last jobs' ok events, then their acks, confirmed before the connection
+        # closes (a lost ack only makes the job wait out its ack wait: the wait is short).
+        await self.ok_outcomes.drain()
         await self.settles.drain()
         if self._announcing is not None:
             # Not deleted: other workers of the region may share the key; it lapses.
@@ -1918,8 +1921,8 @@ class Worker:
         headers = {JOB_HEADER: order.job.id}
         if kind == "ok":
             # Waiting for the stream's ack would cost every job a round trip; a success's
-            # event is telemetry (its result is the record).
-            await self.nc.publish(subject, _encoder.encode(event), headers=headers)
+            # event is telemetry (its result is the record), sent in a batch.
+            self.ok_outcomes.add(subject, order.job.id, _encoder.encode(event))
             return record_of(event)
         # A failure's event is evidence for the quarantine rules (they name its
         # sequence): stored, with the stream's ack, before the report or the release.

@@ -1,6 +1,6 @@
 """The gateway's reader of ``JF_OUTCOMES``: it follows the stream with an ephemeral,
 unacked consumer of its own (nothing durable, so replicas need no coordination) and feeds
-every event that ``read_outcome`` accepts into an ``OutcomeSeries``.
+every event that ``read_outcomes`` accepts into an ``OutcomeSeries``.
 
 It starts ``window_s`` back by the server's clock, so a restarted gateway draws the same
 recent chart; if its consumer is lost (NATS restarted, the consumer idled out) it opens a
@@ -21,7 +21,7 @@ from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError
 
 from jetfleet import subjects
-from jetfleet.outcome_events import read_outcome
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.server_clock import ServerClock
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class OutcomeTail:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
         self.skipped = 0
-        """Events ``read_outcome`` refused (logged at debug)."""
+        """Events ``read_outcomes`` refused (logged at debug)."""
 
     def start(self) -> None:
         """Start following in the background."""
@@ -112,12 +112,13 @@ class OutcomeTail:
                     continue  # nothing new: fetch again (this also keeps the consumer alive)
                 for msg in msgs:
                     self._last_seq = msg.metadata.sequence.stream
-                    event = read_outcome(msg.subject, msg.data, msg.headers)
-                    if isinstance(event, str):
-                        self.skipped += 1
-                        log.debug("skipped outcome event %d: %s", self._last_seq, event)
-                        continue
-                    self.series.add(event, msg.metadata.timestamp.timestamp())
+                    at_s = msg.metadata.timestamp.timestamp()
+                    for event in read_outcomes(msg.subject, msg.data, msg.headers):
+                        if isinstance(event, str):
+                            self.skipped += 1
+                            log.debug("skipped outcome event %d: %s", self._last_seq, event)
+                            continue
+                        self.series.add(event, at_s)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

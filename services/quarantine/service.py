@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 
 import msgspec
+from jetfleet.schemas import Outcome
 from jetfleet.schemas.lease import (
     Evidence,
     QuarantineRecord,
@@ -55,7 +56,7 @@ from nats.js.kv import KeyValue
 
 from jetfleet import subjects
 from jetfleet.metrics import CounterFamily
-from jetfleet.outcome_events import read_outcome
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.server_clock import ServerClock
 from jetfleet.settings import Settings
 
@@ -286,17 +287,21 @@ class QuarantineService:
     async def _take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         self.next_seq = seq + 1
-        event = read_outcome(msg.subject, msg.data, msg.headers)
+        at_s = msg.metadata.timestamp.timestamp()
+        # A batch holds only ok events (read_outcomes skips others), which no window
+        # that counts each sequence once ever holds: they may share one.
+        for event in read_outcomes(msg.subject, msg.data, msg.headers):
+            await self._take_event(msg.subject, seq, at_s, event)
+
+    async def _take_event(self, subject: str, seq: int, at_s: float, event: Outcome | str) -> None:
         if isinstance(event, str):
-            log.warning("skipped outcome event %d on %s: %s", seq, msg.subject, event)
+            log.warning("skipped outcome event %d on %s: %s", seq, subject, event)
             self.events.inc(verdict="skipped")
             return
         if not _wire_name(event.worker) or (event.identity and not _wire_name(event.identity)):
             # The leaser would refuse the record of a scope named so (too long, or with
             # control characters): asking would only hold up the reader.
-            log.warning(
-                "skipped outcome event %d on %s: a name the leaser refuses", seq, msg.subject
-            )
+            log.warning("skipped outcome event %d on %s: a name the leaser refuses", seq, subject)
             self.events.inc(verdict="skipped")
             return
         if event.target not in self.settings.targets:
@@ -305,7 +310,6 @@ class QuarantineService:
             self.events.inc(verdict="unknown-target")
             return
         self.events.inc(verdict="counted")
-        at_s = msg.metadata.timestamp.timestamp()
         self._newest_at_s = max(self._newest_at_s, at_s)
         seen = Seen(at_s=at_s, seq=seq, outcome=event)
         if event.called or event.kind != "blocked":

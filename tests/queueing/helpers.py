@@ -17,7 +17,7 @@ from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
-from jetfleet.outcome_events import read_outcome
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.settings import Settings, TargetSettings, WorkerSettings
 from jetfleet.stream_reader import count_messages, read_stream
 from jetfleet.worker import HandlerContext, handler
@@ -119,13 +119,13 @@ async def dead(js: JetStreamContext, target_name: str) -> int:
 async def outcomes(js: JetStreamContext, target_name: str) -> list[Outcome]:
     """Every stored outcome event of one target, of either subject form (per target with
     the job in ``Jf-Job``, and the old per-job one), read as the product reads them
-    (``read_outcome``): an event it would skip fails the test."""
+    (``read_outcomes``): an event it would skip fails the test."""
     events = []
     for filter_subject in subjects.outcome_filters(target_name):
         async for msg in read_stream(js, subjects.STREAM_OUTCOMES, filter_subject):
-            event = read_outcome(msg.subject, msg.data, msg.headers)
-            assert not isinstance(event, str), f"{msg.subject}: {event}"
-            events.append(event)
+            for event in read_outcomes(msg.subject, msg.data, msg.headers):
+                assert not isinstance(event, str), f"{msg.subject}: {event}"
+                events.append(event)
     return events
 
 
