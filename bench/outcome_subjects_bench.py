@@ -39,6 +39,7 @@ from jetfleet import subjects
 from jetfleet.client import resolve_url, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.settings import (
     FleetSettings,
     NatsSettings,
@@ -204,7 +205,11 @@ async def _submit_and_count(
         kind = letter.order.job.url.rsplit("/", 2)[-2]
         tried = ",".join(sorted({a.reason for a in letter.history}))
         reasons[f"{letter.reason} ({kind}; attempts: {tried})"] += 1
-    outcomes = await count_messages(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
+    outcome_messages = await count_messages(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
+    # A worker's ok events come up to 64 to a message: count the events.
+    outcomes = 0
+    async for msg in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>"):
+        outcomes += len(read_outcomes(msg.subject, msg.data, msg.headers))
     total = sum(seen.values())
     return {
         "jobs": args.jobs,
@@ -213,6 +218,7 @@ async def _submit_and_count(
         "dead_by_reason": dict(reasons),
         "committed": args.jobs - dead,
         "outcome_events": outcomes,
+        "outcome_messages": outcome_messages,
         "outcomes_num_subjects": await num_subjects(nc, subjects.STREAM_OUTCOMES),
         "fences_num_subjects": await num_subjects(nc, f"KV_{subjects.BUCKET_FENCES}"),
         "messages": total,

@@ -11,7 +11,9 @@ Settings), then the bench writes N settled jobs' durable state as jetfleet leave
 - committed job: its ``jf-fences`` entry (``JobLeaseHistory`` with the id claim, fence,
   grant count and the ``SealedCommit`` seal carrying the result, written as ``kv.create``
   writes: ``Nats-Expected-Last-Subject-Sequence: 0``), one ``ok`` ``Outcome`` on
-  ``jf.outcome.<target>.<job>`` (a core publish, no headers, as the worker sends it), and
+  ``jf.outcome.<target>.<job>`` (a core publish, no headers: the per-job layout from
+  before outcomes moved to one subject per target, which is what this bench measures;
+  today's worker sends its ok events in batches on ``jf.outcome.<target>``), and
   the ``CommittedResult`` on ``jf.results.<target>.<key>`` (put-if-absent header);
 - every ``--dead-every``-th job is dead instead: its entry sealed with ``SealedDeath``
   (the letter with a 3-attempt history), three failure ``Outcome`` events, and the

@@ -10,7 +10,7 @@ header, or carries an impossible duration is skipped with a reason, and never st
 reader or the dead letter it feeds.
 
 A worker sends its successes (``ok`` events, telemetry) in batches: one message holds up
-to ``MAX_BATCH_EVENTS`` events of one target as a JSON array, with the count in the
+to ``MAX_BATCH_EVENTS`` events of one target (an ``OutcomeBatch``), with the count in the
 ``Jf-Batch`` header and no ``Jf-Job``. Failures stay one event a message: the rules name
 their stream sequences as evidence and count each sequence once, so a batch is read only
 for its ``ok`` events (anything else in it is skipped).
@@ -42,8 +42,20 @@ MAX_BATCH_EVENTS = 64
 MAX_BATCH_BYTES = MAX_OUTCOME_BYTES * MAX_BATCH_EVENTS
 """The largest batch read."""
 
+OK_HOLD_S = 0.05
+"""How long a worker holds an ``ok`` event for its batch at most: an ``ok`` event may be
+stored this much after a failure that came after it."""
+
 _decoder = msgspec.json.Decoder(Outcome)
-_batch_decoder = msgspec.json.Decoder(list[Outcome])
+
+
+class _RawBatch(msgspec.Struct, frozen=True):
+    """An ``OutcomeBatch`` with its events left undecoded, to bound each one's size."""
+
+    events: list[msgspec.Raw]
+
+
+_batch_decoder = msgspec.json.Decoder(_RawBatch)
 _PREFIX = f"{subjects.PREFIX}.outcome."
 
 
@@ -86,13 +98,24 @@ def read_outcomes(
     if per_job:
         return [f"a batch on a per-job subject ({subject[:200]}): batches are per target"]
     try:
-        events = _batch_decoder.decode(data)
+        raws = _batch_decoder.decode(data).events
     except (msgspec.MsgspecError, RecursionError) as exc:
-        return [f"does not decode as a batch of Outcome: {exc}"]
-    if not 0 < len(events) <= MAX_BATCH_EVENTS:
-        return [f"a batch of {len(events)} events: 1 to {MAX_BATCH_EVENTS} may be sent"]
+        return [f"does not decode as an OutcomeBatch: {exc}"]
+    if not 0 < len(raws) <= MAX_BATCH_EVENTS:
+        return [f"a batch of {len(raws)} events: 1 to {MAX_BATCH_EVENTS} may be sent"]
+    if headers[BATCH_HEADER] != str(len(raws)):
+        return [f"{BATCH_HEADER} says {headers[BATCH_HEADER][:20]!r}, the batch holds {len(raws)}"]
     read: list[Outcome | str] = []
-    for event in events:
+    for raw in raws:
+        # Each event within the bound a lone one has: a batch is no way around it.
+        if len(raw) > MAX_OUTCOME_BYTES:
+            read.append(f"an event of {len(raw)} bytes in a batch, over {MAX_OUTCOME_BYTES}")
+            continue
+        try:
+            event = _decoder.decode(raw)
+        except (msgspec.MsgspecError, RecursionError) as exc:
+            read.append(f"an event in a batch does not decode as an Outcome: {exc}")
+            continue
         if event.kind != "ok":
             # A failure is evidence by its own sequence; in a batch it would share one.
             read.append(f"a {event.kind[:32]!r} event in a batch: only ok events are batched")

@@ -23,6 +23,7 @@ from jetfleet.schemas import (
     Job,
     LeaseReply,
     Outcome,
+    OutcomeBatch,
     Rejection,
     Report,
     SinkReply,
@@ -222,10 +223,21 @@ CHANNELS: tuple[Channel, ...] = (
         payload=Outcome,
         description=(
             "One event per attempt's outcome, the job id in the Jf-Job header, read by "
-            "quarantine, the gateway's tail and doctor. A worker sends its ok events in "
-            "batches: a JSON array of up to 64 Outcome, header Jf-Batch (the count), no "
-            "Jf-Job. Events from before this subject are on "
-            "jf.outcome.{target}.{job_id} until their retention ends."
+            "quarantine, the gateway's tail and doctor (events from before this subject "
+            "are on jf.outcome.{target}.{job_id} until their retention ends). A worker's "
+            "ok events come in batches on the same subject (outcome-batch)."
+        ),
+        stream=subjects.STREAM_OUTCOMES,
+    ),
+    Channel(
+        name="outcome-batch",
+        address=subjects.outcomes(_TARGET),
+        kind="stream",
+        payload=OutcomeBatch,
+        description=(
+            "A worker's ok outcome events of one target, 1 to 64 to a message, with the "
+            "Jf-Batch header (their count) and no Jf-Job; failures are never batched. "
+            "Read by the same readers as outcome."
         ),
         stream=subjects.STREAM_OUTCOMES,
     ),

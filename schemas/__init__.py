@@ -14,7 +14,14 @@ if __name__ != "jetfleet.schemas":
     )
 
 
-from jetfleet.schemas.events import CommittedResult, DeadLetter, Duplicate, Outcome, Rejection
+from jetfleet.schemas.events import (
+    CommittedResult,
+    DeadLetter,
+    Duplicate,
+    Outcome,
+    OutcomeBatch,
+    Rejection,
+)
 from jetfleet.schemas.job import Job, WorkOrder
 from jetfleet.schemas.lease import (
     LeaseAlreadyDone,
@@ -47,6 +54,7 @@ __all__ = [
     "LeaseRequest",
     "NoopOutput",
     "Outcome",
+    "OutcomeBatch",
     "Rejection",
     "Report",
     "SinkReply",

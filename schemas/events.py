@@ -79,6 +79,15 @@ class Outcome(msgspec.Struct, frozen=True, omit_defaults=True):
     it decides no circuit breaker's probe."""
 
 
+class OutcomeBatch(msgspec.Struct, frozen=True):
+    """A worker's ``ok`` outcome events of one target, on ``jf.outcome.<target>`` with
+    header ``Jf-Batch`` (how many) and no ``Jf-Job``: 1 to 64 events, each as a lone
+    event would be. Only ``ok`` events are batched (a failure is evidence by its own
+    stream sequence), so a reader skips anything else found in one."""
+
+    events: list[Outcome]
+
+
 class Duplicate(msgspec.Struct, frozen=True, omit_defaults=True):
     """A job settled by another job's commit of the same unit of work, on
     ``jf.duplicates.<target>``: it counts as committed without a second side effect."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import Outcome, Versions
+from jetfleet.schemas import Outcome, OutcomeBatch, Versions
 from jetfleet.schemas.events import OutcomeKind
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
@@ -31,7 +31,7 @@ from jetfleet.ops.doctor import (
     read_attempts,
     target_rules,
 )
-from jetfleet.outcome_events import JOB_HEADER, read_outcomes
+from jetfleet.outcome_events import BATCH_HEADER, JOB_HEADER, read_outcomes
 from jetfleet.settings import FleetSettings, NatsSettings, Settings, TargetSettings
 from jetfleet.stream_reader import read_stream
 from tests.conftest import make_settings, wait_for
@@ -457,3 +457,34 @@ def test_a_cluster_wants_a_lease_ttl_that_outlives_a_leader_election() -> None:
     assert len(warnings) == 1 and "at least 30 s" in warnings[0].message
     ttl_rec = fleet_rules(cluster)[0][0]
     assert ttl_rec.recommended_s == 30.0 and not ttl_rec.ok
+
+
+async def test_the_bound_counts_the_events_of_a_batch_not_its_messages(nc: NatsClient) -> None:
+    # Workers send ok events 64 to a message: --limit still means events.
+    js = nc.jetstream()
+    versions = Versions(jetfleet="0", handler="http.get@1")
+    for batch in range(10):
+        events = [
+            Outcome(
+                job_id=f"a-{batch}-{n}",
+                target="a",
+                worker="w-test",
+                attempt=1,
+                kind="ok",
+                duration_s=float(batch),
+                versions=versions,
+            )
+            for n in range(64)
+        ]
+        await js.publish(
+            subjects.outcomes("a"),
+            msgspec.json.encode(OutcomeBatch(events)),
+            headers={BATCH_HEADER: "64"},
+        )
+    attempts, read = await read_attempts(js, limit=100)
+    assert (read.events, read.attempts, read.limit_reached) == (100, 100, True)
+    # The newest 100: the last batch whole and 36 of the one before.
+    assert sorted({a.duration_s for a in attempts}) == [8.0, 9.0]
+    assert [a.duration_s for a in attempts].count(9.0) == 64
+    attempts, read = await read_attempts(js, limit=1000)
+    assert (read.events, read.limit_reached) == (640, False)

@@ -21,7 +21,7 @@ subject                                              published   consumed by
 ``jf.ratelimit``                                     worker      ratelimit
 ``jf.sink.report.<target>``                          worker      sink
 ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.>``     admin       sink (via JF_ADVISORIES)
-``jf.outcome.<target>`` (``Jf-Job`` header)           worker      quarantine, gateway tail
+``jf.outcome.<target>`` (``Jf-Job``, ``Jf-Batch``)    worker      quarantine, gateway tail
 gateway ``POST`` bodies (jobs, pause, resume,        (token)     gateway
 proposals, dead-letter replay)
 ==================================================  ==========  =========================
@@ -63,6 +63,7 @@ from jetfleet.schemas import (
     LeaseRefusal,
     LeaseReply,
     Outcome,
+    OutcomeBatch,
     Report,
     SinkReply,
     Versions,
@@ -96,7 +97,13 @@ from jetfleet.auth.credentials import settings_for_role
 from jetfleet.auth.roles import Role
 from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
-from jetfleet.outcome_events import JOB_HEADER, read_outcome
+from jetfleet.outcome_events import (
+    BATCH_HEADER,
+    JOB_HEADER,
+    MAX_BATCH_BYTES,
+    read_outcome,
+    read_outcomes,
+)
 from jetfleet.responder import Responder
 from jetfleet.settings import GatewaySettings, Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
@@ -726,6 +733,46 @@ async def test_fuzz_outcome(fuzz: FuzzStack, batch: list[tuple[str, bytes]]) -> 
         return _quarantine_read(fuzz) == read_before + len(batch) + 1
 
     await wait_for(counted, SETTLE_S, "a valid outcome event after the fuzz to be read")
+    await undo_controls(fuzz)
+
+
+def _batch_headers(data: bytes) -> dict[str, str]:
+    """The ``Jf-Batch`` header a worker would send with ``data`` (its count of events),
+    or a count of 1 when it holds no list of events."""
+    with contextlib.suppress(msgspec.MsgspecError, RecursionError):
+        doc = msgspec.json.decode(data)
+        if isinstance(doc, dict) and isinstance(doc.get("events"), list):
+            return {BATCH_HEADER: str(len(doc["events"]))}
+    return {BATCH_HEADER: "1"}
+
+
+@given(
+    batch=st.lists(
+        ws.message(OutcomeBatch, OUTCOME_FIELDS, sizes=(9000, MAX_BATCH_BYTES + 1)),
+        min_size=1,
+        max_size=BATCH,
+    )
+)
+async def test_fuzz_outcome_batch(fuzz: FuzzStack, batch: list[bytes]) -> None:
+    # Batches on the per-target subject: each event in them counted or skipped, once.
+    js = fuzz.as_role["worker"].jetstream()
+    read_before = _quarantine_read(fuzz)
+    tail = fuzz.gateway.outcomes
+    skipped_before = tail.skipped
+    subject = subjects.outcomes(FUZZ_TARGET)
+    items = refused = last = 0
+    for data in batch:
+        headers = _batch_headers(data)
+        read = read_outcomes(subject, data, headers)
+        items += len(read)
+        refused += sum(isinstance(event, str) for event in read)
+        last = (await js.publish(subject, data, headers=headers)).seq
+
+    async def read_all() -> bool:
+        return _quarantine_read(fuzz) == read_before + items and tail._last_seq >= last
+
+    await wait_for(read_all, SETTLE_S, "the quarantine service and the gateway to read them all")
+    assert tail.skipped - skipped_before == refused
     await undo_controls(fuzz)
 
 

@@ -34,6 +34,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.dev.settings_file import settings_toml
 from jetfleet.lease_client import LeaseClient
 from jetfleet.lease_store import LeaseStore
+from jetfleet.outcome_events import read_outcomes
 from jetfleet.rate_cells import KEY_FLEET_BORN, US, born_key, target_tag
 from jetfleet.results import iter_results
 from jetfleet.settings import Settings, load_settings
@@ -418,11 +419,20 @@ async def test_I2_a_worker_with_its_clock_skewed_by_an_hour_behaves_correctly(
             assert record.duration_s >= SLOW_S > ACK_WAIT_S > TTL_S
 
     # Every attempt ended ok: no lost lease, no retry, and JetStream redelivered nothing.
-    outcomes = [
-        msgspec.json.decode(m.data, type=Outcome)
-        async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
-    ]
-    assert Counter(o.kind for o in outcomes) == {"ok": 50}
+    outcomes: list[Outcome | str] = []
+
+    async def every_outcome_stored() -> bool:
+        # A worker sends its ok events in batches after a short wait: they may be
+        # stored after the commits.
+        outcomes[:] = [
+            event
+            async for m in read_stream(js, subjects.STREAM_OUTCOMES, "jf.outcome.>")
+            for event in read_outcomes(m.subject, m.data, m.headers)
+        ]
+        return len(outcomes) >= 50
+
+    await wait_for(every_outcome_stored, 10.0, "50 outcome events")
+    assert Counter(getattr(o, "kind", o) for o in outcomes) == {"ok": 50}
     info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer("demo"))
     assert info.delivered.consumer_seq == 50
     assert (info.num_redelivered or 0) == 0

@@ -6,9 +6,13 @@ batcher against a real nats-server, and the gateway's tail counting a batch."""
 from __future__ import annotations
 
 import msgspec
-from jetfleet.schemas import Outcome
+import pytest
+from jetfleet.schemas import Outcome, OutcomeBatch
 from jetfleet.schemas.report import Versions
 from jetfleet.services.gateway.outcome_tail import OutcomeTail
+from jetfleet.services.quarantine import service as quarantine_service
+from jetfleet.services.quarantine.rollout_guard import TupleWindow
+from jetfleet.services.quarantine.rule_windows import Seen
 from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
@@ -17,6 +21,8 @@ from jetfleet.outcome_events import (
     JOB_HEADER,
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
+    MAX_OUTCOME_BYTES,
+    OK_HOLD_S,
     read_outcomes,
 )
 from jetfleet.server_clock import ServerClock
@@ -24,6 +30,7 @@ from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
 from jetfleet.worker.ok_outcomes import OkOutcomeBatches
 from tests.conftest import wait_for
+from tests.stack import InProcessStack
 
 SUBJECT = subjects.outcomes("demo")
 
@@ -41,7 +48,7 @@ def _event(n: int, kind: str = "ok", target: str = "demo") -> Outcome:
 
 
 def _batch(*events: Outcome) -> tuple[bytes, dict[str, str]]:
-    return msgspec.json.encode(list(events)), {BATCH_HEADER: str(len(events))}
+    return msgspec.json.encode(OutcomeBatch(list(events))), {BATCH_HEADER: str(len(events))}
 
 
 # ------------------------------------------------------------------------- reading rules
@@ -73,14 +80,28 @@ def test_only_ok_events_of_the_subjects_target_count_in_a_batch() -> None:
 def test_unreadable_batches_are_one_reason_each() -> None:
     cases = [
         (SUBJECT, b"[", "does not decode"),
-        (SUBJECT, b"[]", "a batch of 0 events"),
-        (SUBJECT, msgspec.json.encode([_event(n) for n in range(MAX_BATCH_EVENTS + 1)]), "65"),
+        (SUBJECT, msgspec.json.encode([_event(1)]), "does not decode as an OutcomeBatch"),
+        (SUBJECT, b'{"events":[]}', "a batch of 0 events"),
+        (SUBJECT, _batch(*(_event(n) for n in range(MAX_BATCH_EVENTS + 1)))[0], "65"),
         (SUBJECT, b" " * (MAX_BATCH_BYTES + 1), "over the"),
-        (subjects.outcome("demo", "j1"), msgspec.json.encode([_event(1)]), "per-job subject"),
+        (subjects.outcome("demo", "j1"), _batch(_event(1))[0], "per-job subject"),
     ]
     for subject, data, expected in cases:
-        [why] = read_outcomes(subject, data, {BATCH_HEADER: "1"})
+        [why] = read_outcomes(subject, data, {BATCH_HEADER: str(data.count(b'"job_id"'))})
         assert isinstance(why, str) and expected in why, (expected, why)
+
+
+def test_an_event_in_a_batch_has_a_lone_events_bound_and_the_count_must_match() -> None:
+    # A batch is no way around the 8 KiB a lone event may have (the gateway keys its
+    # tallies by worker name, for one).
+    big = msgspec.structs.replace(_event(2), worker="w" * MAX_OUTCOME_BYTES)
+    data, headers = _batch(_event(1), big)
+    first, why = read_outcomes(SUBJECT, data, headers)
+    assert first == _event(1)
+    assert isinstance(why, str) and f"over {MAX_OUTCOME_BYTES}" in why
+    data, _ = _batch(_event(1), _event(2))
+    [why] = read_outcomes(SUBJECT, data, {BATCH_HEADER: "3"})
+    assert isinstance(why, str) and "the batch holds 2" in why
 
 
 # -------------------------------------------------------------- the batcher, real server
@@ -148,3 +169,49 @@ async def test_the_gateway_tail_counts_every_event_of_a_batch(
         assert (tail.series.events, row.ok, tail.skipped) == (11, 11, 0)
     finally:
         await tail.stop()
+
+
+async def test_an_error_mid_batch_costs_the_quarantine_reader_that_event_alone(
+    nc: NatsClient, services: InProcessStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One event of a batch raising (a control-bucket read timing out, say) makes the
+    # reader subscribe again: the rest of the batch is still taken, none twice.
+    monkeypatch.setattr(quarantine_service, "ERROR_RETRY_S", 0.1)
+    replica = await services.add_quarantine()
+    observed: list[str] = []
+    observe = replica.breaker.observe
+
+    async def failing_once(seen: Seen) -> None:
+        observed.append(seen.outcome.job_id)
+        if observed.count("j2") == 1 and seen.outcome.job_id == "j2":
+            raise TimeoutError("control bucket read timed out")
+        await observe(seen)
+
+    monkeypatch.setattr(replica.breaker, "observe", failing_once)
+    data, headers = _batch(*(_event(n) for n in range(10)))
+    await nc.jetstream().publish(SUBJECT, data, headers=headers)
+
+    async def all_seen() -> bool:
+        return len(observed) >= 10
+
+    await wait_for(all_seen, 30.0, "the batch's 10 events observed")
+    last = (await nc.jetstream().stream_info(subjects.STREAM_OUTCOMES)).state.last_seq
+
+    async def caught_up() -> bool:
+        return (replica.next_seq or 0) > last
+
+    await wait_for(caught_up, 30.0, "the reader past the batch")
+    assert observed == [f"j{n}" for n in range(10)]
+    assert replica.events.get(verdict="counted") == 10
+
+
+def test_the_rollout_guard_leaves_out_failures_whose_earlier_successes_may_be_held() -> None:
+    # Workers hold ok events up to OK_HOLD_S for a batch; failures are stored at once.
+    window = TupleWindow()
+    window.events.extend([(10.0, True, False)] * 8)
+    window.events.extend([(10.4, False, True), (10.5, False, True)])
+    newest = 10.5
+    judged_now = window.rates(failures_until_s=newest - OK_HOLD_S)
+    assert (judged_now.sample, judged_now.ok, judged_now.blocked) == (9, 8, 1)
+    caught_up = window.rates()
+    assert (caught_up.sample, caught_up.ok, caught_up.blocked) == (10, 8, 2)

@@ -16,22 +16,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import pytest
 from jetfleet.schemas import Outcome
 from nats.js import JetStreamContext
 
-from jetfleet import subjects
 from jetfleet.errors import ConfigError
 from jetfleet.metrics import ServiceMeters
 from jetfleet.settings import Settings, load_settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from jetfleet.stream_reader import read_stream
 from jetfleet.worker import Worker
 from jetfleet.worker.retry_after import retry_after_s
 from tests.conftest import wait_for
 from tests.prom_text import value
-from tests.queueing.helpers import dead, queue_settings, submit_paths, target
+from tests.queueing.helpers import dead, outcomes, queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 
 CAP_S = 2.0
@@ -50,11 +47,7 @@ class Env:
         return self.stack.workers[0]
 
     async def outcomes(self) -> list[Outcome]:
-        decoder = msgspec.json.Decoder(Outcome)
-        return [
-            decoder.decode(m.data)
-            async for m in read_stream(self.js, subjects.STREAM_OUTCOMES, subjects.outcomes("slow"))
-        ]
+        return await outcomes(self.js, "slow")
 
 
 async def start_env(

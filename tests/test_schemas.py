@@ -27,6 +27,7 @@ from jetfleet.schemas import (
     LeaseRequest,
     NoopOutput,
     Outcome,
+    OutcomeBatch,
     Rejection,
     SinkReply,
     Success,
@@ -463,6 +464,19 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             kind="ok",
             duration_s=0.25,
             versions=VERSIONS,
+        ),
+        OutcomeBatch(
+            events=[
+                Outcome(
+                    job_id=JOB.id,
+                    target="example",
+                    worker="w1",
+                    attempt=1,
+                    kind="ok",
+                    duration_s=0.25,
+                    versions=VERSIONS,
+                )
+            ]
         ),
         LeaseRequest(
             job_id=JOB.id, target="example", key=ORDER.key, worker="w1", versions=VERSIONS

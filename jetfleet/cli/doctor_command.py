@@ -56,10 +56,7 @@ def register(commands: Any) -> None:
         "--limit",
         type=_positive_int,
         default=DEFAULT_LIMIT,
-        help=(
-            f"read at most the most recent LIMIT stored outcome messages (default "
-            f"{DEFAULT_LIMIT}; a worker's batch of ok events is one)"
-        ),
+        help=f"read at most the most recent LIMIT outcome events (default {DEFAULT_LIMIT})",
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.set_defaults(run=_run)
@@ -105,7 +102,7 @@ async def collect(
         settings: the settings to check.
         target: one declared target, or None for all targets with events.
         since_s: only attempts of the last this many seconds.
-        limit: at most this many of the most recent stored outcome messages.
+        limit: at most this many of the most recent outcome events.
 
     Returns:
         The report.

@@ -18,8 +18,8 @@ the settings that must fit those durations, showing the arithmetic of every rule
 * Target timeout. A p99 at or above 80 % of ``timeout_s`` means jobs are being cut off;
   so does a share of attempts ending with reason ``timeout``.
 
-The read is bounded: the most recent ``limit`` stored outcome messages (100,000 by
-default; a worker's batch of ``ok`` events is one message), and with ``since_s`` only
+The read is bounded: the most recent ``limit`` outcome events (100,000 by default; a
+worker's batch of ``ok`` events counts as the events it holds), and with ``since_s`` only
 those stored in the last ``since_s`` seconds by the server's message timestamps. See
 docs/doctor.md.
 """
@@ -43,7 +43,13 @@ from nats.js import api as js_api
 from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import durability, subjects
-from jetfleet.outcome_events import BATCH_HEADER, MAX_BATCH_BYTES, MAX_OUTCOME_BYTES, read_outcomes
+from jetfleet.outcome_events import (
+    BATCH_HEADER,
+    MAX_BATCH_BYTES,
+    MAX_BATCH_EVENTS,
+    MAX_OUTCOME_BYTES,
+    read_outcomes,
+)
 from jetfleet.schemas import Outcome
 from jetfleet.settings import Settings
 
@@ -544,31 +550,35 @@ async def read_attempts(
     events = await reader.read()
     attempts: list[Attempt] = []
     counts: Counter[str] = Counter()
-    read = 0
-    for data in events:
-        for event in read_outcomes(data.subject, data.payload, data.headers):
-            read += 1
-            if isinstance(event, str):
-                counts["undecodable"] += 1
-                if counts["undecodable"] <= _SKIPS_LOGGED:
-                    log.warning("skipped outcome event %d on %s: %s", data.seq, data.subject, event)
-                continue
-            attempt = attempt_of(event)
-            if attempt is None:
-                counts["blocked"] += 1
-            else:
-                attempts.append(attempt)
+    read = [
+        (data, event)
+        for data in events
+        for event in read_outcomes(data.subject, data.payload, data.headers)
+    ]
+    limit_reached = reader.limit_reached or len(read) > limit
+    read = read[-limit:]  # the newest `limit` events (a batch may straddle the bound)
+    for data, event in read:
+        if isinstance(event, str):
+            counts["undecodable"] += 1
+            if counts["undecodable"] <= _SKIPS_LOGGED:
+                log.warning("skipped outcome event %d on %s: %s", data.seq, data.subject, event)
+            continue
+        attempt = attempt_of(event)
+        if attempt is None:
+            counts["blocked"] += 1
+        else:
+            attempts.append(attempt)
     if counts["undecodable"] > _SKIPS_LOGGED:
         log.warning("skipped %d outcome events in all", counts["undecodable"])
     summary = msgspec.structs.replace(
         summary,
-        events=read,
+        events=len(read),
         attempts=len(attempts),
         skipped_blocked=counts["blocked"],
         skipped_undecodable=counts["undecodable"],
-        limit_reached=reader.limit_reached,
-        oldest=events[0].timestamp.isoformat() if events else "",
-        newest=events[-1].timestamp.isoformat() if events else "",
+        limit_reached=limit_reached,
+        oldest=read[0][0].timestamp.isoformat() if read else "",
+        newest=read[-1][0].timestamp.isoformat() if read else "",
     )
     return attempts, summary
 
@@ -636,8 +646,9 @@ class _Event(msgspec.Struct, frozen=True):
 
 
 class _BoundedReader:
-    """Reads the most recent ``limit`` matching messages of JF_OUTCOMES (and only those
-    after ``cutoff``) through short-lived ephemeral consumers, without a full scan.
+    """Reads the most recent matching messages of JF_OUTCOMES that hold ``limit`` events
+    (and only those after ``cutoff``) through short-lived ephemeral consumers, without a
+    full scan; ``read_attempts`` keeps the newest ``limit`` events of them.
 
     A consumer's ``num_pending`` at creation counts the matching messages from its start.
     With a time bound, a consumer starting at ``cutoff`` is used when it has at most
@@ -728,7 +739,10 @@ class _BoundedReader:
             await self.js.delete_consumer(subjects.STREAM_OUTCOMES, name)
 
     async def _drain(self, name: str, pending: int) -> list[_Event]:
-        kept: deque[_Event] = deque(maxlen=self.limit)
+        # The newest messages holding at least `limit` events (a batch counts as the
+        # events its header names); read_attempts keeps the newest `limit` of those.
+        kept: deque[_Event] = deque()
+        held = 0
         remaining = pending
         sub = await self.js.pull_subscribe_bind(consumer=name, stream=subjects.STREAM_OUTCOMES)
         try:
@@ -742,15 +756,24 @@ class _BoundedReader:
                     remaining = min(remaining - 1, meta.num_pending)
                     if self.cutoff is None or meta.timestamp >= self.cutoff:
                         kept.append(_kept_event(msg))
+                        held += _events_in(kept[-1])
+                        while held - _events_in(kept[0]) >= self.limit:
+                            held -= _events_in(kept.popleft())
         finally:
             await sub.unsubscribe()
             await self._close(name)
         return list(kept)
 
 
+def _events_in(event: _Event) -> int:
+    """How many events a kept message holds, by its header (1 for a lone event)."""
+    count = (event.headers or {}).get(BATCH_HEADER, "1")
+    return min(int(count), MAX_BATCH_EVENTS) if count.isdigit() and count != "0" else 1
+
+
 def _kept_event(msg: Msg) -> _Event:
-    # Up to `limit` messages are held at once: an oversized one is kept cut short (its
-    # size stays visible to read_outcomes, which refuses it), never whole.
+    # Messages holding up to `limit` events are held at once: an oversized one is kept
+    # cut short (its size stays visible to read_outcomes, which refuses it), never whole.
     meta = msg.metadata
     most = MAX_BATCH_BYTES if msg.headers and BATCH_HEADER in msg.headers else MAX_OUTCOME_BYTES
     payload = msg.data if len(msg.data) <= most else msg.data[: most + 1]

@@ -259,8 +259,9 @@ class Worker:
         self.permits = PermitClient(nc)
         self.stats: Counter[str] = Counter()
         self.settles = SettleConfirmations(nc, self.stats)
-        self.ok_outcomes = OkOutcomeBatches(nc)
         """Acks and terms, each confirmed by the server off the job's path."""
+        self.ok_outcomes = OkOutcomeBatches(nc)
+        """``ok`` outcome events, sent a batch per target (failures go one by one)."""
         self.attempts = CounterFamily(
             "jetfleet_worker_attempts_total",
             "Attempts by worker, identity, target, handler version, version tuple id, "

@@ -186,6 +186,8 @@ class QuarantineService:
         self.next_seq: int | None = None
         """The ``JF_OUTCOMES`` sequence to read next (None: start from the server's now
         less the longest window)."""
+        # (message, events of it taken): where a batch cut short by an error goes on.
+        self._taken: tuple[int, int] = (0, 0)
         self.pending: list[Pending] = []
         """Firings waiting to be sent again (no leaser answered, or a KV error)."""
         self._newest_at_s = float("-inf")
@@ -222,18 +224,21 @@ class QuarantineService:
 
     async def _read(self) -> None:
         sub: JetStreamContext.PullSubscription | None = None
+        caught_up = False  # the last fetch found nothing new
         while not self._stopping.is_set():
             try:
                 await self._retry_due()
                 await self.egress.retry_due()
                 await self.breaker.retry_due()
-                await self.rollout.judge_due()
+                await self.rollout.judge_due(caught_up)
                 if sub is None:
                     sub = await self._subscribe()
                 try:
                     msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                    caught_up = True
                     continue
+                caught_up = False
                 for msg in msgs:
                     await self._take(msg)
             except Exception:  # a reconnect or leader change: read on from next_seq
@@ -286,12 +291,18 @@ class QuarantineService:
 
     async def _take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
-        self.next_seq = seq + 1
         at_s = msg.metadata.timestamp.timestamp()
         # A batch holds only ok events (read_outcomes skips others), which no window
         # that counts each sequence once ever holds: they may share one.
-        for event in read_outcomes(msg.subject, msg.data, msg.headers):
-            await self._take_event(msg.subject, seq, at_s, event)
+        events = read_outcomes(msg.subject, msg.data, msg.headers)
+        taken_seq, taken = self._taken
+        # An event that raised is not taken again (as a lone event never was), but the
+        # rest of its batch is: the reader subscribes again from this message.
+        self.next_seq = seq
+        for index in range(taken if taken_seq == seq else 0, len(events)):
+            self._taken = (seq, index + 1)
+            await self._take_event(msg.subject, seq, at_s, events[index])
+        self.next_seq = seq + 1
 
     async def _take_event(self, subject: str, seq: int, at_s: float, event: Outcome | str) -> None:
         if isinstance(event, str):
