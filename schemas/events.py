@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 from jetfleet.schemas.job import WorkOrder
@@ -85,7 +85,7 @@ class OutcomeBatch(msgspec.Struct, frozen=True):
     event would be. Only ``ok`` events are batched (a failure is evidence by its own
     stream sequence), so a reader skips anything else found in one."""
 
-    events: list[Outcome]
+    events: Annotated[list[Outcome], msgspec.Meta(min_length=1, max_length=64)]
 
 
 class Duplicate(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -486,5 +486,14 @@ async def test_the_bound_counts_the_events_of_a_batch_not_its_messages(nc: NatsC
     # The newest 100: the last batch whole and 36 of the one before.
     assert sorted({a.duration_s for a in attempts}) == [8.0, 9.0]
     assert [a.duration_s for a in attempts].count(9.0) == 64
+    attempts, read = await read_attempts(js, limit=128)  # two batches whole, none left
+    assert (read.events, read.limit_reached) == (128, True)
     attempts, read = await read_attempts(js, limit=1000)
     assert (read.events, read.limit_reached) == (640, False)
+    # A forged header is not believed: the message is what it holds when read (junk is
+    # one skipped event, whatever it claims), and no header can stop the doctor.
+    for claim in ("64", "99999", "\u00b2", "0", "x"):
+        await js.publish(subjects.outcomes("a"), b"junk", headers={BATCH_HEADER: claim})
+    attempts, read = await read_attempts(js, limit=100)
+    assert (read.events, read.skipped_undecodable, read.attempts) == (100, 5, 95)
+    assert read.limit_reached

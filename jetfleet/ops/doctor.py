@@ -44,10 +44,6 @@ from nats.js.errors import FetchTimeoutError, NotFoundError
 
 from jetfleet import durability, subjects
 from jetfleet.outcome_events import (
-    BATCH_HEADER,
-    MAX_BATCH_BYTES,
-    MAX_BATCH_EVENTS,
-    MAX_OUTCOME_BYTES,
     read_outcomes,
 )
 from jetfleet.schemas import Outcome
@@ -547,17 +543,11 @@ async def read_attempts(
     if since_s is not None:
         cutoff = (now or datetime.datetime.now(datetime.UTC)) - datetime.timedelta(seconds=since_s)
     reader = _BoundedReader(js, filters, limit, cutoff)
-    events = await reader.read()
+    read = await reader.read()
     attempts: list[Attempt] = []
     counts: Counter[str] = Counter()
-    read = [
-        (data, event)
-        for data in events
-        for event in read_outcomes(data.subject, data.payload, data.headers)
-    ]
-    limit_reached = reader.limit_reached or len(read) > limit
-    read = read[-limit:]  # the newest `limit` events (a batch may straddle the bound)
-    for data, event in read:
+    for data in read:
+        event = data.event
         if isinstance(event, str):
             counts["undecodable"] += 1
             if counts["undecodable"] <= _SKIPS_LOGGED:
@@ -576,9 +566,9 @@ async def read_attempts(
         attempts=len(attempts),
         skipped_blocked=counts["blocked"],
         skipped_undecodable=counts["undecodable"],
-        limit_reached=limit_reached,
-        oldest=read[0][0].timestamp.isoformat() if read else "",
-        newest=read[-1][0].timestamp.isoformat() if read else "",
+        limit_reached=reader.limit_reached,
+        oldest=read[0].timestamp.isoformat() if read else "",
+        newest=read[-1].timestamp.isoformat() if read else "",
     )
     return attempts, summary
 
@@ -638,11 +628,13 @@ async def durability_warnings(
 
 
 class _Event(msgspec.Struct, frozen=True):
+    """One event read (an event of a batch shares its message's sequence and time)."""
+
     seq: int
     subject: str
-    payload: bytes
     timestamp: datetime.datetime
-    headers: dict[str, str] | None = None
+    event: Outcome | str
+    """The event, or why ``read_outcomes`` skipped it."""
 
 
 class _BoundedReader:
@@ -739,10 +731,9 @@ class _BoundedReader:
             await self.js.delete_consumer(subjects.STREAM_OUTCOMES, name)
 
     async def _drain(self, name: str, pending: int) -> list[_Event]:
-        # The newest messages holding at least `limit` events (a batch counts as the
-        # events its header names); read_attempts keeps the newest `limit` of those.
+        # The newest `limit` events, each message read as it comes (a batch is the
+        # events it holds, decoded: never its header's word, never its bytes kept).
         kept: deque[_Event] = deque()
-        held = 0
         remaining = pending
         sub = await self.js.pull_subscribe_bind(consumer=name, stream=subjects.STREAM_OUTCOMES)
         try:
@@ -755,26 +746,21 @@ class _BoundedReader:
                     meta = msg.metadata
                     remaining = min(remaining - 1, meta.num_pending)
                     if self.cutoff is None or meta.timestamp >= self.cutoff:
-                        kept.append(_kept_event(msg))
-                        held += _events_in(kept[-1])
-                        while held - _events_in(kept[0]) >= self.limit:
-                            held -= _events_in(kept.popleft())
+                        kept.extend(_read_events(msg))
+                        while len(kept) > self.limit:
+                            kept.popleft()
+                            self.limit_reached = True
         finally:
             await sub.unsubscribe()
             await self._close(name)
         return list(kept)
 
 
-def _events_in(event: _Event) -> int:
-    """How many events a kept message holds, by its header (1 for a lone event)."""
-    count = (event.headers or {}).get(BATCH_HEADER, "1")
-    return min(int(count), MAX_BATCH_EVENTS) if count.isdigit() and count != "0" else 1
-
-
-def _kept_event(msg: Msg) -> _Event:
-    # Messages holding up to `limit` events are held at once: an oversized one is kept
-    # cut short (its size stays visible to read_outcomes, which refuses it), never whole.
+def _read_events(msg: Msg) -> list[_Event]:
+    # Up to `limit` events are held at once, decoded: each at most MAX_OUTCOME_BYTES (as
+    # read_outcomes bounds them), or the reason it was skipped.
     meta = msg.metadata
-    most = MAX_BATCH_BYTES if msg.headers and BATCH_HEADER in msg.headers else MAX_OUTCOME_BYTES
-    payload = msg.data if len(msg.data) <= most else msg.data[: most + 1]
-    return _Event(meta.sequence.stream, msg.subject, payload, meta.timestamp, msg.headers)
+    return [
+        _Event(meta.sequence.stream, msg.subject, meta.timestamp, event)
+        for event in read_outcomes(msg.subject, msg.data, msg.headers)
+    ]

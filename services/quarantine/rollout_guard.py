@@ -11,11 +11,14 @@ replica replaying the window after a restart does not withdraw a tuple an operat
 approved again on evidence from before.
 
 Workers hold ``ok`` events up to ``OK_HOLD_S`` for a batch, failures not: the newest
-failures read may have ``ok`` events from before them still on their way. So a
-judgement counts failures stored up to ``OK_HOLD_S`` before the newest event read (all
-of them once the reader has caught up and found nothing new), every ``ok`` event read,
-and judges again later when it left failures out: a young canary is not judged on its
-failures without the successes that came before them.
+failures read may have ``ok`` events from before them still on their way (later still
+when a worker's loop lags or its connection buffers through a reconnect). So a
+judgement counts the judged tuple's failures stored up to ``SETTLE_S`` before the
+newest message read (all of them once the reader has caught up and found nothing new),
+every ``ok`` event read, and all of the incumbent's; and judges again later when it left
+failures out. Both what is left out and what is still on its way then count against
+withdrawing: a young canary is not withdrawn on failures whose earlier successes had
+not arrived yet.
 
 The guard withdraws through the leaser (a ``VersionsRevoke`` on ``jf.versions``, by
 ``rollout-guard``, with its figures): the leaser deletes the approval with a
@@ -37,7 +40,6 @@ from nats.aio.client import Client as NatsClient
 
 from jetfleet import subjects
 from jetfleet.metrics import CounterFamily
-from jetfleet.outcome_events import OK_HOLD_S
 from jetfleet.settings import Settings
 from jetfleet.version_records import approved_tuples, guard_state
 from jetfleet.version_tuple import tuple_id
@@ -47,6 +49,9 @@ _encoder = msgspec.json.Encoder()
 _reply_decoder = msgspec.json.Decoder(VersionsReply)
 GUARD_BY = "rollout-guard"
 ASK_TIMEOUT_S = 10.0
+SETTLE_S = 1.0
+"""A judged tuple's failures this much newer than the newest message read wait for the
+next judgement: well above a worker's ``OK_HOLD_S``, and it only delays a verdict."""
 # A tuple is judged at most this often (each judgement reads the approved set).
 JUDGE_EVERY_S = 2.0
 
@@ -120,7 +125,7 @@ class RolloutGuard:
         window = self.windows.setdefault(tid, TupleWindow())
         kind = seen.outcome.kind
         window.events.append((seen.at_s, kind == "ok", kind == "blocked"))
-        self._newest_at_s = max(self._newest_at_s, seen.at_s)
+        self.note_read(seen.at_s)
         horizon = seen.at_s - versions.guard_window_s
         for each in self.windows.values():
             each.forget_before(horizon)
@@ -134,13 +139,17 @@ class RolloutGuard:
         self._due.add(tid)
         await self.judge_due()
 
+    def note_read(self, at_s: float) -> None:
+        """A message stored at ``at_s`` was read (any message: the reader's position)."""
+        self._newest_at_s = max(self._newest_at_s, at_s)
+
     async def judge_due(self, caught_up: bool = False) -> None:
         """Judge the tuples with new outcomes not judged for ``JUDGE_EVERY_S`` (the
         reader calls this between fetches too, so the last events of a burst count;
         ``caught_up``: its last fetch found nothing new, so no ``ok`` event from before
         the newest failure is still held by a worker)."""
         now = time.monotonic()
-        until_s = float("inf") if caught_up else self._newest_at_s - OK_HOLD_S
+        until_s = float("inf") if caught_up else self._newest_at_s - SETTLE_S
         for tid in list(self._due):
             if now - self._judged_at.get(tid, -JUDGE_EVERY_S) < JUDGE_EVERY_S:
                 continue
@@ -189,9 +198,11 @@ class RolloutGuard:
         """Both sides' rates, if both have the minimum sample (the new tuple's counted
         from its approval on); None otherwise."""
         versions = self.settings.versions
+        # The cut is the judged tuple's alone: the incumbent's failures all count, so
+        # neither side's missing events can tip a verdict towards withdrawing.
         until_s = self._failures_until_s
         new = self.windows[tid].rates(since_s=approved_at_s, failures_until_s=until_s)
-        old = self.windows.get(incumbent, TupleWindow()).rates(failures_until_s=until_s)
+        old = self.windows.get(incumbent, TupleWindow()).rates()
         if min(new.sample, old.sample) < versions.guard_min_sample:
             return None
         return GuardFigures(

@@ -292,6 +292,7 @@ class QuarantineService:
     async def _take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         at_s = msg.metadata.timestamp.timestamp()
+        self.rollout.note_read(at_s)
         # A batch holds only ok events (read_outcomes skips others), which no window
         # that counts each sequence once ever holds: they may share one.
         events = read_outcomes(msg.subject, msg.data, msg.headers)
