@@ -437,8 +437,10 @@ async def test_an_opening_answered_busy_is_asked_again_until_the_leaser_opens_it
     responder.limit = room
 
     async def opened() -> bool:
-        return await state(settings) == "open"
+        # The leaser writes the state before it answers: the replica counts the opening
+        # once the answer reaches it, which on a loaded machine comes a little later.
+        answered = replica.breaker.fired.get(target=SHOP, outcome="opened") == 1
+        return answered and await state(settings) == "open"
 
     await wait_for(opened, 30.0, "the busy opening made once the leaser has room")
-    assert replica.breaker.fired.get(target=SHOP, outcome="opened") == 1
     assert replica.breaker.fired.get(target=SHOP, outcome="failed") == 0
