@@ -28,6 +28,7 @@ from jetfleet.errors import JetfleetError
 from jetfleet.lease_store import LeaseStore
 from jetfleet.ops.quarantine_view import read_quarantines
 from jetfleet.ops.status import FleetStatus, confirmed_status, fleet_status
+from jetfleet.outcome_events import OK_HOLD_S
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
@@ -247,7 +248,21 @@ async def _settled(js: JetStreamContext, settings: Settings, full: FleetStatus) 
             break
         await asyncio.sleep(POLL_S)
         full = await confirmed_status(js, settings)
+    await _outcomes_quiet(js, deadline)
     return full
+
+
+async def _outcomes_quiet(js: JetStreamContext, deadline: float) -> None:
+    """Wait until no outcome event has been stored for longer than a worker holds its
+    ok events for a batch (OK_HOLD_S), so the report's version rates count every
+    attempt, or until ``deadline``."""
+    last = (await js.stream_info(subjects.STREAM_OUTCOMES)).state.last_seq
+    while time.monotonic() < deadline:
+        await asyncio.sleep(max(POLL_S, 2 * OK_HOLD_S))
+        now = (await js.stream_info(subjects.STREAM_OUTCOMES)).state.last_seq
+        if now == last:
+            return
+        last = now
 
 
 def _open(full: FleetStatus) -> int:
