@@ -155,7 +155,8 @@ async def start_hanging_spell(env: IsolationEnv, spell: int) -> int:
         raise AssertionError(
             f"{exc}: spell {spell}, {env.hanging.in_flight('hang')} hanging at the target, "
             f"{env.hanging.counts()['total']} hanging requests so far, "
-            f"{await dead(env.js, HANGING)} hanging jobs dead-lettered"
+            f"{await dead(env.js, HANGING)} hanging jobs dead-lettered; the worker's "
+            f"counts: {dict(env.stack.workers[0].stats)}"
         ) from None
     return SPELL
 
