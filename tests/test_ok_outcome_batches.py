@@ -11,7 +11,6 @@ from jetfleet.schemas import Outcome, OutcomeBatch
 from jetfleet.schemas.report import Versions
 from jetfleet.services.gateway.outcome_tail import OutcomeTail
 from jetfleet.services.quarantine import service as quarantine_service
-from jetfleet.services.quarantine.rollout_guard import SETTLE_S, RolloutGuard, TupleWindow
 from jetfleet.services.quarantine.rule_windows import Seen
 from nats.aio.client import Client as NatsClient
 
@@ -22,11 +21,10 @@ from jetfleet.outcome_events import (
     MAX_BATCH_BYTES,
     MAX_BATCH_EVENTS,
     MAX_OUTCOME_BYTES,
-    OK_HOLD_S,
     read_outcomes,
 )
 from jetfleet.server_clock import ServerClock
-from jetfleet.settings import Settings, VersionSettings
+from jetfleet.settings import Settings
 from jetfleet.stream_reader import read_stream
 from jetfleet.worker.ok_outcomes import OkOutcomeBatches
 from tests.conftest import wait_for
@@ -203,39 +201,3 @@ async def test_an_error_mid_batch_costs_the_quarantine_reader_that_event_alone(
     await wait_for(caught_up, 30.0, "the reader past the batch")
     assert observed == [f"j{n}" for n in range(10)]
     assert replica.events.get(verdict="counted") == 10
-
-
-def test_the_rollout_guard_leaves_out_failures_whose_earlier_successes_may_be_held() -> None:
-    # Workers hold ok events up to OK_HOLD_S for a batch; failures are stored at once.
-    window = TupleWindow()
-    window.events.extend([(10.0, True, False)] * 8)
-    window.events.extend([(10.4, False, True), (10.5, False, True)])
-    newest = 10.5
-    judged_now = window.rates(failures_until_s=newest - OK_HOLD_S)
-    assert (judged_now.sample, judged_now.ok, judged_now.blocked) == (9, 8, 1)
-    caught_up = window.rates()
-    assert (caught_up.sample, caught_up.ok, caught_up.blocked) == (10, 8, 2)
-
-
-async def test_the_rollout_guard_cuts_only_the_judged_tuples_newest_failures(
-    settings: Settings, nc: NatsClient
-) -> None:
-    # Cutting the incumbent's newest failures too would raise its rate and tip the
-    # verdict towards withdrawing the canary: only the judged tuple's are left out.
-    guard = RolloutGuard(
-        msgspec.structs.replace(
-            settings, versions=VersionSettings(guard_min_sample=50, guard_fraction=0.8)
-        ),
-        nc,
-    )
-    newest = 100.0
-    incumbent = guard.windows.setdefault("old", TupleWindow())
-    incumbent.events.extend([(50.0, True, False)] * 50 + [(50.0, False, True)] * 5)
-    incumbent.events.extend([(newest, False, True)] * 5)
-    canary = guard.windows.setdefault("new", TupleWindow())
-    canary.events.extend([(60.0, True, False)] * 35 + [(60.0, False, True)] * 15)
-    guard._failures_until_s = newest - SETTLE_S
-    figures = guard.figures("new", "old", approved_at_s=0.0)
-    assert figures is not None
-    assert (figures.incumbent_sample, figures.incumbent_success_rate) == (60, round(50 / 60, 4))
-    assert figures.success_rate >= figures.fraction * figures.incumbent_success_rate

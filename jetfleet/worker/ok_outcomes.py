@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 
 BATCH_WAIT_S = OK_HOLD_S
 """How long the first event of a batch waits for others: far below the quarantine
-rules' and the breaker's windows (seconds to minutes) and the chart's buckets (the
-rollout guard allows for it: services/quarantine/rollout_guard.py)."""
+rules' and the breaker's windows (seconds to minutes) and the chart's buckets
+(docs/versions.md says what it does to a fast canary's first verdict)."""
 
 
 class OkOutcomeBatches:

@@ -10,16 +10,6 @@ A newer tuple's outcomes count from its approval on (by the server's timestamps)
 replica replaying the window after a restart does not withdraw a tuple an operator
 approved again on evidence from before.
 
-Workers hold ``ok`` events up to ``OK_HOLD_S`` for a batch, failures not: the newest
-failures read may have ``ok`` events from before them still on their way (later still
-when a worker's loop lags or its connection buffers through a reconnect). So a
-judgement counts the judged tuple's failures stored up to ``SETTLE_S`` before the
-newest message read (all of them once the reader has caught up and found nothing new),
-every ``ok`` event read, and all of the incumbent's; and judges again later when it left
-failures out. Both what is left out and what is still on its way then count against
-withdrawing: a young canary is not withdrawn on failures whose earlier successes had
-not arrived yet.
-
 The guard withdraws through the leaser (a ``VersionsRevoke`` on ``jf.versions``, by
 ``rollout-guard``, with its figures): the leaser deletes the approval with a
 compare-and-set, so of several quarantine replicas judging alike only one withdraws and
@@ -49,9 +39,6 @@ _encoder = msgspec.json.Encoder()
 _reply_decoder = msgspec.json.Decoder(VersionsReply)
 GUARD_BY = "rollout-guard"
 ASK_TIMEOUT_S = 10.0
-SETTLE_S = 1.0
-"""A judged tuple's failures this much newer than the newest message read wait for the
-next judgement: well above a worker's ``OK_HOLD_S``, and it only delays a verdict."""
 # A tuple is judged at most this often (each judgement reads the approved set).
 JUDGE_EVERY_S = 2.0
 
@@ -83,14 +70,10 @@ class TupleWindow:
         while self.events and self.events[0][0] < at_s:
             self.events.popleft()
 
-    def rates(
-        self, since_s: float = float("-inf"), failures_until_s: float = float("inf")
-    ) -> Rates:
-        """The rates of the events stored from ``since_s`` on, failures only up to
-        ``failures_until_s``."""
+    def rates(self, since_s: float = float("-inf")) -> Rates:
         rates = Rates()
         for at_s, ok, blocked in self.events:
-            if at_s >= since_s and (ok or at_s <= failures_until_s):
+            if at_s >= since_s:
                 rates.sample += 1
                 rates.ok += ok
                 rates.blocked += blocked
@@ -106,9 +89,6 @@ class RolloutGuard:
         self.js = nc.jetstream()
         self.windows: dict[str, TupleWindow] = {}
         self._judged_at: dict[str, float] = {}
-        self._newest_at_s = float("-inf")
-        self._failures_until_s = float("inf")
-        """Failures stored after this are left out of the judgement being made."""
         self._due: set[str] = set()
         """Tuples with outcomes counted since they were last judged."""
         self.withdrawals = CounterFamily(
@@ -125,7 +105,6 @@ class RolloutGuard:
         window = self.windows.setdefault(tid, TupleWindow())
         kind = seen.outcome.kind
         window.events.append((seen.at_s, kind == "ok", kind == "blocked"))
-        self.note_read(seen.at_s)
         horizon = seen.at_s - versions.guard_window_s
         for each in self.windows.values():
             each.forget_before(horizon)
@@ -139,31 +118,19 @@ class RolloutGuard:
         self._due.add(tid)
         await self.judge_due()
 
-    def note_read(self, at_s: float) -> None:
-        """A message stored at ``at_s`` was read (any message: the reader's position)."""
-        self._newest_at_s = max(self._newest_at_s, at_s)
-
-    async def judge_due(self, caught_up: bool = False) -> None:
+    async def judge_due(self) -> None:
         """Judge the tuples with new outcomes not judged for ``JUDGE_EVERY_S`` (the
-        reader calls this between fetches too, so the last events of a burst count;
-        ``caught_up``: its last fetch found nothing new, so no ``ok`` event from before
-        the newest failure is still held by a worker)."""
+        reader calls this between fetches too, so the last events of a burst count)."""
         now = time.monotonic()
-        until_s = float("inf") if caught_up else self._newest_at_s - SETTLE_S
         for tid in list(self._due):
             if now - self._judged_at.get(tid, -JUDGE_EVERY_S) < JUDGE_EVERY_S:
                 continue
             self._due.discard(tid)
             self._judged_at[tid] = now
-            if any(not ok and at_s > until_s for at_s, ok, _ in self.windows[tid].events):
-                self._due.add(tid)  # judged again with the failures left out this time
-            self._failures_until_s = until_s
             try:
                 await self._judge(tid)
             except Exception as exc:  # judged again on its next event
                 log.warning("rollout guard could not judge version tuple %s: %r", tid, exc)
-            finally:
-                self._failures_until_s = float("inf")
 
     async def _judge(self, tid: str) -> None:
         approved = await approved_tuples(self.js)
@@ -198,10 +165,7 @@ class RolloutGuard:
         """Both sides' rates, if both have the minimum sample (the new tuple's counted
         from its approval on); None otherwise."""
         versions = self.settings.versions
-        # The cut is the judged tuple's alone: the incumbent's failures all count, so
-        # neither side's missing events can tip a verdict towards withdrawing.
-        until_s = self._failures_until_s
-        new = self.windows[tid].rates(since_s=approved_at_s, failures_until_s=until_s)
+        new = self.windows[tid].rates(since_s=approved_at_s)
         old = self.windows.get(incumbent, TupleWindow()).rates()
         if min(new.sample, old.sample) < versions.guard_min_sample:
             return None

@@ -224,21 +224,18 @@ class QuarantineService:
 
     async def _read(self) -> None:
         sub: JetStreamContext.PullSubscription | None = None
-        caught_up = False  # the last fetch found nothing new
         while not self._stopping.is_set():
             try:
                 await self._retry_due()
                 await self.egress.retry_due()
                 await self.breaker.retry_due()
-                await self.rollout.judge_due(caught_up)
+                await self.rollout.judge_due()
                 if sub is None:
                     sub = await self._subscribe()
                 try:
                     msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                    caught_up = True
                     continue
-                caught_up = False
                 for msg in msgs:
                     await self._take(msg)
             except Exception:  # a reconnect or leader change: read on from next_seq
@@ -292,7 +289,6 @@ class QuarantineService:
     async def _take(self, msg: Msg) -> None:
         seq = msg.metadata.sequence.stream
         at_s = msg.metadata.timestamp.timestamp()
-        self.rollout.note_read(at_s)
         # A batch holds only ok events (read_outcomes skips others), which no window
         # that counts each sequence once ever holds: they may share one.
         events = read_outcomes(msg.subject, msg.data, msg.headers)
