@@ -415,6 +415,16 @@ VERSION_SAMPLES = (
     VersionWithdrawal(versions=VERSION_TUPLE, by="ops", why="bad build"),
     VersionSighting(versions=VERSION_TUPLE, worker="w1"),
 )
+OUTCOME = Outcome(
+    job_id=JOB.id,
+    target="example",
+    worker="w1",
+    attempt=1,
+    kind="ok",
+    duration_s=0.25,
+    versions=VERSIONS,
+)
+
 SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
     sample.__class__: sample
     for sample in (
@@ -456,28 +466,8 @@ SAMPLES: dict[type[msgspec.Struct], msgspec.Struct] = {
             job_id="job-2", target="example", key=ORDER.key, committed_by=JOB.id, via="already-done"
         ),
         Rejection(reason="invalid-json", message="not JSON", subject="jf.submit.example", raw=b"{"),
-        Outcome(
-            job_id=JOB.id,
-            target="example",
-            worker="w1",
-            attempt=1,
-            kind="ok",
-            duration_s=0.25,
-            versions=VERSIONS,
-        ),
-        OutcomeBatch(
-            events=[
-                Outcome(
-                    job_id=JOB.id,
-                    target="example",
-                    worker="w1",
-                    attempt=1,
-                    kind="ok",
-                    duration_s=0.25,
-                    versions=VERSIONS,
-                )
-            ]
-        ),
+        OUTCOME,
+        OutcomeBatch(events=[OUTCOME]),
         LeaseRequest(
             job_id=JOB.id, target="example", key=ORDER.key, worker="w1", versions=VERSIONS
         ),
