@@ -29,8 +29,6 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext
-from nats.js.errors import FetchTimeoutError
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
@@ -92,6 +90,7 @@ from jetfleet.worker import attempt_spans
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
+from jetfleet.worker.bounded_fetch import BoundedFetch
 from jetfleet.worker.browser_contexts import BrowserContexts
 from jetfleet.worker.browser_executable import chromium_path
 from jetfleet.worker.browser_page import HANDLER as BROWSER_HANDLER
@@ -555,61 +554,67 @@ class Worker:
         holds no slot (bulk may borrow them all), a busy worker hoards no message, and a
         waiting high-priority tier gets the next slot that frees.
         """
-        sub = None
+        sub: BoundedFetch | None = None
         slots = self._slots[lane.name]
-        while not self._stopping.is_set():
-            try:
-                if await self._held_off(lane):
-                    continue
-                if sub is None:
-                    sub = await self.js.pull_subscribe_bind(
-                        lane.consumer(tier), stream=subjects.STREAM_WORK
-                    )
-                paced = self.rate_pacing.is_bound(lane.targets)
-                batch = 1 if paced else FETCH_BATCH
-                self.lending.top_up(lane.name, batch)
-                if slots.contended():
-                    # Busy: queue for the next freed slot, highest priority first.
-                    taken = await slots.acquire(tier, batch)
-                else:
-                    taken = slots.try_acquire(tier, batch)
-                if self._stopping.is_set():
-                    slots.release(tier, taken)
-                    break
-                if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
-                    if paced:
-                        # One permit question at a time for a rate-bound target: its
-                        # answer (and the hold it sets) decides when to fetch again.
-                        await self.rate_pacing.wait_answers(lane.targets)
-                    continue
-                # Nothing for this tier now: wait for one job without holding a slot, so
-                # an idle tier never keeps slots another tier could use.
-                for msg in await self._fetch(sub, 1, FETCH_WAIT_S):
-                    if await self._wait_for_slot(slots, tier):
-                        self._start_job(msg, lane, tier)
-                    else:
-                        # Every slot stays busy: hand it to another worker at once.
-                        await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
-            except Exception:  # keep pulling through reconnects and leader changes
-                log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
-                if sub is not None:
-                    # Drop the old subscription, or what it buffered waits for ack_wait.
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                sub = None
-                await self._pause(1.0)
-
-    async def _fetch(
-        self, sub: JetStreamContext.PullSubscription, n: int, wait_s: float
-    ) -> list[Msg]:
         try:
-            return await sub.fetch(n, timeout=wait_s)
-        except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-            return []
+            while not self._stopping.is_set():
+                try:
+                    if await self._held_off(lane):
+                        continue
+                    if sub is None:
+                        sub = BoundedFetch(
+                            await self.js.pull_subscribe_bind(
+                                lane.consumer(tier), stream=subjects.STREAM_WORK
+                            )
+                        )
+                    paced = self.rate_pacing.is_bound(lane.targets)
+                    batch = 1 if paced else FETCH_BATCH
+                    self.lending.top_up(lane.name, batch)
+                    if slots.contended():
+                        # Busy: queue for the next freed slot, highest priority first.
+                        taken = await slots.acquire(tier, batch)
+                    else:
+                        taken = slots.try_acquire(tier, batch)
+                    if self._stopping.is_set():
+                        slots.release(tier, taken)
+                        break
+                    if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
+                        if paced:
+                            # One permit question at a time for a rate-bound target: its
+                            # answer (and the hold it sets) decides when to fetch again.
+                            await self.rate_pacing.wait_answers(lane.targets)
+                        continue
+                    # Nothing for this tier now: wait for one job without holding a slot,
+                    # so an idle tier never keeps slots another tier could use.
+                    for msg in await sub.fetch(1, FETCH_WAIT_S):
+                        if await self._wait_for_slot(slots, tier):
+                            self._start_job(msg, lane, tier)
+                        else:
+                            # Every slot stays busy: hand it to another worker at once.
+                            await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
+                except Exception:  # keep pulling through reconnects and leader changes
+                    log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
+                    if sub is not None:
+                        await self._give_back_kept(sub)
+                        # Drop the old subscription, or what it buffered waits for ack_wait.
+                        with contextlib.suppress(Exception):
+                            await sub.sub.unsubscribe()
+                    sub = None
+                    await self._pause(1.0)
+        finally:
+            if sub is not None:
+                await self._give_back_kept(sub)
+
+    async def _give_back_kept(self, sub: BoundedFetch) -> None:
+        """Hand back at once what a fetch delivered beyond the slots asked for and no
+        later fetch took (the loop stops or rebinds): not left to its ack wait."""
+        for msg in sub.surplus():
+            with contextlib.suppress(Exception):
+                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
 
     async def _fetch_into(
         self,
-        sub: JetStreamContext.PullSubscription,
+        sub: BoundedFetch,
         slots: TierSlots,
         lane: WorkLane,
         tier: str,
@@ -618,7 +623,7 @@ class Worker:
     ) -> bool:
         """Fetch up to ``taken`` jobs into slots already held; False if none came."""
         try:
-            msgs = await self._fetch(sub, taken, wait_s)
+            msgs = await sub.fetch(taken, wait_s)
         except BaseException:
             slots.release(tier, taken)  # a failed fetch must not leak slots
             raise
