@@ -20,6 +20,7 @@ from pathlib import Path
 
 import nats
 import pytest
+from nats.aio.msg import Msg
 
 from jetfleet import subjects
 from jetfleet.dev.embedded import EmbeddedNats
@@ -34,7 +35,7 @@ SLOTS = 2
 LATE = 6  # deliveries a late pull answer leaves in the queue: three times the slots
 
 
-async def test_a_fetch_returns_at_most_n_and_keeps_the_rest_for_the_next_call(
+async def test_a_fetch_tells_the_n_asked_for_from_the_surplus(
     tmp_path: Path,
 ) -> None:
     server = EmbeddedNats(tmp_path / "nats").start()
@@ -54,7 +55,7 @@ async def test_a_fetch_returns_at_most_n_and_keeps_the_rest_for_the_next_call(
 
         await wait_for(queued, 10, f"{LATE} deliveries in the subscription's queue")
         # The flaw this works around, so the test fails if nats-py ever changes under it
-        # (then BoundedFetch is no longer needed, not wrong).
+        # (then fetch_at_most is no longer needed, not wrong).
         assert len(await sub.fetch(2, timeout=0.5)) > 2
 
         await js.purge_stream("S")
@@ -68,14 +69,10 @@ async def test_a_fetch_returns_at_most_n_and_keeps_the_rest_for_the_next_call(
             return sub._sub._pending_queue.qsize() == LATE
 
         await wait_for(queued_again, 10, f"{LATE} deliveries queued again")
-        bounded = bounded_fetch.BoundedFetch(sub)
-        first = await bounded.fetch(2, 0.5)
-        second = await bounded.fetch(3, 0.5)
-        assert [m.data for m in first] == [b"0", b"1"]
-        assert [m.data for m in second] == [b"2", b"3", b"4"]
-        assert [m.data for m in bounded.surplus()] == [b"5"]
-        assert bounded.surplus() == []
-        assert await bounded.fetch(2, 0.2) == []  # nothing left anywhere: no error
+        wanted, surplus = await bounded_fetch.fetch_at_most(sub, 2, 0.5)
+        assert [m.data for m in wanted] == [b"0", b"1"]
+        assert [m.data for m in surplus] == [b"2", b"3", b"4", b"5"]
+        assert await bounded_fetch.fetch_at_most(sub, 2, 0.2) == ([], [])  # none: no error
     finally:
         await nc.close()
         server.stop()
@@ -93,14 +90,15 @@ async def test_a_late_pull_answer_runs_no_more_jobs_than_the_lanes_slots(
     simulator: TargetSimulator,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    made: list[bounded_fetch.BoundedFetch] = []
+    subs: dict[str, nats.js.JetStreamContext.PullSubscription] = {}
 
-    class Recorded(bounded_fetch.BoundedFetch):
-        def __init__(self, sub: nats.js.JetStreamContext.PullSubscription) -> None:
-            super().__init__(sub)
-            made.append(self)
+    async def recorded(
+        sub: nats.js.JetStreamContext.PullSubscription, n: int, wait_s: float
+    ) -> tuple[list[Msg], list[Msg]]:
+        subs[sub._consumer] = sub  # the worker's subscription of each consumer
+        return await bounded_fetch.fetch_at_most(sub, n, wait_s)
 
-    monkeypatch.setattr(runtime, "BoundedFetch", Recorded)
+    monkeypatch.setattr(runtime, "fetch_at_most", recorded)
     settings = queue_settings(
         nats_url,
         redis_url,
@@ -121,7 +119,6 @@ async def test_a_late_pull_answer_runs_no_more_jobs_than_the_lanes_slots(
 
         await wait_for(slots_busy, 30, f"the lane's {SLOTS} slots hanging")
         consumer = subjects.work_consumer(HANG)
-        [normal] = [f for f in made if f.sub._consumer == consumer]
         backlog = [f"/hang/{n}" for n in range(SLOTS, SLOTS + LATE)]
         await submit_paths(js, settings, HANG, backlog, "late")
 
@@ -132,7 +129,7 @@ async def test_a_late_pull_answer_runs_no_more_jobs_than_the_lanes_slots(
         await wait_for(routed, 30, f"{LATE} jobs waiting on {consumer}")
         # Every slot is busy, so the worker's loop waits for one and fetches nothing: the
         # answer to this request waits in its subscription's queue, as a late one does.
-        sub = normal.sub
+        sub = subs[consumer]
         request = {"batch": LATE, "expires": 5_000_000_000}
         await stack.connections[0].publish(sub._nms, json.dumps(request).encode(), sub._deliver)
 

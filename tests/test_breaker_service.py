@@ -277,7 +277,18 @@ async def test_I6_no_identity_is_tried_while_it_cools_then_one_probe_closes_it(
     async def drained() -> bool:
         return await committed(js, SHOP) == K + 10
 
-    await wait_for(drained, 60.0, "the backlog committed after the probe closed the breaker")
+    try:
+        await wait_for(drained, 60.0, "the backlog committed after the probe closed the breaker")
+    except AssertionError as exc:
+        # Say where the backlog is: queued (its hand-backs' delays grow with each
+        # delivery while the breaker is open), held by a worker, or gone.
+        info = await js.consumer_info(subjects.STREAM_WORK, subjects.work_consumer(SHOP))
+        raise AssertionError(
+            f"{exc}: {await committed(js, SHOP)} committed, breaker {await state(settings)}, "
+            f"consumer pending {info.num_pending} ack-pending {info.num_ack_pending} "
+            f"redelivered {info.num_redelivered}; workers' counts "
+            f"{[dict(w.stats) for w in workers]}"
+        ) from None
     assert await breakers(settings) == []
     assert [a.change for a in await alerts(nc)] == ["opened", "closed"]
     assert replica.breaker.fired.get(target=SHOP, outcome="probe-closed") == 1

@@ -1,4 +1,4 @@
-"""A pull subscription's fetch that never hands out more deliveries than it was asked for.
+"""A pull subscription's fetch that tells the deliveries asked for from the surplus.
 
 nats-py 2.16's ``fetch(n)`` first empties the subscription's pending queue, all of it,
 whatever ``n`` is, and then asks the server for more. Deliveries land in that queue
@@ -10,14 +10,12 @@ slot per delivery it asks for, so such a surplus ran more jobs than the lane has
 jobs ended it gave back a slot that had never been taken, so the lane kept the extra
 capacity for good.
 
-``BoundedFetch`` returns at most ``n`` and keeps the rest for the next call, which is
-served from it without asking the server: nothing is handed back, so no delivery is
-spent. What is left when the pull loop stops goes back through ``surplus()``.
+``fetch_at_most`` splits what came into the ``n`` asked for and the surplus, which the
+caller must place at once (a free slot, else handed back): kept for later, a delivery
+could wait behind busy slots past its ack wait.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -25,27 +23,13 @@ from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
 
 
-class BoundedFetch:
-    """``fetch`` over one pull subscription, at most ``n`` deliveries a call."""
-
-    def __init__(self, sub: JetStreamContext.PullSubscription) -> None:
-        self.sub = sub
-        self._kept: deque[Msg] = deque()
-
-    async def fetch(self, n: int, wait_s: float) -> list[Msg]:
-        """Up to ``n`` deliveries: those kept from an earlier call first (without asking
-        the server), else what the server has within ``wait_s``; [] when nothing came."""
-        if self._kept:
-            return [self._kept.popleft() for _ in range(min(n, len(self._kept)))]
-        try:
-            msgs = await self.sub.fetch(n, timeout=wait_s)
-        except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-            return []
-        self._kept.extend(msgs[n:])
-        return msgs[:n]
-
-    def surplus(self) -> list[Msg]:
-        """Take the deliveries kept for a later call (to hand back when there is none)."""
-        kept = list(self._kept)
-        self._kept.clear()
-        return kept
+async def fetch_at_most(
+    sub: JetStreamContext.PullSubscription, n: int, wait_s: float
+) -> tuple[list[Msg], list[Msg]]:
+    """Up to ``n`` deliveries within ``wait_s`` (none: ``[]``), and any beyond ``n`` the
+    fetch returned."""
+    try:
+        msgs = await sub.fetch(n, timeout=wait_s)
+    except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+        return [], []
+    return msgs[:n], msgs[n:]

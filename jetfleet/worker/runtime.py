@@ -29,6 +29,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
@@ -90,7 +91,7 @@ from jetfleet.worker import attempt_spans
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
-from jetfleet.worker.bounded_fetch import BoundedFetch
+from jetfleet.worker.bounded_fetch import fetch_at_most
 from jetfleet.worker.browser_contexts import BrowserContexts
 from jetfleet.worker.browser_executable import chromium_path
 from jetfleet.worker.browser_page import HANDLER as BROWSER_HANDLER
@@ -554,67 +555,55 @@ class Worker:
         holds no slot (bulk may borrow them all), a busy worker hoards no message, and a
         waiting high-priority tier gets the next slot that frees.
         """
-        sub: BoundedFetch | None = None
+        sub = None
         slots = self._slots[lane.name]
-        try:
-            while not self._stopping.is_set():
-                try:
-                    if await self._held_off(lane):
-                        continue
-                    if sub is None:
-                        sub = BoundedFetch(
-                            await self.js.pull_subscribe_bind(
-                                lane.consumer(tier), stream=subjects.STREAM_WORK
-                            )
-                        )
-                    paced = self.rate_pacing.is_bound(lane.targets)
-                    batch = 1 if paced else FETCH_BATCH
-                    self.lending.top_up(lane.name, batch)
-                    if slots.contended():
-                        # Busy: queue for the next freed slot, highest priority first.
-                        taken = await slots.acquire(tier, batch)
+        while not self._stopping.is_set():
+            try:
+                if await self._held_off(lane):
+                    continue
+                if sub is None:
+                    sub = await self.js.pull_subscribe_bind(
+                        lane.consumer(tier), stream=subjects.STREAM_WORK
+                    )
+                paced = self.rate_pacing.is_bound(lane.targets)
+                batch = 1 if paced else FETCH_BATCH
+                self.lending.top_up(lane.name, batch)
+                if slots.contended():
+                    # Busy: queue for the next freed slot, highest priority first.
+                    taken = await slots.acquire(tier, batch)
+                else:
+                    taken = slots.try_acquire(tier, batch)
+                if self._stopping.is_set():
+                    slots.release(tier, taken)
+                    break
+                if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
+                    if paced:
+                        # One permit question at a time for a rate-bound target: its
+                        # answer (and the hold it sets) decides when to fetch again.
+                        await self.rate_pacing.wait_answers(lane.targets)
+                    continue
+                # Nothing for this tier now: wait for one job without holding a slot, so
+                # an idle tier never keeps slots another tier could use.
+                msgs, surplus = await fetch_at_most(sub, 1, FETCH_WAIT_S)
+                for msg in msgs:
+                    if await self._wait_for_slot(slots, tier):
+                        self._start_job(msg, lane, tier)
                     else:
-                        taken = slots.try_acquire(tier, batch)
-                    if self._stopping.is_set():
-                        slots.release(tier, taken)
-                        break
-                    if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
-                        if paced:
-                            # One permit question at a time for a rate-bound target: its
-                            # answer (and the hold it sets) decides when to fetch again.
-                            await self.rate_pacing.wait_answers(lane.targets)
-                        continue
-                    # Nothing for this tier now: wait for one job without holding a slot,
-                    # so an idle tier never keeps slots another tier could use.
-                    for msg in await sub.fetch(1, FETCH_WAIT_S):
-                        if await self._wait_for_slot(slots, tier):
-                            self._start_job(msg, lane, tier)
-                        else:
-                            # Every slot stays busy: hand it to another worker at once.
-                            await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
-                except Exception:  # keep pulling through reconnects and leader changes
-                    log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
-                    if sub is not None:
-                        await self._give_back_kept(sub)
-                        # Drop the old subscription, or what it buffered waits for ack_wait.
-                        with contextlib.suppress(Exception):
-                            await sub.sub.unsubscribe()
-                    sub = None
-                    await self._pause(1.0)
-        finally:
-            if sub is not None:
-                await self._give_back_kept(sub)
-
-    async def _give_back_kept(self, sub: BoundedFetch) -> None:
-        """Hand back at once what a fetch delivered beyond the slots asked for and no
-        later fetch took (the loop stops or rebinds): not left to its ack wait."""
-        for msg in sub.surplus():
-            with contextlib.suppress(Exception):
-                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
+                        # Every slot stays busy: hand it to another worker at once.
+                        await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
+                await self._place_surplus(surplus, slots, lane, tier)
+            except Exception:  # keep pulling through reconnects and leader changes
+                log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
+                if sub is not None:
+                    # Drop the old subscription, or what it buffered waits for ack_wait.
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+                sub = None
+                await self._pause(1.0)
 
     async def _fetch_into(
         self,
-        sub: BoundedFetch,
+        sub: JetStreamContext.PullSubscription,
         slots: TierSlots,
         lane: WorkLane,
         tier: str,
@@ -623,14 +612,27 @@ class Worker:
     ) -> bool:
         """Fetch up to ``taken`` jobs into slots already held; False if none came."""
         try:
-            msgs = await sub.fetch(taken, wait_s)
+            msgs, surplus = await fetch_at_most(sub, taken, wait_s)
         except BaseException:
             slots.release(tier, taken)  # a failed fetch must not leak slots
             raise
         slots.release(tier, taken - len(msgs))
         for msg in msgs:
             self._start_job(msg, lane, tier)
+        await self._place_surplus(surplus, slots, lane, tier)
         return bool(msgs)
+
+    async def _place_surplus(
+        self, surplus: list[Msg], slots: TierSlots, lane: WorkLane, tier: str
+    ) -> None:
+        """Start what a fetch delivered beyond the slots it was asked for while a slot is
+        free, and hand the rest back at once (bounded_fetch.py): never more jobs than
+        slots, and no delivery kept waiting for one."""
+        for msg in surplus:
+            if slots.try_acquire(tier, 1):
+                self._start_job(msg, lane, tier)
+            else:
+                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
 
     async def _wait_for_slot(self, slots: TierSlots, tier: str) -> bool:
         """Queue for a slot (freed slots go to waiters in priority order), but only
