@@ -9,10 +9,11 @@ from collections.abc import AsyncGenerator
 from datetime import datetime
 
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import FetchTimeoutError, NotFoundError, ServiceUnavailableError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
+
+from jetfleet.bounded_fetch import fetch_at_most
 
 BATCH = 500
 
@@ -49,9 +50,8 @@ async def read_stream(
         sub = await js.pull_subscribe_bind(info.name, stream=stream)
         try:
             while remaining > 0:
-                try:
-                    msgs = await _fetch(sub, min(BATCH, remaining))
-                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
+                msgs = await _fetch(sub, min(BATCH, remaining))
+                if not msgs:
                     return  # the rest expired or was deleted while we read
                 for msg in msgs:
                     yield msg
@@ -71,12 +71,15 @@ failed the listing or export it served."""
 
 
 async def _fetch(sub: JetStreamContext.PullSubscription, batch: int) -> list[Msg]:
+    """Up to ``batch`` messages ([] when none came within 2 s). What a pull answered after
+    its fetch gave up left queued is taken first: the consumer acks nothing, so a message
+    lost with a refused pull would never come again (jetfleet/bounded_fetch.py)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + UNANSWERED_PULL_S
     pause_s = 0.05
     while True:
         try:
-            return await sub.fetch(batch, timeout=2.0)
+            return await fetch_at_most(sub, batch, 2.0)
         except ServiceUnavailableError:
             if loop.time() + pause_s > deadline:
                 raise

@@ -37,6 +37,7 @@ from opentelemetry.util.types import AttributeValue
 from jetfleet import subjects, tracing
 from jetfleet.attempt_history import record_of
 from jetfleet.backoff import Backoff
+from jetfleet.bounded_fetch import fetch_at_most, take_queued
 from jetfleet.errors import (
     Blocked,
     NotSent,
@@ -91,7 +92,6 @@ from jetfleet.worker import attempt_spans
 from jetfleet.worker import builtin as _builtin  # noqa: F401  (registers built-in handlers)
 from jetfleet.worker.ack_timer import AckTimer
 from jetfleet.worker.attempt_deadline import AttemptDeadline
-from jetfleet.worker.bounded_fetch import fetch_at_most
 from jetfleet.worker.browser_contexts import BrowserContexts
 from jetfleet.worker.browser_executable import chromium_path
 from jetfleet.worker.browser_page import HANDLER as BROWSER_HANDLER
@@ -557,49 +557,84 @@ class Worker:
         """
         sub = None
         slots = self._slots[lane.name]
-        while not self._stopping.is_set():
-            try:
-                if await self._held_off(lane):
-                    continue
-                if sub is None:
-                    sub = await self.js.pull_subscribe_bind(
-                        lane.consumer(tier), stream=subjects.STREAM_WORK
-                    )
-                paced = self.rate_pacing.is_bound(lane.targets)
-                batch = 1 if paced else FETCH_BATCH
-                self.lending.top_up(lane.name, batch)
-                if slots.contended():
-                    # Busy: queue for the next freed slot, highest priority first.
-                    taken = await slots.acquire(tier, batch)
-                else:
-                    taken = slots.try_acquire(tier, batch)
-                if self._stopping.is_set():
-                    slots.release(tier, taken)
-                    break
-                if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
-                    if paced:
-                        # One permit question at a time for a rate-bound target: its
-                        # answer (and the hold it sets) decides when to fetch again.
-                        await self.rate_pacing.wait_answers(lane.targets)
-                    continue
-                # Nothing for this tier now: wait for one job without holding a slot, so
-                # an idle tier never keeps slots another tier could use.
-                msgs, surplus = await fetch_at_most(sub, 1, FETCH_WAIT_S)
-                for msg in msgs:
-                    if await self._wait_for_slot(slots, tier):
-                        self._start_job(msg, lane, tier)
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if await self._held_off(lane, sub):
+                        continue
+                    if sub is None:
+                        sub = await self.js.pull_subscribe_bind(
+                            lane.consumer(tier), stream=subjects.STREAM_WORK
+                        )
+                    paced = self.rate_pacing.is_bound(lane.targets)
+                    batch = 1 if paced else FETCH_BATCH
+                    self.lending.top_up(lane.name, batch)
+                    if slots.contended():
+                        # Busy: queue for the next freed slot, highest priority first.
+                        taken = await self._acquire(slots, tier, batch, sub)
                     else:
-                        # Every slot stays busy: hand it to another worker at once.
-                        await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
-                await self._place_surplus(surplus, slots, lane, tier)
-            except Exception:  # keep pulling through reconnects and leader changes
-                log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
+                        taken = slots.try_acquire(tier, batch)
+                    if self._stopping.is_set():
+                        slots.release(tier, taken)
+                        break
+                    if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
+                        if paced:
+                            # One permit question at a time for a rate-bound target: its
+                            # answer (and the hold it sets) decides when to fetch again.
+                            await self.rate_pacing.wait_answers(lane.targets)
+                        continue
+                    # Nothing for this tier now: wait for one job without holding a slot,
+                    # so an idle tier never keeps slots another tier could use.
+                    for msg in await fetch_at_most(sub, 1, FETCH_WAIT_S):
+                        if await self._wait_for_slot(slots, tier):
+                            self._start_job(msg, lane, tier)
+                        else:
+                            # Every slot stays busy: hand it to another worker at once.
+                            await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
+                except Exception:  # keep pulling through reconnects and leader changes
+                    log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
+                    if sub is not None:
+                        await self._hand_back_queued(sub)
+                        with contextlib.suppress(Exception):
+                            await sub.unsubscribe()
+                    sub = None
+                    await self._pause(1.0)
+        finally:
+            if sub is not None:
+                await self._hand_back_queued(sub)
+
+    async def _acquire(
+        self,
+        slots: TierSlots,
+        tier: str,
+        batch: int,
+        sub: JetStreamContext.PullSubscription | None,
+    ) -> int:
+        """Queue for a slot, as long as it takes; meanwhile hand back, every
+        ``SLOT_WAIT_S``, what late pull answers leave in the subscription's queue: they
+        would wait behind the busy slots (a hanging target: minutes), past their ack wait."""
+        waiting = asyncio.ensure_future(slots.acquire(tier, batch))
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=SLOT_WAIT_S)
+                if done:
+                    return waiting.result()
                 if sub is not None:
-                    # Drop the old subscription, or what it buffered waits for ack_wait.
-                    with contextlib.suppress(Exception):
-                        await sub.unsubscribe()
-                sub = None
-                await self._pause(1.0)
+                    await self._hand_back_queued(sub)
+        except BaseException:
+            waiting.cancel()  # TierSlots gives back a slot granted to a cancelled wait
+            with contextlib.suppress(asyncio.CancelledError):
+                if (got := await waiting) > 0:
+                    slots.release(tier, got)  # taken as it was cancelled: not ours to keep
+            raise
+
+    async def _hand_back_queued(self, sub: JetStreamContext.PullSubscription) -> None:
+        """Hand back at once what waits in the subscription's queue, delivered by a pull
+        request answered after its fetch gave up (jetfleet/bounded_fetch.py), when no
+        fetch is about to take it: not left to its ack wait."""
+        for msg in take_queued(sub):
+            with contextlib.suppress(Exception):
+                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
 
     async def _fetch_into(
         self,
@@ -612,27 +647,14 @@ class Worker:
     ) -> bool:
         """Fetch up to ``taken`` jobs into slots already held; False if none came."""
         try:
-            msgs, surplus = await fetch_at_most(sub, taken, wait_s)
+            msgs = await fetch_at_most(sub, taken, wait_s)
         except BaseException:
             slots.release(tier, taken)  # a failed fetch must not leak slots
             raise
         slots.release(tier, taken - len(msgs))
         for msg in msgs:
             self._start_job(msg, lane, tier)
-        await self._place_surplus(surplus, slots, lane, tier)
         return bool(msgs)
-
-    async def _place_surplus(
-        self, surplus: list[Msg], slots: TierSlots, lane: WorkLane, tier: str
-    ) -> None:
-        """Start what a fetch delivered beyond the slots it was asked for while a slot is
-        free, and hand the rest back at once (bounded_fetch.py): never more jobs than
-        slots, and no delivery kept waiting for one."""
-        for msg in surplus:
-            if slots.try_acquire(tier, 1):
-                self._start_job(msg, lane, tier)
-            else:
-                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
 
     async def _wait_for_slot(self, slots: TierSlots, tier: str) -> bool:
         """Queue for a slot (freed slots go to waiters in priority order), but only
@@ -714,11 +736,17 @@ class Worker:
         grown = min(HAND_BACK_MAX_S, MIN_REFUSAL_DELAY_S * 2.0 ** (deliveries - 1))
         return grown * random.uniform(0.5, 1.0)
 
-    async def _held_off(self, lane: WorkLane) -> bool:
+    async def _held_off(
+        self, lane: WorkLane, sub: JetStreamContext.PullSubscription | None
+    ) -> bool:
+        """Whether the lane may not fetch now; then pauses (at most a second), after
+        handing back what late pull answers left queued (``_hand_back_queued``)."""
         if self.claim is not None and not self.claim.live():
             # The identity's claim is not surely ours (renewals unconfirmed): fetch
             # nothing until a renewal lands, or the claim is given up (``quit``).
             self.stats["held:identity-unsure"] += 1
+            if sub is not None:
+                await self._hand_back_queued(sub)
             await self._pause(CLAIM_HOLD_S)
             return True
         # Backpressure: after a target-wide refusal we stop dequeuing that target until
@@ -729,6 +757,8 @@ class Worker:
         self.lending.refresh(lane.name)
         if wait <= 0:
             return False
+        if sub is not None:
+            await self._hand_back_queued(sub)
         await self._pause(min(wait, 1.0))
         return True
 
