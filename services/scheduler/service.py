@@ -12,12 +12,11 @@ from jetfleet.schemas import Rejection
 from jetfleet.services.scheduler.job_ids import ClaimedOrder, claim_job_id
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import FetchTimeoutError
 from opentelemetry.trace import SpanKind
 
 from jetfleet import subjects, tracing
 from jetfleet.admission import admit
+from jetfleet.bounded_fetch import fetch_at_most
 from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
@@ -66,10 +65,9 @@ class Scheduler:
                     sub = await self.js.pull_subscribe_bind(
                         subjects.CONSUMER_SCHEDULER, stream=subjects.STREAM_SUBMIT
                     )
-                try:
-                    msgs = await sub.fetch(BATCH, timeout=1.0)
-                except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
-                    continue
+                # Queued late answers first: a refused pull then loses none of them
+                # to the ack wait (jetfleet/bounded_fetch.py).
+                msgs = await fetch_at_most(sub, BATCH, 1.0)
                 await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))
             except Exception:  # keep admitting through reconnects and leader changes
                 log.exception("admission loop failed; rebinding")
