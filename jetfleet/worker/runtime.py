@@ -188,6 +188,8 @@ HOP_PERMIT_PATIENCE_S = 2.0
 # How long drain waits for the pull loops to notice it before cancelling them (a fetch
 # in flight ends within FETCH_WAIT_S).
 LOOP_STOP_S = FETCH_WAIT_S + 1.0
+# How long after its expiry a pull request is taken as over (its last answer read).
+PULL_END_MARGIN_S = 0.05
 # A job of a target this worker's settings do not declare (a newer config elsewhere).
 UNKNOWN_TARGET_DELAY_S = 5.0
 MIN_REFUSAL_DELAY_S = 0.25
@@ -557,6 +559,8 @@ class Worker:
         """
         sub = None
         slots = self._slots[lane.name]
+        clock = asyncio.get_running_loop()
+        open_until = 0.0  # when the last pull request sent may still deliver until
         try:
             while not self._stopping.is_set():
                 try:
@@ -577,6 +581,8 @@ class Worker:
                     if self._stopping.is_set():
                         slots.release(tier, taken)
                         break
+                    if taken:
+                        open_until = max(open_until, clock.time() + 0.1)
                     if taken and await self._fetch_into(sub, slots, lane, tier, taken, 0.1):
                         if paced:
                             # One permit question at a time for a rate-bound target: its
@@ -585,6 +591,7 @@ class Worker:
                         continue
                     # Nothing for this tier now: wait for one job without holding a slot,
                     # so an idle tier never keeps slots another tier could use.
+                    open_until = max(open_until, clock.time() + FETCH_WAIT_S)
                     for msg in await fetch_at_most(sub, 1, FETCH_WAIT_S):
                         if await self._wait_for_slot(slots, tier):
                             self._start_job(msg, lane, tier)
@@ -594,14 +601,14 @@ class Worker:
                 except Exception:  # keep pulling through reconnects and leader changes
                     log.exception("pull loop for %s/%s failed; rebinding", lane.name, tier)
                     if sub is not None:
-                        await self._hand_back_queued(sub)
+                        await self._last_sweep(sub, open_until)
                         with contextlib.suppress(Exception):
                             await sub.unsubscribe()
                     sub = None
                     await self._pause(1.0)
         finally:
             if sub is not None:
-                await self._hand_back_queued(sub)
+                await self._last_sweep(sub, open_until)
 
     async def _acquire(
         self,
@@ -628,13 +635,33 @@ class Worker:
                     slots.release(tier, got)  # taken as it was cancelled: not ours to keep
             raise
 
-    async def _hand_back_queued(self, sub: JetStreamContext.PullSubscription) -> None:
-        """Hand back at once what waits in the subscription's queue, delivered by a pull
-        request answered after its fetch gave up (jetfleet/bounded_fetch.py), when no
-        fetch is about to take it: not left to its ack wait."""
-        for msg in take_queued(sub):
+    async def _hand_back_queued(
+        self, sub: JetStreamContext.PullSubscription, held: bool = False
+    ) -> None:
+        """Hand back what waits in the subscription's queue, delivered by a pull request
+        answered after its fetch gave up (jetfleet/bounded_fetch.py), when no fetch is
+        about to take it: not left to its ack wait. One at a time, so a cancel between
+        two leaves the rest queued for the loop's last sweep. ``held``: the lane is held
+        (``_held_off``), so each goes back as a held job would, with its paced delay."""
+        while msgs := take_queued(sub, 1):
+            [msg] = msgs
+            target = subjects.target_of(msg.subject)
             with contextlib.suppress(Exception):
-                await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
+                if not held:
+                    await self._hand_back(msg, target, "no-slot")
+                else:
+                    wait = self.gate.held_for(target)
+                    delay = self._hand_back_delay(msg, target, wait)
+                    await self._hand_back(msg, target, "held", delay)
+
+    async def _last_sweep(self, sub: JetStreamContext.PullSubscription, open_until: float) -> None:
+        """Before a subscription is left (the loop ends or rebinds): wait until the last
+        pull request it sent has surely ended (at most FETCH_WAIT_S, within the drain's
+        LOOP_STOP_S), then hand back what it delivered that no fetch took."""
+        left = open_until - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(min(left, FETCH_WAIT_S) + PULL_END_MARGIN_S)
+        await self._hand_back_queued(sub)
 
     async def _fetch_into(
         self,
@@ -758,7 +785,7 @@ class Worker:
         if wait <= 0:
             return False
         if sub is not None:
-            await self._hand_back_queued(sub)
+            await self._hand_back_queued(sub, held=True)
         await self._pause(min(wait, 1.0))
         return True
 
