@@ -12,14 +12,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
+from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from jetfleet import subjects, tracing
 from jetfleet.admission import admit
 from jetfleet.canonical import resolve_url as resolve_under
-from jetfleet.publish import publish_durably
+from jetfleet.publish import publish_durably_tracked
 from jetfleet.schemas import Job, Rejection
 from jetfleet.settings import Settings
 
@@ -50,8 +53,10 @@ class SubmitResult:
     published: bool
     rejection: Rejection | None = None
     duplicate: bool = False
-    """The stream already had a submission with this job id (inside its duplicate
-    window): this one was dropped. Use a new id to submit the work again."""
+    """The stream already had another submission with this job id (inside its duplicate
+    window): this one was dropped. Use a new id to submit the work again. A retry of
+    this call's own publish whose first answer was lost is not a duplicate: the stored
+    submission is compared with this one, and the same bytes count as published."""
 
 
 async def submit_jobs(
@@ -101,21 +106,33 @@ async def submit_raw(
                 f"send {subject}", SpanKind.PRODUCER, parent, _sent(subject, job_id), links
             ):
                 # The job id as message id: a retried or repeated submission is one job.
-                ack = await publish_durably(
+                ack, unanswered = await publish_durably_tracked(
                     js, subject, payload, msg_id=f"sub-{job_id}", headers=tracing.inject()
                 )
+                duplicate = bool(ack.duplicate)
+                if duplicate and unanswered:
+                    # Maybe our own try whose answer was lost: then it was published.
+                    duplicate = not await _stored_as(js, ack, payload)
         done += 1
         if progress is not None:
             progress(done)
         rejection = verdict if isinstance(verdict, Rejection) else None
         return SubmitResult(
-            job_id=job_id,
-            published=not ack.duplicate,
-            rejection=rejection,
-            duplicate=bool(ack.duplicate),
+            job_id=job_id, published=not duplicate, rejection=rejection, duplicate=duplicate
         )
 
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
+
+
+async def _stored_as(js: JetStreamContext, ack: PubAck, payload: bytes) -> bool:
+    """Whether the submission the stream holds under ``ack`` has exactly ``payload``:
+    the same job id with the same bytes is this submission, stored by a try of ours
+    whose answer was lost (or an identical one: the same job either way)."""
+    try:
+        stored = await js.get_msg(ack.stream, ack.seq)
+    except (APIError, NatsTimeoutError):  # unknown: say duplicate, as the stream did
+        return False
+    return stored.data == payload
 
 
 def _sent(subject: str, job_id: str) -> dict[str, AttributeValue] | None:

@@ -30,6 +30,23 @@ async def publish_durably(
     timeout_s: float = 5.0,
     retry_for_s: float = RETRY_FOR_S,
 ) -> PubAck:
+    """Publish and wait for the stream's ack, retrying through leader elections (see
+    ``publish_durably_tracked``, which also says whether a try went unanswered)."""
+    ack, _ = await publish_durably_tracked(
+        js, subject, payload, msg_id, headers, timeout_s, retry_for_s
+    )
+    return ack
+
+
+async def publish_durably_tracked(
+    js: JetStreamContext,
+    subject: str,
+    payload: bytes,
+    msg_id: str | None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 5.0,
+    retry_for_s: float = RETRY_FOR_S,
+) -> tuple[PubAck, bool]:
     """Publish and wait for the stream's ack, retrying through leader elections.
 
     nats-py does not retry a publish that meets an election (no responders: the stream
@@ -47,6 +64,12 @@ async def publish_durably(
         timeout_s: how long one try waits for the stream's ack.
         retry_for_s: how long to keep trying before giving up.
 
+    Returns:
+        The stream's ack, and whether an earlier try of this call may have been stored
+        although its answer was lost (no answer in time, or 10158: being stored now).
+        A ``duplicate`` ack after such a try may be that try's own: a message id
+        shared by other publishers cannot tell the two apart, so callers decide.
+
     Raises:
         SubmitError: when no try succeeded within ``retry_for_s``.
     """
@@ -57,17 +80,22 @@ async def publish_durably(
     deadline = loop.time() + retry_for_s
     last: Exception | None = None
     tries = 0
+    unanswered = False
     while True:
         tries += 1
         try:
-            return await publish_js(js, subject, payload, all_headers, timeout_s)
-        except (NoStreamResponseError, NatsTimeoutError, ServiceUnavailableError) as exc:
+            return await publish_js(js, subject, payload, all_headers, timeout_s), unanswered
+        except (NoStreamResponseError, ServiceUnavailableError) as exc:
+            last = exc  # no stream took it
+        except NatsTimeoutError as exc:
             last = exc
+            unanswered = True  # it may have been stored, its answer lost
         except APIError as exc:
             # Our own earlier try, still being replicated: the next try is its duplicate.
             if not is_msg_id_in_process(exc):
                 raise
             last = exc
+            unanswered = True
         pause = min(_MAX_PAUSE_S, 0.05 * 2**tries)
         if loop.time() + pause >= deadline:
             break

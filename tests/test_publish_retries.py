@@ -6,17 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
+import msgspec
 import nats
 import pytest
-from nats.js.api import StreamConfig
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import PubAck, StreamConfig
 
+from jetfleet import publish, subjects
+from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
 from jetfleet.errors import SubmitError
+from jetfleet.js_publish import publish_js
 from jetfleet.publish import publish_durably
 from jetfleet.settings import NatsSettings
-from tests.conftest import admin_url
+from jetfleet.topology import declare
+from tests.conftest import admin_url, make_settings
+from tests.queueing.helpers import target
 
 # Beyond the ~5.1 s of waits after which the earlier budget of six tries gave up, and
 # within an election's 4-9 s.
@@ -73,5 +81,43 @@ async def test_repeats_of_one_message_id_racing_on_a_replicated_stream_all_get_i
             assert len({a.seq for a in acks}) == 1, acks
             assert sum(not a.duplicate for a in acks) == 1, acks
         assert (await js.stream_info("RACE")).state.messages == 10
+    finally:
+        await nc.close()
+
+
+async def test_a_submission_whose_first_answer_was_lost_is_published_not_a_duplicate(
+    nats_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = make_settings(nats_url, redis_url, {"demo": target("http://127.0.0.1:9/")})
+    nc = await nats.connect(nats_url)
+    lose_next = [True]
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> PubAck:
+        ack = await publish_js(*args, **kwargs)  # stored (or refused) by the real server
+        if lose_next[0]:
+            lose_next[0] = False
+            raise NatsTimeoutError  # ... and its answer lost on the way back
+        return ack
+
+    try:
+        js = nc.jetstream()
+        await declare(js, settings)
+        monkeypatch.setattr(publish, "publish_js", answer_lost)
+        [job] = jobs_for("demo", settings, ["/a"])
+        [first] = await submit_jobs(js, settings, "demo", [job])
+        # Its own first try was stored: the retry's duplicate answer is that try's.
+        assert (first.published, first.duplicate) == (True, False)
+        assert (await js.stream_info(subjects.STREAM_SUBMIT)).state.messages == 1
+        # The same job submitted again is a duplicate, lost answer or not ...
+        [again] = await submit_jobs(js, settings, "demo", [job])
+        assert (again.published, again.duplicate) == (False, True)
+        # ... and so is other work under the same id whose (refused) try went unanswered.
+        lose_next[0] = True
+        [other] = jobs_for("demo", settings, ["/b"])
+        other = msgspec.structs.replace(other, id=job.id)
+        [clash] = await submit_jobs(js, settings, "demo", [other])
+        assert not lose_next[0]  # its first answer was lost
+        assert (clash.published, clash.duplicate) == (False, True)
+        assert (await js.stream_info(subjects.STREAM_SUBMIT)).state.messages == 1
     finally:
         await nc.close()
