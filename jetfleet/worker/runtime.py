@@ -595,6 +595,9 @@ class Worker:
                     for msg in await fetch_at_most(sub, 1, FETCH_WAIT_S):
                         if await self._wait_for_slot(slots, tier):
                             self._start_job(msg, lane, tier)
+                            if paced:
+                                # As after _fetch_into: one permit question at a time.
+                                await self.rate_pacing.wait_answers(lane.targets)
                         else:
                             # Every slot stays busy: hand it to another worker at once.
                             await self._hand_back(msg, subjects.target_of(msg.subject), "no-slot")
