@@ -12,10 +12,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
-from nats.js.errors import APIError
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 
@@ -56,7 +54,10 @@ class SubmitResult:
     """The stream already had another submission with this job id (inside its duplicate
     window): this one was dropped. Use a new id to submit the work again. A retry of
     this call's own publish whose first answer was lost is not a duplicate: the stored
-    submission is compared with this one, and the same bytes count as published."""
+    submission is read back and compared with this one (same target, same bytes: it was
+    published). That read needs read rights on JF_SUBMIT (the ``operator`` and
+    ``gateway`` roles have them, ``client`` does not): without them, or when it fails,
+    the stream's answer (duplicate) stands."""
 
 
 async def submit_jobs(
@@ -112,7 +113,7 @@ async def submit_raw(
                 duplicate = bool(ack.duplicate)
                 if duplicate and unanswered:
                     # Maybe our own try whose answer was lost: then it was published.
-                    duplicate = not await _stored_as(js, ack, payload)
+                    duplicate = not await _stored_as(js, ack, subject, payload)
         done += 1
         if progress is not None:
             progress(done)
@@ -124,15 +125,23 @@ async def submit_raw(
     return list(await asyncio.gather(*(one(i, p) for i, p in enumerate(payloads))))
 
 
-async def _stored_as(js: JetStreamContext, ack: PubAck, payload: bytes) -> bool:
-    """Whether the submission the stream holds under ``ack`` has exactly ``payload``:
-    the same job id with the same bytes is this submission, stored by a try of ours
-    whose answer was lost (or an identical one: the same job either way)."""
+STORED_READ_S = 1.0
+"""How long the read-back of a possibly lost first try may take before the stream's own
+answer (duplicate) stands: a role without read rights on JF_SUBMIT (``client``) is
+refused, and nats-py reports that only as a timeout."""
+
+
+async def _stored_as(js: JetStreamContext, ack: PubAck, subject: str, payload: bytes) -> bool:
+    """Whether the submission the stream holds under ``ack`` is this one: on ``subject``
+    with exactly ``payload`` (the same job id with the same bytes on the same target is
+    this submission, stored by a try of ours whose answer was lost, or an identical
+    one: the same job either way). Unknown (the read refused, timed out, failed): False,
+    the stream's own answer."""
     try:
-        stored = await js.get_msg(ack.stream, ack.seq)
-    except (APIError, NatsTimeoutError):  # unknown: say duplicate, as the stream did
+        stored = await asyncio.wait_for(js.get_msg(ack.stream, ack.seq), STORED_READ_S)
+    except Exception:  # best effort: any failure keeps the stream's answer
         return False
-    return stored.data == payload
+    return stored.subject == subject and stored.data == payload
 
 
 def _sent(subject: str, job_id: str) -> dict[str, AttributeValue] | None:

@@ -88,7 +88,8 @@ async def test_repeats_of_one_message_id_racing_on_a_replicated_stream_all_get_i
 async def test_a_submission_whose_first_answer_was_lost_is_published_not_a_duplicate(
     nats_url: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = make_settings(nats_url, redis_url, {"demo": target("http://127.0.0.1:9/")})
+    sim = target("http://127.0.0.1:9/")
+    settings = make_settings(nats_url, redis_url, {"demo": sim, "news": sim})
     nc = await nats.connect(nats_url)
     lose_next = [True]
 
@@ -118,6 +119,11 @@ async def test_a_submission_whose_first_answer_was_lost_is_published_not_a_dupli
         [clash] = await submit_jobs(js, settings, "demo", [other])
         assert not lose_next[0]  # its first answer was lost
         assert (clash.published, clash.duplicate) == (False, True)
+        # ... and the same bytes under the same id for another target: not stored there.
+        lose_next[0] = True
+        [elsewhere] = await submit_jobs(js, settings, "news", [job])
+        assert not lose_next[0]
+        assert (elsewhere.published, elsewhere.duplicate) == (False, True)
         assert (await js.stream_info(subjects.STREAM_SUBMIT)).state.messages == 1
     finally:
         await nc.close()
