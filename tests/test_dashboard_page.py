@@ -190,6 +190,14 @@ async def test_proposals_are_answered_and_a_letter_replayed_from_the_page(
     rows = page.locator("#proposals tr.proposal")
     await expect(rows).to_have_count(2, timeout=WAIT_MS)
 
+    # A refresh that changes nothing keeps the buttons' nodes: a button replaced between
+    # mouse-down and mouse-up loses the click (it lost one in a loaded CI run).
+    button = f'#proposals tr[data-id="{approve}"] button.approve'
+    await page.eval_on_selector(button, "b => { b.jfMark = true; }")
+    shown = await page.locator("#updated").text_content()
+    await expect(page.locator("#updated")).not_to_have_text(shown or "", timeout=WAIT_MS)
+    assert await page.eval_on_selector(button, "b => b.jfMark === true")
+
     # Without the token: refused on the page, nothing changes.
     await page.click(f'#proposals tr[data-id="{approve}"] button.approve')
     result = page.locator("#action-result")
@@ -199,9 +207,9 @@ async def test_proposals_are_answered_and_a_letter_replayed_from_the_page(
     await page.fill("#token", TOKEN)
     await page.dispatch_event("#token", "change")
     await page.click(f'#proposals tr[data-id="{approve}"] button.approve')
-    await expect(result).to_contain_text(f"done: /v1/proposals/{approve}/approve")
+    await expect(result).to_contain_text(f"done: /v1/proposals/{approve}/approve", timeout=WAIT_MS)
     await page.click(f'#proposals tr[data-id="{reject}"] button.reject')
-    await expect(result).to_contain_text(f"done: /v1/proposals/{reject}/reject")
+    await expect(result).to_contain_text(f"done: /v1/proposals/{reject}/reject", timeout=WAIT_MS)
     await expect(page.locator("#quarantines td").nth(2)).to_have_text(
         "10.8.1.0/24", timeout=WAIT_MS
     )

@@ -148,6 +148,14 @@ function cell(tr, value, numeric) {
   return td;
 }
 
+// What a row shows: its class, data attributes and cells (a button's label is its text).
+function rowKey(tr) {
+  return JSON.stringify([tr.className, Object.assign({}, tr.dataset),
+    Array.from(tr.children, (td) => [td.className, td.colSpan, td.textContent])]);
+}
+
+// A row that has not changed keeps its node: replacing the button under the pointer
+// between mouse-down and mouse-up loses the operator's click.
 function fill(id, rows, columns, emptyText) {
   const body = document.getElementById(id);
   if (!rows.length) {
@@ -155,10 +163,13 @@ function fill(id, rows, columns, emptyText) {
     const td = cell(tr, emptyText, false);
     td.className = "empty";
     td.colSpan = columns;
-    body.replaceChildren(tr);
-    return;
+    rows = [tr];
   }
-  body.replaceChildren(...rows);
+  const old = Array.from(body.children);
+  const kept = rows.map((tr, i) =>
+    i < old.length && rowKey(old[i]) === rowKey(tr) ? old[i] : tr);
+  if (kept.length === old.length && kept.every((tr, i) => tr === old[i])) return;
+  body.replaceChildren(...kept);
 }
 
 function rate(ok, total) {
