@@ -380,3 +380,52 @@ async def test_a_lost_attempt_superseded_by_a_newer_grant_stays_out_of_the_ledge
     assert [(r.worker, r.fence, r.outcome) for r in letter.history] == [
         ("B", lease_b.fence, "permanent"),
     ]
+
+
+class CrashingWorker(RecordingWorker):
+    """A worker with a bug in what follows a job's attempt: both of its ends crash."""
+
+    def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
+        raise RuntimeError("a bug after the lease was lost")
+
+    async def _settle(self, msg: Msg, order: WorkOrder, held: Held, *args: object) -> None:
+        raise RuntimeError("a bug while the lease is held")
+
+
+async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_alone(
+    settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
+) -> None:
+    """The crash path gives a job back with a nak only while the delivery is surely still
+    the worker's: after its lease was lost, a nak could deliver it again under another
+    worker. The same crash with the lease held naks (the wire sees it)."""
+    store = await LeaseStore.open(nc.jetstream())
+    wire = AckWire()
+    await wire.listen(nc)
+    a = await workers.start(CrashingWorker, "A")
+
+    # Lease lost (revoked while the handler runs): the crash sends nothing.
+    order = await publish_job(settings, nc)
+    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
+    [(_, reply_1)] = a.deliveries
+    live = await store.live(order.job.id)
+    assert live is not None
+    assert await store.revoke(live) is True
+    await wait_for(is_set(CANCELLED["A"]), 2 * TTL_S, "A to give up J")
+    await wait_for(not_empty(a.finished), 5.0, "A to end J in its crash")
+    await wire.everything_sent_by(a)
+    assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)
+    assert (await work_state(nc))[:2] == (1, 1)  # still there, left to its ack wait
+
+    # Lease held: J comes back after its ack wait, the handler ends, the settle crashes,
+    # and J is naked back.
+    GATES["A"].set()
+
+    async def second_delivery_ended() -> bool:
+        return len(a.finished) >= 2
+
+    await wait_for(second_delivery_ended, 3 * ACK_WAIT_S, "A to end J's redelivery")
+    (_, reply_2) = a.deliveries[1]
+    assert reply_2 != reply_1
+    await wire.everything_sent_by(a)
+    assert "-NAK" in kinds(wire.on(reply_2)), wire.on(reply_2)
+    assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)

@@ -40,6 +40,7 @@ from jetfleet.backoff import Backoff
 from jetfleet.bounded_fetch import fetch_at_most, take_queued
 from jetfleet.errors import (
     Blocked,
+    JetfleetError,
     NotSent,
     PermanentFailure,
     RetryLater,
@@ -812,6 +813,15 @@ class Worker:
                 msg, self.worker_id, self.identity, self.version_tuple.id
             ):
                 await self._process(msg, subjects.target_of(msg.subject))
+        except _CrashedUntouchable as crash:
+            # The same, but its lease was lost or its ack wait ran out first: the
+            # delivery may be another worker's now, and a nak would deliver it again.
+            log.error(
+                "job on %s failed in worker %s after its lease was lost; left to its ack wait",
+                msg.subject,
+                self.worker_id,
+                exc_info=crash.__cause__,
+            )
         except Exception:
             # A bug or a connection lost mid-job: say so, and give the job back rather
             # than leave it to the ack wait (a lease still held makes the next delivery
@@ -930,7 +940,29 @@ class Worker:
             if await self._give_back(order, held, refund=True):
                 await msg.nak()
             raise
+        except Exception as exc:
+            _raise_untouchable_if_lost(exc, held)
+            raise
         attempt_spans.verdict_noted(verdict)
+        try:
+            await self._end_leased(msg, order, target, held, verdict, reply)
+        except Exception as exc:
+            _raise_untouchable_if_lost(exc, held)
+            raise
+        return verdict
+
+    async def _end_leased(
+        self,
+        msg: Msg,
+        order: WorkOrder,
+        target: str,
+        held: Held,
+        verdict: Verdict,
+        reply: SinkReply | None,
+    ) -> None:
+        """Settle a leased delivery by its verdict: nothing (lost), nak, back off, hand
+        back or ack/term."""
+        attempt = held.attempt or msg.metadata.num_delivered
         if verdict.kind == "lost":
             self.stats["lease-lost"] += 1
             self._record_unsettled(order, held)
@@ -946,7 +978,6 @@ class Worker:
                 await self._hand_back(msg, target, verdict.reason, verdict.delay_s)
         else:
             await self._settle(msg, order, held, verdict, reply)
-        return verdict
 
     async def _obey_robots(self, msg: Msg, order: WorkOrder, target: str) -> Verdict | None:
         """What the target's robots.txt already decides of this leased job: ``unrun``
@@ -2055,6 +2086,19 @@ async def _keep_delivery(msg: Msg, timer: AckTimer | None) -> None:
     await msg.in_progress()
     if timer is not None:
         timer.restarted(sent_at)
+
+
+class _CrashedUntouchable(JetfleetError):
+    """A crash (its ``__cause__``) after the delivery's lease was lost or its ack wait
+    ran out: the delivery may be another worker's now, so it is not naked."""
+
+
+def _raise_untouchable_if_lost(crash: Exception, held: Held) -> None:
+    """Re-raise ``crash`` as ``_CrashedUntouchable`` unless a nak may still follow it:
+    leases off (every delivery stays this worker's until it ends), or the lease not known
+    lost and the ack wait surely not run out (``Held.may_nak_unanswered``)."""
+    if held.fence and not held.may_nak_unanswered():
+        raise _CrashedUntouchable(str(crash)) from crash
 
 
 def _sent(subject: str) -> dict[str, AttributeValue] | None:
