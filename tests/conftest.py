@@ -428,3 +428,12 @@ async def wait_for(
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+async def bucket_keys(nc: NatsClient, bucket: str) -> list[str]:
+    """Every key ever written to KV ``bucket`` and still in its stream, deleted or not,
+    from the stream's subject counts: unlike ``kv.keys()``, whose watcher can end before
+    its first key under concurrent writes (nats.py issue 842), this cannot miss one."""
+    info = await nc.jetstream().stream_info(f"KV_{bucket}", subjects_filter=">")
+    prefix = f"$KV.{bucket}."
+    return sorted(subject.removeprefix(prefix) for subject in (info.state.subjects or {}))

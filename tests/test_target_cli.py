@@ -23,8 +23,6 @@ from jetfleet.schemas.targets import RobotsRecord, TargetLimits
 from jetfleet.services.ratelimit import RateLimiter
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext
-from nats.js.errors import NoKeysError
-from nats.js.kv import KeyValue
 from redis import asyncio as aioredis
 
 from jetfleet import subjects
@@ -36,7 +34,7 @@ from jetfleet.ops.run_time_limits import LimitChange, parse_rate, set_limits
 from jetfleet.rate_cells import KEY_HOLDS, hold_key
 from jetfleet.settings import Settings
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
-from tests.conftest import wait_for
+from tests.conftest import bucket_keys, wait_for
 from tests.queueing.helpers import queue_settings, submit_paths, target
 from tests.stack import InProcessStack
 from tests.user_servers import flush_test_db
@@ -159,8 +157,7 @@ async def test_set_refuses_a_bad_value_saying_what_to_fix_and_writes_nothing(
     config = _config(settings, tmp_path)
     assert await _cli(config, "target", "set", "demo", *argv) == 2
     assert says in capsys.readouterr().err
-    kv = await nc.jetstream().key_value(subjects.BUCKET_TARGETS)
-    assert await _keys(kv) == []
+    assert await bucket_keys(nc, subjects.BUCKET_TARGETS) == []
 
 
 async def test_set_refuses_a_target_the_config_does_not_declare(
@@ -254,18 +251,12 @@ async def _redis_now_us(client: aioredis.Redis) -> int:
     return int(seconds) * 1_000_000 + int(micros)
 
 
-async def _keys(kv: KeyValue) -> list[str]:
-    try:
-        return list(await kv.keys())
-    except NoKeysError:
-        return []
-
-
 async def test_set_refuses_to_merge_with_an_entry_that_is_not_a_record_and_unset_removes_it(
     settings: Settings, nc: NatsClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     kv = await nc.jetstream().key_value(subjects.BUCKET_TARGETS)
     await kv.put("demo", b'{"rate": "fast"}')
+    assert await bucket_keys(nc, subjects.BUCKET_TARGETS) == ["demo"]  # the check sees keys
     config = _config(settings, tmp_path)
     assert await _cli(config, "target", "set", "demo", "--burst", "3") == 2
     assert "jetfleet target unset demo" in capsys.readouterr().err
