@@ -154,8 +154,15 @@ function rowKey(tr) {
     Array.from(tr.children, (td) => [td.className, td.colSpan, td.textContent])]);
 }
 
-// A row that has not changed keeps its node: replacing the button under the pointer
-// between mouse-down and mouse-up loses the operator's click.
+// Which row a row is: its id or name, else its place in the table.
+function rowName(tr, i) {
+  return tr.dataset.id || tr.dataset.name || "#" + i;
+}
+
+// The table is changed in place: a row whose content has not changed keeps its node and
+// is never detached (Chromium drops a click whose mouse-down node was removed before the
+// mouse-up, even if it is put back), so a refresh never loses an operator's click on
+// it, whatever else in the table changed.
 function fill(id, rows, columns, emptyText) {
   const body = document.getElementById(id);
   if (!rows.length) {
@@ -166,10 +173,27 @@ function fill(id, rows, columns, emptyText) {
     rows = [tr];
   }
   const old = Array.from(body.children);
-  const kept = rows.map((tr, i) =>
-    i < old.length && rowKey(old[i]) === rowKey(tr) ? old[i] : tr);
-  if (kept.length === old.length && kept.every((tr, i) => tr === old[i])) return;
-  body.replaceChildren(...kept);
+  const byName = new Map(old.map((tr, i) => [rowName(tr, i), tr]));
+  const keep = new Set();
+  const wanted = rows.map((tr, i) => {
+    const prev = byName.get(rowName(tr, i));
+    if (prev && !keep.has(prev) && rowKey(prev) === rowKey(tr)) {
+      keep.add(prev);
+      return prev;
+    }
+    return tr;
+  });
+  const keptInPlace = old.filter((tr) => keep.has(tr));
+  if (wanted.filter((tr) => keep.has(tr)).some((tr, i) => tr !== keptInPlace[i])) {
+    body.replaceChildren(...wanted);  // kept rows reordered: nothing to keep in place
+    return;
+  }
+  for (const tr of old) if (!keep.has(tr)) tr.remove();
+  let next = null;
+  for (let i = wanted.length - 1; i >= 0; i--) {
+    if (!keep.has(wanted[i])) body.insertBefore(wanted[i], next);
+    next = wanted[i];
+  }
 }
 
 function rate(ok, total) {
