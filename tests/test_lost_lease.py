@@ -385,10 +385,16 @@ async def test_a_lost_attempt_superseded_by_a_newer_grant_stays_out_of_the_ledge
 class CrashingWorker(RecordingWorker):
     """A worker with a bug in what follows a job's attempt: both of its ends crash."""
 
+    def __init__(self, settings: Settings, nc: NatsClient, worker_id: str) -> None:
+        super().__init__(settings, nc, worker_id)
+        self.crashed: list[str] = []
+
     def _record_unsettled(self, order: WorkOrder, held: Held) -> None:
+        self.crashed.append("lost")
         raise RuntimeError("a bug after the lease was lost")
 
     async def _settle(self, msg: Msg, order: WorkOrder, held: Held, *args: object) -> None:
+        self.crashed.append("settle")
         raise RuntimeError("a bug while the lease is held")
 
 
@@ -402,6 +408,7 @@ async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_a
     wire = AckWire()
     await wire.listen(nc)
     a = await workers.start(CrashingWorker, "A")
+    assert isinstance(a, CrashingWorker)
 
     # Lease lost (revoked while the handler runs): the crash sends nothing.
     order = await publish_job(settings, nc)
@@ -413,6 +420,7 @@ async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_a
     await wait_for(is_set(CANCELLED["A"]), 2 * TTL_S, "A to give up J")
     await wait_for(not_empty(a.finished), 5.0, "A to end J in its crash")
     await wire.everything_sent_by(a)
+    assert a.crashed == ["lost"]
     assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)
     assert (await work_state(nc))[:2] == (1, 1)  # still there, left to its ack wait
 
@@ -427,5 +435,6 @@ async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_a
     (_, reply_2) = a.deliveries[1]
     assert reply_2 != reply_1
     await wire.everything_sent_by(a)
+    assert a.crashed[:2] == ["lost", "settle"]
     assert "-NAK" in kinds(wire.on(reply_2)), wire.on(reply_2)
     assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)

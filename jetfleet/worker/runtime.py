@@ -817,7 +817,8 @@ class Worker:
             # The same, but its lease was lost or its ack wait ran out first: the
             # delivery may be another worker's now, and a nak would deliver it again.
             log.error(
-                "job on %s failed in worker %s after its lease was lost; left to its ack wait",
+                "job on %s failed in worker %s after its lease was lost or its ack wait "
+                "ran out; left to its ack wait",
                 msg.subject,
                 self.worker_id,
                 exc_info=crash.__cause__,
@@ -937,14 +938,22 @@ class Worker:
         except asyncio.CancelledError:
             # Cancelled by a drain: someone else may take it now, and the attempt is
             # refunded, so rolling deploys do not use up jobs' attempt budgets.
-            if await self._give_back(order, held, refund=True):
-                await msg.nak()
+            try:
+                may_nak = await self._give_back(order, held, refund=True)
+            except Exception:
+                # The release failed (a connection lost): the cancel still stands, and
+                # the nak only if the delivery is surely still ours.
+                log.exception("job %s: its lease was not given back", order.job.id)
+                may_nak = not held.fence or held.may_nak_unanswered()
+            if may_nak:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
             raise
         except Exception as exc:
             _raise_untouchable_if_lost(exc, held)
             raise
-        attempt_spans.verdict_noted(verdict)
         try:
+            attempt_spans.verdict_noted(verdict)
             await self._end_leased(msg, order, target, held, verdict, reply)
         except Exception as exc:
             _raise_untouchable_if_lost(exc, held)
