@@ -200,6 +200,11 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     list, docs/leases.md#the-avoid-list); 0: no avoid list."""
     audit_max_age_s: float = 365 * 24 * 3600.0
     """How long ``JF_AUDIT`` keeps control actions (docs/audit.md); at least a day."""
+    long_poll_s: float = 1.0
+    """How long an idle pull request (a worker's lane, the scheduler, the quarantine
+    service, the sink's backstop, the gateway's tail) waits at the server for a message.
+    A drain waits out the one in hand, so nothing it delivers is left to the ack wait:
+    shorter stops sooner, longer sends fewer idle requests."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -904,6 +909,11 @@ def _validate_rate_settings(settings: Settings) -> None:
         60 <= fleet.robots_ttl_s <= 86400,
         "fleet.robots_ttl_s",
         "a number of seconds from 60 to 86400 (RFC 9309: a robots.txt is cached at most a day)",
+    )
+    _require(
+        0.05 <= fleet.long_poll_s <= 30,
+        "fleet.long_poll_s",
+        "a number of seconds from 0.05 to 30",
     )
     _require(
         1 <= fleet.robots_error_hold_s <= 86400,

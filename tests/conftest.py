@@ -340,6 +340,9 @@ def make_settings(
         "retry_max_backoff_s": 0.2,
         "dedupe_ttl_s": 3600.0,
         "user_agent": "jetfleet-tests (+loopback only)",
+        # Each stack's drain waits out the pull in hand: at the default 1 s that was most
+        # of a test's teardown (the suite's ~500 stack tests).
+        "long_poll_s": 0.25,
     }
     fleet_defaults.update(fleet)
     return Settings(

@@ -102,8 +102,8 @@ class InProcessStack:
     async def stop(self) -> None:
         """Drain the workers together, and beside them what they do not need to finish
         (the scheduler, the sink's backstop); then the services they reported to. Each
-        drain waits out one long-poll fetch: one after another they would cost a second
-        each."""
+        drain waits out one long-poll fetch (``fleet.long_poll_s``): one after another
+        they would cost that much each."""
         first = [worker.drain(5.0) for worker in self.workers]
         if self.scheduler is not None:
             first.append(self.scheduler.drain(5.0))

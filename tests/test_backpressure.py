@@ -43,8 +43,6 @@ HELD, OPEN = "held", "open"
 CONCURRENCY = 4
 RETRY_AFTER_S = 2
 MAX_ATTEMPTS = 2  # small, so a job blocked more often than this proves the refund
-FETCH_WAIT_S = 1.0  # the worker's long-poll (runtime.FETCH_WAIT_S): a pull already sent
-# may still deliver for this long after the worker decided to stop
 
 
 @dataclass
@@ -188,7 +186,8 @@ async def test_a_refused_grant_stops_pulling_that_target_not_others(
     # nothing more should be taken from the quarantined target.
     async def settled() -> bool:
         return (
-            loop.time() - refused_at >= FETCH_WAIT_S + 0.5
+            # fleet.long_poll_s: a pull already sent may deliver for this long.
+            loop.time() - refused_at >= env.settings.fleet.long_poll_s + 0.5
             and await committed(env.js, OPEN) >= open_at_refusal + 20
         )
 

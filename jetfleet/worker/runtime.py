@@ -131,7 +131,6 @@ _reply_decoder = msgspec.json.Decoder(SinkReply)
 _encoder = msgspec.json.Encoder()
 OUTPUT_UNENCODABLE = "output-unencodable"
 """A handler returned what no JSON encoder can write (a lone surrogate, an object)."""
-FETCH_WAIT_S = 1.0
 FETCH_BATCH = 10
 # How long a fetched message may wait for a slot before it is handed back.
 SLOT_WAIT_S = 0.5
@@ -186,9 +185,9 @@ RATE_REFUSALS = frozenset({"rate-limited", "target-held"})
 MIN_RATE_WAIT_S = 0.01
 # The longest a redirect hop waits for its permit inside a running attempt.
 HOP_PERMIT_PATIENCE_S = 2.0
-# How long drain waits for the pull loops to notice it before cancelling them (a fetch
-# in flight ends within FETCH_WAIT_S).
-LOOP_STOP_S = FETCH_WAIT_S + 1.0
+# How long drain waits, beyond fleet.long_poll_s (a fetch in flight ends within it), for
+# the pull loops to notice it before cancelling them.
+LOOP_STOP_MARGIN_S = 1.0
 # How long after its expiry a pull request is taken as over (its last answer read).
 PULL_END_MARGIN_S = 0.05
 # A job of a target this worker's settings do not declare (a newer config elsewhere).
@@ -468,7 +467,8 @@ class Worker:
         if self._loops:
             # A loop queued for a slot waits for a job to end; those jobs are waited for
             # (and cancelled) below, so the loops need not be.
-            _, waiting = await asyncio.wait(self._loops, timeout=LOOP_STOP_S)
+            stop_s = self.settings.fleet.long_poll_s + LOOP_STOP_MARGIN_S
+            _, waiting = await asyncio.wait(self._loops, timeout=stop_s)
             for loop in waiting:
                 loop.cancel()
             await asyncio.gather(*self._loops, return_exceptions=True)
@@ -592,8 +592,9 @@ class Worker:
                         continue
                     # Nothing for this tier now: wait for one job without holding a slot,
                     # so an idle tier never keeps slots another tier could use.
-                    open_until = max(open_until, clock.time() + FETCH_WAIT_S)
-                    for msg in await fetch_at_most(sub, 1, FETCH_WAIT_S):
+                    long_poll_s = self.settings.fleet.long_poll_s
+                    open_until = max(open_until, clock.time() + long_poll_s)
+                    for msg in await fetch_at_most(sub, 1, long_poll_s):
                         if await self._wait_for_slot(slots, tier):
                             self._start_job(msg, lane, tier)
                             if paced:
@@ -660,11 +661,11 @@ class Worker:
 
     async def _last_sweep(self, sub: JetStreamContext.PullSubscription, open_until: float) -> None:
         """Before a subscription is left (the loop ends or rebinds): wait until the last
-        pull request it sent has surely ended (at most FETCH_WAIT_S, within the drain's
-        LOOP_STOP_S), then hand back what it delivered that no fetch took."""
+        pull request it sent has surely ended (at most ``fleet.long_poll_s``, within the
+        drain's wait for the loops), then hand back what it delivered that no fetch took."""
         left = open_until - asyncio.get_running_loop().time()
         if left > 0:
-            await asyncio.sleep(min(left, FETCH_WAIT_S) + PULL_END_MARGIN_S)
+            await asyncio.sleep(min(left, self.settings.fleet.long_poll_s) + PULL_END_MARGIN_S)
         await self._hand_back_queued(sub)
 
     async def _fetch_into(

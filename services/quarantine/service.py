@@ -63,7 +63,6 @@ from jetfleet.settings import Settings
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 200
-FETCH_WAIT_S = 1.0
 ERROR_RETRY_S = 2.0
 # The server removes a replica's consumer this long after its last fetch: longer than one
 # event can keep the reader busy (its firings' marker claims and one leaser request each,
@@ -220,7 +219,7 @@ class QuarantineService:
         self._stopping.set()
         if self._loop is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._loop, FETCH_WAIT_S + timeout_s)
+                await asyncio.wait_for(self._loop, self.settings.fleet.long_poll_s + timeout_s)
 
     async def _read(self) -> None:
         sub: JetStreamContext.PullSubscription | None = None
@@ -233,7 +232,7 @@ class QuarantineService:
                 if sub is None:
                     sub = await self._subscribe()
                 try:
-                    msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                    msgs = await sub.fetch(FETCH_BATCH, timeout=self.settings.fleet.long_poll_s)
                 except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                     continue
                 for msg in msgs:

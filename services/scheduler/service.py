@@ -67,7 +67,7 @@ class Scheduler:
                     )
                 # Queued late answers first: a refused pull then loses none of them
                 # to the ack wait (jetfleet/bounded_fetch.py).
-                msgs = await fetch_at_most(sub, BATCH, 1.0)
+                msgs = await fetch_at_most(sub, BATCH, self.settings.fleet.long_poll_s)
                 await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))
             except Exception:  # keep admitting through reconnects and leader changes
                 log.exception("admission loop failed; rebinding")

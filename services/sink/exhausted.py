@@ -44,7 +44,6 @@ from jetfleet.settlement import land
 log = logging.getLogger(__name__)
 
 FETCH_BATCH = 50
-FETCH_WAIT_S = 1.0
 # An advisory whose job still has a live lease (its last delivery is still running, or
 # its holder stalled) is looked at again after this; its lease ends within its TTL.
 LIVE_LEASE_RETRY_S = 5.0
@@ -105,14 +104,14 @@ class ExhaustedJobs:
         self._stopping.set()
         if self._loop is not None:
             with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-                await asyncio.wait_for(self._loop, FETCH_WAIT_S + timeout_s)
+                await asyncio.wait_for(self._loop, self.settings.fleet.long_poll_s + timeout_s)
 
     async def _read(self, sub: JetStreamContext.PullSubscription | None) -> None:
         while not self._stopping.is_set():
             try:
                 if sub is None:
                     sub = await self._bind()
-                msgs = await sub.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
+                msgs = await sub.fetch(FETCH_BATCH, timeout=self.settings.fleet.long_poll_s)
                 await asyncio.gather(*(self._answer(msg) for msg in msgs))
             except (FetchTimeoutError, NatsTimeoutError, TimeoutError):
                 continue
