@@ -135,6 +135,11 @@ class RedisSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     (``redis+sentinel://host:port,host:port/SERVICE``); jetfleet/redis_url.py."""
 
 
+MAX_LONG_POLL_S = 2.0
+"""The longest ``fleet.long_poll_s``: a worker's drain takes it, 1 s, 30 s for jobs and 1 s
+for records, inside ``jetfleet dev``'s 35 s before a kill and the deploy's grace."""
+
+
 class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Queue and commit policy shared by every service."""
 
@@ -202,9 +207,9 @@ class FleetSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """How long ``JF_AUDIT`` keeps control actions (docs/audit.md); at least a day."""
     long_poll_s: float = 1.0
     """How long an idle pull request (a worker's lane, the scheduler, the quarantine
-    service, the sink's backstop, the gateway's tail) waits at the server for a message.
-    A drain waits out the one in hand, so nothing it delivers is left to the ack wait:
-    shorter stops sooner, longer sends fewer idle requests."""
+    service, the sink's backstop) waits at the server for a message. Their drains wait
+    out the one in hand (a worker hands back what it delivers): shorter stops sooner,
+    longer sends fewer idle requests. At most MAX_LONG_POLL_S: it adds to every drain."""
 
 
 class GatewaySettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -911,9 +916,10 @@ def _validate_rate_settings(settings: Settings) -> None:
         "a number of seconds from 60 to 86400 (RFC 9309: a robots.txt is cached at most a day)",
     )
     _require(
-        0.05 <= fleet.long_poll_s <= 30,
+        0.05 <= fleet.long_poll_s <= MAX_LONG_POLL_S,
         "fleet.long_poll_s",
-        "a number of seconds from 0.05 to 30",
+        f"a number of seconds from 0.05 to {MAX_LONG_POLL_S:g} (each drain waits it out on "
+        "top of its 30 s, inside the deploy's 35 to 45 s grace)",
     )
     _require(
         1 <= fleet.robots_error_hold_s <= 86400,

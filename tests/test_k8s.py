@@ -22,7 +22,7 @@ import yaml
 from jetfleet import __version__
 from jetfleet.auth.bundle import init_bundle
 from jetfleet.cli.main import build_parser
-from jetfleet.settings import load_settings
+from jetfleet.settings import MAX_LONG_POLL_S, load_settings
 from tests.test_compose import EXACT_TAG, SERVICES, _is_known, _known_sections
 
 K8S = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
@@ -35,8 +35,10 @@ API_VERSIONS = {
 }
 BY_HAND = ("approve-version-job.yaml",)
 """Manifests an operator creates on purpose, outside kustomization.yaml."""
-DRAIN_S = 30
-"""How long `jetfleet serve` and `jetfleet worker` wait for work in hand on SIGTERM."""
+DRAIN_S = 30 + MAX_LONG_POLL_S + 2
+"""How long `jetfleet serve` and `jetfleet worker` may take on SIGTERM: 30 s for work in
+hand, the pull in hand (``fleet.long_poll_s``) and the worker's margins (1 s for its loops,
+1 s for attempt records)."""
 
 Doc = dict[str, Any]
 

@@ -53,7 +53,10 @@ class Scheduler:
         """Finish the batch in hand, then stop."""
         self._stopping.set()
         if self._loop is not None:
-            await asyncio.wait_for(asyncio.shield(self._loop), timeout_s)
+            # Its pull in hand ends within the long poll; a batch not done by then is
+            # cancelled (what it did not ack comes back after the ack wait).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._loop, self.settings.fleet.long_poll_s + timeout_s)
 
     async def _run(self) -> None:
         sub = None
