@@ -186,8 +186,9 @@ async def test_a_refused_grant_stops_pulling_that_target_not_others(
     # nothing more should be taken from the quarantined target.
     async def settled() -> bool:
         return (
-            # fleet.long_poll_s: a pull already sent may deliver for this long.
-            loop.time() - refused_at >= env.settings.fleet.long_poll_s + 0.5
+            # fleet.long_poll_s: a pull already sent may deliver for this long; 1 s more
+            # for grant asks already in flight when the refusal landed.
+            loop.time() - refused_at >= env.settings.fleet.long_poll_s + 1.0
             and await committed(env.js, OPEN) >= open_at_refusal + 20
         )
 
