@@ -231,6 +231,14 @@ async def test_each_partitioned_target_is_capped_fleet_wide_and_everything_commi
 
         await wait_for(one_target_full, 30, "status to show a partitioned target at its cap")
         await wait_for(lambda: _all_committed(nc, names, each), 90, "every job committed")
+
+        # A result is stored before its worker acks the work message: the last acks may
+        # still be on their way when the last result is read.
+        async def all_acked() -> bool:
+            status = await stack.status()
+            return status.conserved and all(status.targets[n].queued == 0 for n in names)
+
+        await wait_for(all_acked, 10, "every committed job's work message acked")
         status = await stack.status()
         assert status.conserved, status
         for name in names:
