@@ -438,3 +438,38 @@ async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_a
     assert a.crashed[:2] == ["lost", "settle"]
     assert "-NAK" in kinds(wire.on(reply_2)), wire.on(reply_2)
     assert set(kinds(wire.on(reply_1))) <= {"+WPI"}, wire.on(reply_1)
+
+
+async def test_a_drain_whose_lease_release_fails_still_gives_the_job_back(
+    settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
+) -> None:
+    """A drain cancels a running job; its lease release raises (the connection lost, as
+    the release is asked). The cancel stands and the drain ends, and the job, whose lease
+    was not lost and whose ack wait has not run out, is naked back for another worker."""
+    wire = AckWire()
+    await wire.listen(nc)
+    a = await workers.start(RecordingWorker, "A")
+    order = await publish_job(settings, nc)
+    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
+    [(_, reply_1)] = a.deliveries
+
+    async def release_fails(*args: object, **kwargs: object) -> bool | None:
+        raise ConnectionError("connection lost as the release was asked")
+
+    a.leases.release = release_fails  # type: ignore[method-assign]
+    await a.drain(0.2)  # the handler waits on its gate: cancelled
+    assert CANCELLED["A"].is_set() and a.finished == [1]
+    await wire.everything_sent_by(a)
+    assert kinds(wire.on(reply_1))[-1] == "-NAK", wire.on(reply_1)
+
+    b = await workers.start(RecordingWorker, "B")
+    GATES["B"].set()
+
+    async def b_committed() -> bool:
+        return b.stats["committed"] == 1 and (await work_state(nc))[0] == 0
+
+    # Not lost: its lease lapses by its TTL (it was not released), then B is granted it.
+    await wait_for(b_committed, 3 * TTL_S + 2, "B to commit J")
+    assert [d for d, _ in b.deliveries][-1] >= 2
+    results = [r async for r in iter_results(nc.jetstream(), "demo")]
+    assert [(r.job_id, r.worker) for r in results] == [(order.job.id, "B")]

@@ -945,7 +945,10 @@ class Worker:
                 # The release failed (a connection lost): the cancel still stands, and
                 # the nak only if the delivery is surely still ours.
                 log.exception("job %s: its lease was not given back", order.job.id)
-                may_nak = not held.fence or held.may_nak_unanswered()
+                if held.record is not None:
+                    # As for an unanswered release: the record alone, asked again.
+                    self._record_in_background(order.job.id, held.fence, held.record, tries=1)
+                may_nak = held.may_nak_unanswered()
             if may_nak:
                 with contextlib.suppress(Exception):
                     await msg.nak()
