@@ -202,6 +202,20 @@ async def publish_job(settings: Settings, nc: NatsClient, handler: str = "test.g
     return order
 
 
+async def a_runs_j(
+    settings: Settings, nc: NatsClient, workers: Workers, kind: type[RecordingWorker]
+) -> tuple[RecordingWorker, WorkOrder, str, AckWire]:
+    """Watch the ack wire, start worker A of ``kind`` and publish job J; once A's handler
+    runs J: A, J's order, the reply subject of A's delivery, and the wire."""
+    wire = AckWire()
+    await wire.listen(nc)
+    a = await workers.start(kind, "A")
+    order = await publish_job(settings, nc)
+    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
+    [(_, reply)] = a.deliveries
+    return a, order, reply, wire
+
+
 async def test_a_worker_that_lost_its_lease_never_acks_naks_or_terms_the_job(
     settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
 ) -> None:
@@ -290,13 +304,7 @@ async def test_a_worker_whose_renewal_is_refused_abandons_the_job_and_leaves_the
     requeue), so it cancels the handler, sends nothing more, and the job comes back to
     another worker after ack_wait."""
     store = await LeaseStore.open(nc.jetstream())
-    wire = AckWire()
-    await wire.listen(nc)
-
-    a = await workers.start(RecordingWorker, "A")
-    order = await publish_job(settings, nc)
-    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
-    [(_, reply_1)] = a.deliveries
+    a, order, reply_1, wire = await a_runs_j(settings, nc, workers, RecordingWorker)
     live = await store.live(order.job.id)
     assert live is not None
     assert await store.revoke(live) is True  # the lease is gone; nobody naks the delivery
@@ -405,15 +413,9 @@ async def test_a_worker_that_crashes_after_losing_its_lease_leaves_the_message_a
     the worker's: after its lease was lost, a nak could deliver it again under another
     worker. The same crash with the lease held naks (the wire sees it)."""
     store = await LeaseStore.open(nc.jetstream())
-    wire = AckWire()
-    await wire.listen(nc)
-    a = await workers.start(CrashingWorker, "A")
-    assert isinstance(a, CrashingWorker)
-
     # Lease lost (revoked while the handler runs): the crash sends nothing.
-    order = await publish_job(settings, nc)
-    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
-    [(_, reply_1)] = a.deliveries
+    a, order, reply_1, wire = await a_runs_j(settings, nc, workers, CrashingWorker)
+    assert isinstance(a, CrashingWorker)
     live = await store.live(order.job.id)
     assert live is not None
     assert await store.revoke(live) is True
@@ -446,12 +448,7 @@ async def test_a_drain_whose_lease_release_fails_still_gives_the_job_back(
     """A drain cancels a running job; its lease release raises (the connection lost, as
     the release is asked). The cancel stands and the drain ends, and the job, whose lease
     was not lost and whose ack wait has not run out, is naked back for another worker."""
-    wire = AckWire()
-    await wire.listen(nc)
-    a = await workers.start(RecordingWorker, "A")
-    order = await publish_job(settings, nc)
-    await wait_for(is_set(ENTERED["A"]), 5.0, "A to start J")
-    [(_, reply_1)] = a.deliveries
+    a, order, reply_1, wire = await a_runs_j(settings, nc, workers, RecordingWorker)
 
     async def release_fails(*args: object, **kwargs: object) -> bool | None:
         raise ConnectionError("connection lost as the release was asked")
