@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any
 
 import msgspec
 import pytest
@@ -470,3 +471,47 @@ async def test_a_drain_whose_lease_release_fails_still_gives_the_job_back(
     assert [d for d, _ in b.deliveries][-1] >= 2
     results = [r async for r in iter_results(nc.jetstream(), "demo")]
     assert [(r.job_id, r.worker) for r in results] == [(order.job.id, "B")]
+
+
+async def test_a_drain_whose_release_raises_after_the_attempt_ran_keeps_its_record(
+    settings: Settings, nc: NatsClient, services: InProcessStack, workers: Workers
+) -> None:
+    """The attempt ran (its outcome published) and its report waits for a sink; a drain
+    cancels it and the release carrying its record raises. The record is asked again in
+    the background, so the attempt is in the job's history (and so in a dead letter)."""
+    store = await LeaseStore.open(nc.jetstream())
+    a, order, _, _ = await a_runs_j(settings, nc, workers, RecordingWorker)
+    live = await store.live(order.job.id)
+    assert live is not None
+    assert services.sink is not None
+    await services.sink.drain(5.0)  # no sink: the report waits, asked again
+    try:
+        release = a.leases.release
+        calls: list[bool] = []
+
+        async def first_release_fails(*args: Any, **kwargs: Any) -> bool | None:
+            calls.append(True)
+            if len(calls) == 1:
+                raise ConnectionError("connection lost as the release was asked")
+            return await release(*args, **kwargs)
+
+        a.leases.release = first_release_fails  # type: ignore[method-assign]
+        outcomes: list[bytes] = []
+
+        async def on_outcome(msg: Msg) -> None:
+            outcomes.append(msg.data)
+
+        sub = await nc.subscribe("jf.outcome.>", cb=on_outcome)
+        GATES["A"].set()
+
+        async def outcome_published() -> bool:
+            return any(order.job.id.encode() in data for data in outcomes)
+
+        await wait_for(outcome_published, 5.0, "A's outcome event (its record is made then)")
+        await sub.unsubscribe()
+        await a.drain(0.2)  # its report waits for a sink: cancelled
+        assert len(calls) >= 2, "the record was not asked again"
+        kept = await store.highest_fence(order.job.id)
+        assert [(r.worker, r.fence) for r in kept.attempts] == [("A", live.fence)]
+    finally:
+        await services.start_sink()  # the stack drains its sink at the end
