@@ -1741,8 +1741,12 @@ class Worker:
     ) -> None:
         """Release ``fence`` carrying ``record`` until the leaser answers, at most
         ``RECORD_TRIES`` asks in all. Any answer will do: released, or refused with the
-        record kept or not (a repeat of one that landed finds its fence's record there)."""
+        record kept or not (a repeat of one that landed finds its fence's record there).
+        An ask that raises (the connection lost as it was sent) counts as unanswered: it
+        is what sent this record to the background in the first place (a drain's release
+        that raised), so giving up on it would drop the record at the first blip."""
         backoff = Backoff()
+        error: Exception | None = None
         while tries < RECORD_TRIES:
             if tries:
                 await asyncio.sleep(backoff.next_s())
@@ -1750,16 +1754,16 @@ class Worker:
             try:
                 answered = await self.leases.release(job_id, fence, attempt=record)
             except Exception as exc:
-                log.warning("record of job %s's attempt not sent: %r", job_id, exc)
-                return
+                error, answered = exc, None
             if answered is not None:
                 return
         log.warning(
             "record of job %s's attempt under fence %d not sent: the leaser did not "
-            "answer %d releases (its dead letter will miss it)",
+            "answer %d releases (its dead letter will miss it)%s",
             job_id,
             fence,
             RECORD_TRIES,
+            f"; the last error: {error!r}" if error is not None else "",
         )
 
     async def _refund_unrun(self, order: WorkOrder, held: Held) -> bool:
