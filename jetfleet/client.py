@@ -55,9 +55,9 @@ class SubmitResult:
     window): this one was dropped. Use a new id to submit the work again. A retry of
     this call's own publish whose first answer was lost is not a duplicate: the stored
     submission is read back and compared with this one (same target, same bytes: it was
-    published). That read needs read rights on JF_SUBMIT (the ``operator`` and
-    ``gateway`` roles have them, ``client`` does not): without them, or when it fails,
-    the stream's answer (duplicate) stands."""
+    published). That read needs the right to get a message of JF_SUBMIT (the
+    ``client``, ``operator`` and ``gateway`` roles have it): without it, or when it
+    fails, the stream's answer (duplicate) stands."""
 
 
 async def submit_jobs(
@@ -127,7 +127,7 @@ async def submit_raw(
 
 STORED_READ_S = 1.0
 """How long the read-back of a possibly lost first try may take before the stream's own
-answer (duplicate) stands: a role without read rights on JF_SUBMIT (``client``) is
+answer (duplicate) stands: a role without the right to get a JF_SUBMIT message is
 refused, and nats-py reports that only as a timeout."""
 
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 import logging
 import subprocess
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 import nats.errors
 import pytest
 import redis.asyncio as aioredis
 import redis.exceptions
 from nats.aio.client import Client as NatsClient
-from nats.js.api import StreamConfig
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import PubAck, StreamConfig
 
-from jetfleet import subjects
+from jetfleet import publish, subjects
 from jetfleet.auth.bundle import init_bundle
 from jetfleet.auth.credentials import credentials_file, settings_for_role
 from jetfleet.auth.roles import ROLE_NAMES, Role
@@ -26,6 +29,7 @@ from jetfleet.client import jobs_for, submit_jobs
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, find_nats_server
 from jetfleet.errors import ConfigError, JetfleetError
+from jetfleet.js_publish import publish_js
 from jetfleet.results import iter_results
 from jetfleet.settings import NatsSettings, Settings
 from tests.conftest import bundle_credentials, wait_for
@@ -117,6 +121,39 @@ async def test_I11_each_roles_own_file_works_for_that_role(
             assert info.config.name == reads[role]
         finally:
             await conn.close()
+
+
+async def test_a_clients_submission_whose_first_answer_was_lost_is_published_not_a_duplicate(
+    settings: Settings, services: InProcessStack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under the ``client`` role's own file: the retry of a publish whose answer was lost
+    is answered duplicate by the stream, and the client reads back the stored
+    submission to tell its own try from another's (it could not, and said duplicate)."""
+    lose_next = [True]
+
+    async def answer_lost(*args: Any, **kwargs: Any) -> PubAck:
+        ack = await publish_js(*args, **kwargs)  # stored by the real server ...
+        if lose_next[0]:
+            lose_next[0] = False
+            raise NatsTimeoutError  # ... and its answer lost on the way back
+        return ack
+
+    conn = await connect_nats(_as_file(settings, "client"), "retrying-client", role="client")
+    try:
+        monkeypatch.setattr(publish, "publish_js", answer_lost)
+        js = conn.jetstream()
+        [job] = jobs_for("demo", settings, ["/page/lost-answer"])
+        [first] = await submit_jobs(js, settings, "demo", [job])
+        assert not lose_next[0]  # its first answer was lost
+        assert (first.published, first.duplicate) == (True, False)
+        # Other work under the same id is still a duplicate.
+        lose_next[0] = True
+        other = msgspec.structs.replace(jobs_for("demo", settings, ["/b"])[0], id=job.id)
+        [clash] = await submit_jobs(js, settings, "demo", [other])
+        assert not lose_next[0]
+        assert (clash.published, clash.duplicate) == (False, True)
+    finally:
+        await conn.close()
 
 
 async def test_I11_a_role_refuses_another_roles_file(settings: Settings) -> None:

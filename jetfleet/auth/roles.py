@@ -288,9 +288,16 @@ ROLES: dict[Role, RolePermissions] = {
         ),
         RolePermissions(
             role="client",
-            purpose="submits jobs and reads committed results, dead letters and rejections",
+            purpose="submits jobs (reading one back by its sequence when a retried "
+            "publish is answered duplicate) and reads committed results, dead letters and "
+            "rejections",
             publish=(
                 SUBMIT,
+                # One stored submission by sequence, no consumer: a publish retried after
+                # its answer was lost is told from a real duplicate by reading back what
+                # the stream holds (client.py, _stored_as). Without it a client's own
+                # submission was reported a duplicate.
+                f"{_API}.STREAM.MSG.GET.{subjects.STREAM_SUBMIT}",
                 *_stream_read(subjects.STREAM_RESULTS),
                 *_stream_read(subjects.STREAM_DLQ),
                 *_stream_read(subjects.STREAM_REJECTED),
