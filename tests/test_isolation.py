@@ -8,7 +8,7 @@ pages after a fixed 50 ms, ``hanging`` never answers ``/hang/N``), scheduler + l
 sink + one worker that pulls both targets, in this process. Throughput is compared by
 counts: the time the worker takes to commit K healthy jobs with the other target idle
 and with the other target's every slot held by a hanging request, as the ratio of the
-medians of three runs of each, interleaved (idle, hanging, idle, ...) so that the
+medians of ``RUNS`` runs of each, interleaved (idle, hanging, idle, ...) so that the
 machine's own drift (other processes on a busy 2-core host) falls on both sides alike.
 Each hanging spell is a backlog of hanging jobs (more than the worker has slots) with one
 attempt each, whose requests hang for longer than any run; after the run the simulator

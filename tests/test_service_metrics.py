@@ -338,6 +338,7 @@ class _OtlpReceiver(http.server.BaseHTTPRequestHandler):
 def test_with_the_otlp_variables_set_a_service_pushes_its_metrics_over_otlp(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    _OtlpReceiver.got.clear()  # another test's exports (the receiver's list is shared)
     server = http.server.HTTPServer(("127.0.0.1", 0), _OtlpReceiver)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
