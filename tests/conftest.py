@@ -21,7 +21,6 @@ from jetfleet.auth.bundle import Bundle, init_bundle
 from jetfleet.connection import connect_nats
 from jetfleet.dev.embedded import EmbeddedNats, EmbeddedRedis
 from jetfleet.dev.embedded_cluster import EmbeddedCluster
-from jetfleet.event_loop import loop_factory
 from jetfleet.lease_store import LeaseStore
 from jetfleet.settings import (
     FleetSettings,
@@ -55,31 +54,23 @@ def pytest_configure(config: pytest.Config) -> None:
     # Once, before any test: detecting the engine costs at most a second.
     choice = cast(Choice, config.getoption("servers"))
     config.stash[SERVER_PROVIDER] = choose_provider(choice, os.environ)
-    _use_the_services_event_loop()
 
 
-def _use_the_services_event_loop() -> None:
-    """Run the tests on the loop the services and workers run on in production
-    (``jetfleet.event_loop``: uvloop where installed), so the in-process stacks run as
-    deployed and cost less CPU. ``JETFLEET_TEST_LOOP=asyncio`` keeps asyncio's own, to
-    rule uvloop out. Set as the policy pytest-asyncio's session loop is made from; its
-    loop-factory hook would parametrize every async test, and pytest then reorders the
-    tests of a module around that parameter."""
-    if os.environ.get("JETFLEET_TEST_LOOP") == "asyncio" or loop_factory("auto") is None:
-        return
-    import uvloop
-
-    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-
+# The tests run on asyncio's own loop, not uvloop (the services' loop in production,
+# jetfleet/event_loop.py), though uvloop took about 7 % off the CPU of three stack-heavy
+# modules: pytest-timeout's SIGALRM handler raises its Failed inside uvloop's signal
+# callback, which uvloop catches and logs, so a test past its timeout ran on and passed
+# (checked with uvloop 0.23: a 30 s sleep under a 2 s timeout passed).
 
 TEST_PROCESSES = 3
 """How many processes ``-n auto`` (pyproject.toml's addopts) runs the tests in. The tests
 mostly wait on servers, timers and subprocesses rather than on this process's CPU. Four
 took 19 minutes on a 2-core machine but loaded it so (load average 15) that the rate-cap
 checks, which count arrivals at the target per 1 s window, failed now and then (each
-passed alone). Two left a core idle much of the time: the whole run used 1.5 of the 2
-cores on average with three (2026-12-07, 18 min 13 s against 23 min 40 s with two on the
-same machine). Each process starts its own servers on free ports (README.md, "Tests")."""
+passed alone). Two left a core idle much of the time: three used 1.5 of the 2 cores on
+average (2026-12-07, 18 min 13 s against 23 min 40 s with two on the same machine; that
+run had the tests on uvloop, about 7 % less CPU, dropped since: see above). Each process
+starts its own servers on free ports (README.md, "Development")."""
 
 
 @pytest.hookimpl(optionalhook=True)
