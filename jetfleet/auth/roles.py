@@ -293,10 +293,11 @@ ROLES: dict[Role, RolePermissions] = {
             "rejections",
             publish=(
                 SUBMIT,
-                # One stored submission by sequence, no consumer: a publish retried after
+                # A stored submission by sequence, no consumer: a publish retried after
                 # its answer was lost is told from a real duplicate by reading back what
                 # the stream holds (client.py, _stored_as). Without it a client's own
-                # submission was reported a duplicate.
+                # submission was reported a duplicate. The server grants the subject, not
+                # the sequence: any submission can be read (docs/security.md).
                 f"{_API}.STREAM.MSG.GET.{subjects.STREAM_SUBMIT}",
                 *_stream_read(subjects.STREAM_RESULTS),
                 *_stream_read(subjects.STREAM_DLQ),
