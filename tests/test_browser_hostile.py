@@ -96,6 +96,25 @@ async def test_huge_extracted_text_is_refused_naming_the_field(env: Env) -> None
     assert env.asked("shop-trap") == 1
 
 
+async def test_a_wait_starved_by_a_busy_page_is_not_judged_a_removed_selector(env: Env) -> None:
+    # The page holds its main thread in 1.5 s spells, so a 0.5 s wait for its title times
+    # out though the title is in the served document: a starved wait (a script-heavy
+    # page, a loaded machine), not a site that removed what the job reads.
+    await env.stack.add_worker("w-a", identity="alice")
+    spec = msgspec.structs.replace(TITLE, wait_timeout_s=0.5)
+    await env.submit(page_job("busy-1", "/shop/trap/busy/15", spec))
+
+    async def ended() -> bool:
+        letters = [d for d in await env.letters() if d.order.job.id == "busy-1"]
+        assert not letters, f"dead-lettered: {letters[0].reason} {letters[0].detail}"
+        return "busy-1" in await env.results()
+
+    await wait_for(ended, 60, "the commit of busy-1")
+    visit = (await env.committed("busy-1"))["busy-1"]
+    assert visit.values["title"] == "Busy"
+    assert env.asked("shop-trap") == 1
+
+
 # Handler-level: a visit cut short the way the worker cuts one (its task cancelled: a
 # lost lease, a drain) and a browser killed under a visit.
 

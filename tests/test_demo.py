@@ -50,7 +50,9 @@ def test_demo_ends_with_nothing_lost_exactly_once_within_caps_and_every_fault_ha
 
     # Exactly once, by the sites' own counts of pages served.
     assert report["over_apply_ratio"] == 1.0
-    assert report["side_effects"] == report["distinct_jobs"] == report["committed"]
+    assert report["side_effects"] == report["distinct_jobs"] == report["committed"], {
+        k: report[k] for k in ("over_applied", "killed_worker", "events")
+    }
 
     # Every target saw no more in any 1 s than its cap.
     rates = report["largest_1s_rate"]

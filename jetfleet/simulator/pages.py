@@ -139,8 +139,12 @@ def shop_item_html(n: int, pages: int, *, removed: bool = False) -> str:
     return _document(name, body)
 
 
-SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge", "preconnect")
+SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge", "preconnect", "busy")
 """Hostile shop pages (``/shop/trap/NAME``) a browser job must survive politely."""
+
+
+BUSY_FOR_MS = 6000
+"""How long the ``busy`` trap page holds its main thread in spells, from its load on."""
 
 
 def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
@@ -154,7 +158,10 @@ def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
     ``surrogates``: a title and text with lone UTF-16 surrogates (not encodable as UTF-8);
     ``huge``: an inline script that builds ``N`` paragraphs of 100 000 characters each;
     ``preconnect``: preconnect and DNS-prefetch hints for the origin of ``to`` (a
-    connection, never a request: no policy of the page's stops it).
+    connection, never a request: no policy of the page's stops it);
+    ``busy``: from its load on, an inline script holds the main thread in spells of
+    ``N`` hundred ms, 5 ms apart, for ``BUSY_FOR_MS`` (a script-heavy page, or a machine
+    too loaded to run it: whatever asks the page waits for a gap).
     """
     item = f"/shop/item/{n}"
     if name == "navigates":
@@ -210,6 +217,19 @@ def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
             '  p.textContent = "x".repeat(100000);\n'
             "  document.body.appendChild(p);\n"
             "}\n</script>\n",
+        )
+    if name == "busy":
+        return _document(
+            "Busy",
+            '<h1 class="title">Busy</h1>\n<script>\n'
+            f"const until = Date.now() + {BUSY_FOR_MS};\n"
+            "function spell() {\n"
+            f"  const end = Date.now() + {min(n * 100, BUSY_FOR_MS)};\n"
+            "  while (Date.now() < end) {}\n"
+            "  if (Date.now() < until) setTimeout(spell, 5);\n"
+            "}\n"
+            'addEventListener("load", () => setTimeout(spell, 0));\n'
+            "</script>\n",
         )
     raise ValueError(f"no shop trap {name!r} (one of {', '.join(SHOP_TRAPS)})")
 

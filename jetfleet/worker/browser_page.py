@@ -410,6 +410,11 @@ async def _wait_for(
             await _blocked(
                 ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
             )
+        if await page.query_selector(spec.wait_for) is not None:
+            # The wait was starved (a page's scripts or a loaded machine held the page's
+            # thread past it), not the element gone: selector-removed is permanent, so
+            # it is said only of a page asked again that still lacks it.
+            return
         if not whole:
             raise RetryLater(
                 "timeout", detail=f"the attempt's budget ran out waiting for {spec.wait_for!r}"
