@@ -346,6 +346,10 @@ HOLD_START_TOLERANCE_S = 0.25
 soon after the 429."""
 RESUME_WITHIN_S = 1.5
 HELD, OTHER = "held", "other"
+OTHER_UTILISATION = 0.75
+"""The other target's share of its cap kept during the hold. A hold that reached other
+targets would leave it the permits already granted (near 0); over 3 s, 0.9 failed a
+clean-clone CI run at 0.875 (21 of 24) on a loaded machine, one request short."""
 
 
 async def test_I4_a_retry_after_holds_the_target_for_every_worker_and_no_other_target(
@@ -394,7 +398,9 @@ async def test_I4_a_retry_after_holds_the_target_for_every_worker_and_no_other_t
     )
     assert not during, f"sent during the hold: {[(round(a.at - at, 2), a.path) for a in during]}"
     assert after and after[0] <= RETRY_AFTER_S + RESUME_WITHIN_S, f"did not resume: {after[:3]}"
-    assert len(other_during) >= UTILISATION * RATE * RETRY_AFTER_S, f"other slowed: {other_seen}"
+    assert len(other_during) >= OTHER_UTILISATION * RATE * RETRY_AFTER_S, (
+        f"other slowed: {other_seen}"
+    )
     assert_within_caps(held_seen, RATE, BURST, "the held target, resuming")
     assert_within_caps(other_seen, RATE, BURST, "the other target")
 
