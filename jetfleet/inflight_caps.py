@@ -113,15 +113,16 @@ class InFlightCaps:
         self._count_many = client.register_script(_COUNT_MANY)
 
     @classmethod
-    def connect(cls, url: str) -> InFlightCaps:
+    def connect(cls, url: str, callers: int = 0) -> InFlightCaps:
         """A client for ``url`` (any form of jetfleet/redis_topology.py) that gives up
-        quickly, so a grant never waits long on Redis.
+        quickly, so a grant never waits long on Redis, for up to ``callers`` at once (0:
+        ``POOL_SIZE``; a leaser has ``fleet.service_concurrency``).
 
-        The pool blocks (up to a second) for a free connection rather than failing: the
-        default pool refuses at once past its size, which under a burst of grants would
-        refuse them as ``caps-unavailable`` and leave places to expire.
+        A caller waits its turn for a free connection rather than failing: the default
+        pool refuses at once past its size, which under a burst of grants would refuse
+        them as ``caps-unavailable`` and leave places to expire.
         """
-        return cls(connect_redis(url, POOL_SIZE))
+        return cls(connect_redis(url, POOL_SIZE, callers))
 
     async def reachable(self) -> bool:
         """Whether Redis answers a ping now."""

@@ -363,10 +363,11 @@ class RateCells:
         self._down: dict[str, _Down] = {}
 
     @classmethod
-    def connect(cls, url: str) -> RateCells:
+    def connect(cls, url: str, callers: int = 0) -> RateCells:
         """Cells over the Redis at ``url`` (any form of jetfleet/redis_topology.py;
-        connects lazily, on the first call)."""
-        return cls(connect_redis(url, POOL_SIZE))
+        connects lazily, on the first call) for up to ``callers`` at once (0:
+        ``POOL_SIZE``; a ratelimit replica has ``fleet.service_concurrency``)."""
+        return cls(connect_redis(url, POOL_SIZE, callers))
 
     @property
     def failing(self) -> bool:

@@ -56,7 +56,7 @@ class TargetPlaces:
         self.ttl_s = settings.fleet.lease_ttl_s
         self.targets = list(settings.targets)
         """Every declared target, in declaration order."""
-        self.caps = InFlightCaps.connect(settings.redis.url)
+        self.caps = InFlightCaps.connect(settings.redis.url, settings.fleet.service_concurrency)
         self.subnets = SubnetHolds(self.caps.client)
         # A cluster's script takes keys of one slot only, and the two keys are not
         # tagged alike: two calls there.

@@ -62,7 +62,7 @@ class RateLimiter:
     def __init__(self, settings: Settings, nc: NatsClient) -> None:
         self.settings = settings
         self.nc = nc
-        self.cells = RateCells.connect(settings.redis.url)
+        self.cells = RateCells.connect(settings.redis.url, settings.fleet.service_concurrency)
         self.limits = TargetLimitBook(settings, nc.jetstream())
         self.responder = Responder(
             nc, self.name, subjects.QUEUE_RATELIMIT, settings.fleet.service_concurrency
