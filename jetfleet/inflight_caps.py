@@ -25,10 +25,11 @@ from jetfleet.errors import JetfleetError
 from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
 
 KEY_PREFIX = "jf:inflight:"
-# Connections one leaser (or sink) keeps to Redis; each call holds one for a single round
-# trip. 32 ran dry at about 1,000 renewals/s (10,000 workers renewing every 10 s,
-# bench/fleet_leases_bench.py): each renewal extends its job's place, and the extensions
-# waited for a connection until they failed ("No connection available").
+# The fewest connections one leaser (or sink) keeps to Redis (opened as needed); each call
+# holds one for a single round trip. 32 ran dry at about 1,000 renewals/s (10,000 workers
+# renewing every 10 s, bench/fleet_leases_bench.py): each renewal extends its job's place,
+# and the extensions waited for a connection until they failed ("No connection
+# available"). A service gets one per call it may have in hand (``connect``'s callers).
 POOL_SIZE = 128
 
 # Every script first drops the places whose lease ran out, by Redis's clock (a sorted
@@ -115,14 +116,17 @@ class InFlightCaps:
     @classmethod
     def connect(cls, url: str, callers: int = 0) -> InFlightCaps:
         """A client for ``url`` (any form of jetfleet/redis_topology.py) that gives up
-        quickly, so a grant never waits long on Redis, for up to ``callers`` at once (0:
-        ``POOL_SIZE``; a leaser has ``fleet.service_concurrency``).
+        quickly, so a grant never waits long on Redis, with a connection for each of up
+        to ``callers`` calls at once (a leaser's ``fleet.service_concurrency``; at least
+        ``POOL_SIZE``).
 
-        A caller waits its turn for a free connection rather than failing: the default
-        pool refuses at once past its size, which under a burst of grants would refuse
-        them as ``caps-unavailable`` and leave places to expire.
+        Past that, a caller waits (up to a second) for a free connection rather than
+        failing: the default pool refuses at once past its size, which under a burst of
+        grants would refuse them as ``caps-unavailable`` and leave places to expire. A
+        pool of 128 under a leaser's 512 grants at once made the last ones wait their
+        turn four deep, past that second on a loaded machine.
         """
-        return cls(connect_redis(url, POOL_SIZE, callers))
+        return cls(connect_redis(url, max(POOL_SIZE, callers)))
 
     async def reachable(self) -> bool:
         """Whether Redis answers a ping now."""

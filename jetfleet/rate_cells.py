@@ -73,9 +73,11 @@ OUTAGE_S = 2.0
 """How long a replica must have failed closed before its recovery restarts the span: a
 passing error (a pool wait, one slow answer) must not slow the whole fleet for 10 s."""
 POOL_SIZE = 128
-"""Connections one ratelimit replica keeps (per node of a cluster): a permit holds one
-for a single round trip, and up to ``fleet.service_concurrency`` permits may be in hand
-(a pool of 32 made the 33rd wait, and the 100th fail closed, with Redis healthy)."""
+"""The fewest connections one ratelimit replica keeps (per node of a cluster; opened as
+needed): a permit holds one for a single round trip, and up to
+``fleet.service_concurrency`` permits may be in hand, so the service asks for that many
+(``connect``'s callers; a pool of 32 made the 33rd wait, and the 100th fail closed, with
+Redis healthy)."""
 US = 1_000_000
 
 # Shared prelude: now (microseconds, Redis clock) and whether the state is recovering.
@@ -365,9 +367,9 @@ class RateCells:
     @classmethod
     def connect(cls, url: str, callers: int = 0) -> RateCells:
         """Cells over the Redis at ``url`` (any form of jetfleet/redis_topology.py;
-        connects lazily, on the first call) for up to ``callers`` at once (0:
-        ``POOL_SIZE``; a ratelimit replica has ``fleet.service_concurrency``)."""
-        return cls(connect_redis(url, POOL_SIZE, callers))
+        connects lazily, on the first call), with a connection for each of up to
+        ``callers`` calls at once (at least ``POOL_SIZE``)."""
+        return cls(connect_redis(url, max(POOL_SIZE, callers)))
 
     @property
     def failing(self) -> bool:

@@ -12,15 +12,13 @@
   (the Sentinels are asked without any).
 
 ``rediss+cluster://`` and ``rediss+sentinel://`` connect to the data nodes with TLS.
-Every client built here gives up on a round trip within about a second: a caller that
-cannot get an answer fails closed (the rate limiter refuses permits, the leaser grants),
-it never waits for a failover to finish. A caller queued behind a full pool waits its
-turn instead, about a second per pool's worth of callers ahead (``pool_wait_s``).
+Every client built here gives up within about a second: a caller that cannot get an
+answer fails closed (the rate limiter refuses permits, the leaser grants), it never
+waits for a failover to finish.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -35,48 +33,34 @@ RedisClient = aioredis.Redis | RedisCluster
 """What jetfleet's Redis users hold: one server's client (also a Sentinel master's), or a
 cluster's."""
 TIMEOUT_S = 1.0
-"""Socket and connect timeout, and a caller's wait for a pooled connection per pool's
-worth of callers that may be ahead of it (``pool_wait_s``)."""
+"""Socket and connect timeout, and how long a caller waits for a pooled connection."""
 CLUSTER_RETRIES = 2
 """Tries again after a connection error, each after re-reading the cluster's slots: a
 moved slot is followed at once, a dead master is given up on quickly (redis-py's default
 retries hid a killed master for 3 s inside one call)."""
 
 
-def pool_wait_s(pool_size: int, callers: int) -> float:
-    """How long a caller waits for a pooled connection when up to ``callers`` call at
-    once: a second per round of ``pool_size`` callers. With a second in all, a burst of
-    four pools' worth (a leaser's 512 grants against 128 connections) refused its last
-    callers on a loaded machine, with Redis healthy; each round trip is itself bounded
-    by the socket timeout, so the wait still ends when Redis hangs."""
-    return TIMEOUT_S * max(1, math.ceil(callers / pool_size))
+def connect_redis(url: str, pool_size: int) -> RedisClient:
+    """A client for ``url`` (connects lazily, on its first command).
 
-
-def connect_redis(url: str, pool_size: int, callers: int = 0) -> RedisClient:
-    """A client for ``url`` (connects lazily, on its first command), for up to
-    ``callers`` concurrent callers (0: ``pool_size``).
-
-    One server: a blocking pool of ``pool_size`` connections (a caller waits its turn,
-    ``pool_wait_s``: the default pool refuses at once past its size, which under a burst
+    One server: a blocking pool of ``pool_size`` connections (a caller waits up to a
+    second for one: the default pool refuses at once past its size, which under a burst
     would fail calls closed for want of a connection, not of Redis). A cluster:
-    ``pool_size`` connections per node, or ``callers`` if more (redis-py's cluster
-    client cannot queue a caller: past its size it refuses at once). Sentinel: the
-    master it names now, asked again whenever a connection to it fails, with the
-    one-server pool's wait.
+    ``pool_size`` connections per node. Sentinel: the master it names now, asked again
+    whenever a connection to it fails.
 
     Raises:
         ConfigError: ``url`` is none of the accepted forms.
     """
     topology = parse_redis_url(url)
-    wait_s = pool_wait_s(pool_size, callers or pool_size)
     if topology.kind == "cluster":
-        return _cluster(topology, max(pool_size, callers))
+        return _cluster(topology, pool_size)
     if topology.kind == "sentinel":
-        return _sentinel_master(topology, pool_size, wait_s)
+        return _sentinel_master(topology, pool_size)
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=pool_size,
-        timeout=wait_s,
+        timeout=TIMEOUT_S,
         socket_timeout=TIMEOUT_S,
         socket_connect_timeout=TIMEOUT_S,
     )
@@ -97,11 +81,11 @@ def _cluster(topology: RedisTopology, pool_size: int) -> RedisCluster:
 
 
 class _BlockingSentinelPool(SentinelConnectionPool, aioredis.BlockingConnectionPool):
-    """The Sentinel master's pool, waiting its turn for a free connection like the
-    one-server pool rather than refusing past its size."""
+    """The Sentinel master's pool, waiting (up to a second) for a free connection like
+    the one-server pool rather than refusing past its size."""
 
 
-def _sentinel_master(topology: RedisTopology, pool_size: int, wait_s: float) -> aioredis.Redis:
+def _sentinel_master(topology: RedisTopology, pool_size: int) -> aioredis.Redis:
     data: dict[str, Any] = {
         "socket_timeout": TIMEOUT_S,
         "socket_connect_timeout": TIMEOUT_S,
@@ -120,7 +104,7 @@ def _sentinel_master(topology: RedisTopology, pool_size: int, wait_s: float) -> 
         topology.service,
         connection_pool_class=_BlockingSentinelPool,
         max_connections=pool_size,
-        timeout=wait_s,
+        timeout=TIMEOUT_S,
     )
     return master
 

@@ -30,7 +30,8 @@ from jetfleet.dev.embedded import free_port
 from jetfleet.errors import ConfigError
 from jetfleet.inflight_caps import COUNT_BATCH, POOL_SIZE, InFlightCaps
 from jetfleet.lease_store import LeaseStore
-from jetfleet.redis_topology import close_redis, connect_redis
+from jetfleet.rate_cells import RateCells
+from jetfleet.redis_topology import close_redis
 from jetfleet.settings import Settings, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
@@ -550,16 +551,17 @@ async def test_a_member_at_its_cap_with_a_backlog_does_not_hold_up_its_partition
 async def test_a_burst_of_grants_waits_for_redis_connections_instead_of_refusing(
     nats_url: str, redis_url: str, redis_client: aioredis.Redis
 ) -> None:
-    # As many grants at once as a leaser takes (fleet.service_concurrency, 512: four
-    # times its Redis pool): each waits its turn for a connection (never
-    # "caps-unavailable", which would also leave places to expire). With redis-py's
-    # default pool, which refuses past its size, half of a burst of twice the pool was
-    # refused ("Too many connections"; checked).
-    burst = Settings().fleet.service_concurrency
-    assert burst == 4 * POOL_SIZE
+    # More grants at once than the leaser keeps Redis connections (a leaser sized for
+    # 128 calls in hand has 128): each waits its turn (never "caps-unavailable", which
+    # would also leave places to expire). With redis-py's default pool, which refuses
+    # past its size, 128 of these 256 grants were refused ("Too many connections";
+    # checked).
+    burst = 2 * POOL_SIZE
     # A rate no burst of grants can reach: this is about connections, not permits.
     targets = {"wide": target("http://127.0.0.1:9/", max_in_flight=burst, rate=1e6)}
-    settings = make_settings(nats_url, redis_url, targets, dedicated_targets=0)
+    settings = make_settings(
+        nats_url, redis_url, targets, dedicated_targets=0, service_concurrency=POOL_SIZE
+    )
     leaser, nc = await _leaser(settings)
     try:
         orders = [order_for(settings, f"/page/{n}", target="wide") for n in range(burst)]
@@ -572,22 +574,25 @@ async def test_a_burst_of_grants_waits_for_redis_connections_instead_of_refusing
         await nc.close()
 
 
-async def test_callers_beyond_the_pool_wait_a_turn_per_pools_worth_ahead_of_them(
-    redis_url: str,
+@pytest.mark.parametrize("connect", [InFlightCaps.connect, RateCells.connect])
+async def test_a_service_has_a_redis_connection_for_every_call_it_may_have_in_hand(
+    redis_url: str, connect: Callable[[str, int], InFlightCaps | RateCells]
 ) -> None:
-    # Eight callers on two connections, each holding its connection 0.4 s (a BLPOP that
-    # times out, a wait at Redis that blocks no other client): the last two wait 1.2 s
-    # for a connection, past one second, with Redis healthy. They are served, not
-    # refused: the wait is sized from the callers (pool_wait_s: 4 s here).
-    client = connect_redis(redis_url, 2, callers=8)
+    # A leaser (or ratelimit replica) at its full fleet.service_concurrency, each call
+    # holding its connection 0.6 s (a BLPOP that times out: a wait at Redis that blocks
+    # no other client). A pool of 128 made calls wait their turn four deep, the last
+    # past the pool's 1 s wait: refused, with Redis healthy. Each has its own.
+    callers = Settings().fleet.service_concurrency
+    made = connect(redis_url, callers)
     try:
         answers = await asyncio.gather(
-            *(client.blpop([f"jf-test:none:{n}"], timeout=0.4) for n in range(8)),
+            *(made.client.blpop([f"jf-test:none:{n}"], timeout=0.6) for n in range(callers)),
             return_exceptions=True,
         )
     finally:
-        await close_redis(client)
-    assert answers == [None] * 8, [a for a in answers if a is not None][:2]
+        await close_redis(made.client)
+    refused = [a for a in answers if a is not None]
+    assert refused == [], f"{len(refused)} of {callers} refused: {refused[:2]}"
 
 
 def test_more_work_consumers_than_nats_server_allows_on_a_stream_is_refused() -> None:
