@@ -115,6 +115,23 @@ async def test_a_wait_starved_by_a_busy_page_is_not_judged_a_removed_selector(en
     assert env.asked("shop-trap") == 1
 
 
+async def test_a_page_too_busy_to_answer_is_tried_again_not_judged_a_removed_selector(
+    env: Env,
+) -> None:
+    # The same busy page, waited on for what it lacks: a page that took over 0.5 s to
+    # answer once the wait ran out (browser_page.STARVED_S) had no turn for its scripts,
+    # so its lack proves nothing. Each attempt loads it busy again: attempts run out, on timeouts.
+    await env.stack.add_worker("w-a", identity="alice")
+    spec = PageSpec(wait_for=".price", wait_timeout_s=0.5)
+    await env.submit(page_job("busy-2", "/shop/trap/busy/15", spec, max_attempts=2))
+
+    letter = await env.dead_letter("busy-2")
+    assert letter.reason == "attempts-exhausted", (letter.reason, letter.detail)
+    assert [a.reason for a in letter.history] == ["timeout", "timeout"], letter.history
+    assert "too busy to judge" in letter.detail, letter.detail
+    assert env.asked("shop-trap") == 2
+
+
 # Handler-level: a visit cut short the way the worker cuts one (its task cancelled: a
 # lost lease, a drain) and a browser killed under a visit.
 

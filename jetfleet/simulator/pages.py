@@ -143,8 +143,10 @@ SHOP_TRAPS = ("navigates", "challenge", "surrogates", "huge", "preconnect", "bus
 """Hostile shop pages (``/shop/trap/NAME``) a browser job must survive politely."""
 
 
-BUSY_FOR_MS = 6000
-"""How long the ``busy`` trap page holds its main thread in spells, from its load on."""
+BUSY_FOR_MS = 12000
+"""How long the ``busy`` trap page holds its main thread in spells, from its load on: past
+any visit of it in the tests (its browser stops it when the visit closes the page), so
+however late a loaded machine lets a wait for the load end, a spell follows."""
 
 
 def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
@@ -160,7 +162,7 @@ def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
     ``preconnect``: preconnect and DNS-prefetch hints for the origin of ``to`` (a
     connection, never a request: no policy of the page's stops it);
     ``busy``: from its load on, an inline script holds the main thread in spells of
-    ``N`` hundred ms, 5 ms apart, for ``BUSY_FOR_MS`` (a script-heavy page, or a machine
+    ``N`` hundred ms, 30 ms apart, for ``BUSY_FOR_MS`` (a script-heavy page, or a machine
     too loaded to run it: whatever asks the page waits for a gap).
     """
     item = f"/shop/item/{n}"
@@ -226,7 +228,9 @@ def shop_trap_html(name: str, n: int, to: str = THIRD_PARTY_PIXEL) -> str:
             "function spell() {\n"
             f"  const end = Date.now() + {min(n * 100, BUSY_FOR_MS)};\n"
             "  while (Date.now() < end) {}\n"
-            "  if (Date.now() < until) setTimeout(spell, 5);\n"
+            # Gaps of 30 ms fit a frame: a wait for the load (polled on frames) ends in
+            # the first, and what is asked of the page next meets the next spell.
+            "  if (Date.now() < until) setTimeout(spell, 30);\n"
             "}\n"
             'addEventListener("load", () => setTimeout(spell, 0));\n'
             "</script>\n",

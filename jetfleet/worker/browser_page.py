@@ -98,6 +98,11 @@ _TITLE = "() => document.title.toWellFormed()"
 _HAS_CHALLENGE = "(id) => document.getElementById(id) !== null"
 _CLOSED = "has been closed"
 """What Playwright's errors say when the page's browser went away under a call."""
+_NAVIGATED = "Execution context was destroyed"
+"""What Playwright's errors say when the page navigated under a call."""
+STARVED_S = 0.5
+"""A page that takes longer than this to answer once a wait for its selector ran out
+was too busy to judge: the job is tried again, not dead-lettered ``selector-removed``."""
 
 
 @dataclass
@@ -405,25 +410,45 @@ async def _wait_for(
             spec.wait_for, state="attached", timeout=min(wait_s * 1000, _left_ms(ends_at))
         )
     except PlaywrightTimeout:
+        asked = time.monotonic()
         if await _shows_challenge(page):
             # A challenge served as 200: still a block signal, never solved.
             await _blocked(
                 ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
             )
-        if await page.query_selector(spec.wait_for) is not None:
-            # The wait was starved (a page's scripts or a loaded machine held the page's
-            # thread past it), not the element gone: selector-removed is permanent, so
-            # it is said only of a page asked again that still lacks it.
+        answered_s = time.monotonic() - asked
+        if await _attached_now(page, spec.wait_for):
+            # The wait was starved (the page's scripts or a loaded machine held its
+            # thread past it), not the element gone.
             return
         if not whole:
             raise RetryLater(
                 "timeout", detail=f"the attempt's budget ran out waiting for {spec.wait_for!r}"
+            ) from None
+        if answered_s > STARVED_S:
+            # selector-removed is permanent: it is said only of a page responsive enough
+            # that its scripts had their turn, never of one too busy to answer.
+            raise RetryLater(
+                "timeout",
+                detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s, "
+                f"the page too busy to judge (it took {answered_s:.1f} s to answer)",
             ) from None
         raise PermanentFailure(
             SELECTOR_REMOVED,
             detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s",
         ) from None
     except PlaywrightError as exc:
+        _bad_selector(page, exc)
+
+
+async def _attached_now(page: Page, selector: str) -> bool:
+    """Whether ``selector`` is on the page now: asked once more after its wait ran out."""
+    try:
+        return await page.query_selector(selector) is not None
+    except PlaywrightError as exc:
+        if _NAVIGATED in str(exc):
+            # The page navigated under the question (a script's): asked again later.
+            raise RetryLater("timeout", detail=_first_line(exc)) from None
         _bad_selector(page, exc)
 
 
