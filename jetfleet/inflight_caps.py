@@ -22,7 +22,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
-from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
+from jetfleet.redis_topology import RedisClient, close_redis, connect_redis, pool_size_for
 
 KEY_PREFIX = "jf:inflight:"
 # The fewest connections one leaser (or sink) keeps to Redis (opened as needed); each call
@@ -126,7 +126,7 @@ class InFlightCaps:
         pool of 128 under a leaser's 512 grants at once made the last ones wait their
         turn four deep, past that second on a loaded machine.
         """
-        return cls(connect_redis(url, max(POOL_SIZE, callers)))
+        return cls(connect_redis(url, pool_size_for(POOL_SIZE, callers)))
 
     async def reachable(self) -> bool:
         """Whether Redis answers a ping now."""

@@ -55,7 +55,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 from jetfleet.errors import JetfleetError
-from jetfleet.redis_topology import RedisClient, close_redis, connect_redis
+from jetfleet.redis_topology import RedisClient, close_redis, connect_redis, pool_size_for
 
 log = logging.getLogger(__name__)
 
@@ -369,7 +369,7 @@ class RateCells:
         """Cells over the Redis at ``url`` (any form of jetfleet/redis_topology.py;
         connects lazily, on the first call), with a connection for each of up to
         ``callers`` calls at once (at least ``POOL_SIZE``)."""
-        return cls(connect_redis(url, max(POOL_SIZE, callers)))
+        return cls(connect_redis(url, pool_size_for(POOL_SIZE, callers)))
 
     @property
     def failing(self) -> bool:

@@ -34,10 +34,20 @@ RedisClient = aioredis.Redis | RedisCluster
 cluster's."""
 TIMEOUT_S = 1.0
 """Socket and connect timeout, and how long a caller waits for a pooled connection."""
+MAX_POOL_SIZE = 2048
+"""The most connections a service's pool opens (per node of a cluster), however high its
+``fleet.service_concurrency``: each is a file descriptor here and a client at Redis
+(``maxclients``); calls past it wait their turn."""
 CLUSTER_RETRIES = 2
 """Tries again after a connection error, each after re-reading the cluster's slots: a
 moved slot is followed at once, a dead master is given up on quickly (redis-py's default
 retries hid a killed master for 3 s inside one call)."""
+
+
+def pool_size_for(least: int, callers: int) -> int:
+    """A pool for ``callers`` concurrent calls: one connection each, at least ``least``
+    and at most ``MAX_POOL_SIZE``."""
+    return min(max(least, callers), MAX_POOL_SIZE)
 
 
 def connect_redis(url: str, pool_size: int) -> RedisClient:

@@ -578,21 +578,26 @@ async def test_a_burst_of_grants_waits_for_redis_connections_instead_of_refusing
 async def test_a_service_has_a_redis_connection_for_every_call_it_may_have_in_hand(
     redis_url: str, connect: Callable[[str, int], InFlightCaps | RateCells]
 ) -> None:
-    # A leaser (or ratelimit replica) at its full fleet.service_concurrency, each call
-    # holding its connection 0.6 s (a BLPOP that times out: a wait at Redis that blocks
-    # no other client). A pool of 128 made calls wait their turn four deep, the last
-    # past the pool's 1 s wait: refused, with Redis healthy. Each has its own.
+    # A leaser (or ratelimit replica) at its full fleet.service_concurrency, every call
+    # holding a connection at once: each gets one. A pool of 128 made the others wait
+    # (at most 1 s) for one of those to come back: refused, with Redis healthy (384 of
+    # these 512; checked).
     callers = Settings().fleet.service_concurrency
     made = connect(redis_url, callers)
+    assert isinstance(made.client, aioredis.Redis)
+    pool = made.client.connection_pool
+    held = await asyncio.gather(
+        *(pool.get_connection() for _ in range(callers)),  # type: ignore[no-untyped-call]
+        return_exceptions=True,
+    )
     try:
-        answers = await asyncio.gather(
-            *(made.client.blpop([f"jf-test:none:{n}"], timeout=0.6) for n in range(callers)),
-            return_exceptions=True,
-        )
+        refused = [c for c in held if isinstance(c, BaseException)]
+        assert refused == [], f"{len(refused)} of {callers} refused: {refused[:2]}"
     finally:
+        for connection in held:
+            if not isinstance(connection, BaseException):
+                await pool.release(connection)
         await close_redis(made.client)
-    refused = [a for a in answers if a is not None]
-    assert refused == [], f"{len(refused)} of {callers} refused: {refused[:2]}"
 
 
 def test_more_work_consumers_than_nats_server_allows_on_a_stream_is_refused() -> None:

@@ -98,11 +98,16 @@ _TITLE = "() => document.title.toWellFormed()"
 _HAS_CHALLENGE = "(id) => document.getElementById(id) !== null"
 _CLOSED = "has been closed"
 """What Playwright's errors say when the page's browser went away under a call."""
-_NAVIGATED = "Execution context was destroyed"
-"""What Playwright's errors say when the page navigated under a call."""
+_CRASHED = "crashed"
+"""What Playwright's errors say when the page's renderer crashed under a call."""
+_SELECTOR_REFUSED = ("not a valid selector", "SyntaxError", "Unexpected token", "Unknown engine")
+"""What Playwright's errors say of a selector the browser cannot parse."""
+_CHALLENGE_AND_CLOCK = "(id) => [document.getElementById(id) !== null, Date.now()]"
 STARVED_S = 0.5
 """A page that takes longer than this to answer once a wait for its selector ran out
-was too busy to judge: the job is tried again, not dead-lettered ``selector-removed``."""
+was too busy to judge: the job is tried again (``page-busy``), not dead-lettered
+``selector-removed``."""
+PAGE_BUSY = "page-busy"
 
 
 @dataclass
@@ -410,46 +415,63 @@ async def _wait_for(
             spec.wait_for, state="attached", timeout=min(wait_s * 1000, _left_ms(ends_at))
         )
     except PlaywrightTimeout:
-        asked = time.monotonic()
-        if await _shows_challenge(page):
-            # A challenge served as 200: still a block signal, never solved.
-            await _blocked(
-                ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page"
-            )
-        answered_s = time.monotonic() - asked
-        if await _attached_now(page, spec.wait_for):
-            # The wait was starved (the page's scripts or a loaded machine held its
-            # thread past it), not the element gone.
-            return
-        if not whole:
-            raise RetryLater(
-                "timeout", detail=f"the attempt's budget ran out waiting for {spec.wait_for!r}"
-            ) from None
-        if answered_s > STARVED_S:
-            # selector-removed is permanent: it is said only of a page responsive enough
-            # that its scripts had their turn, never of one too busy to answer.
-            raise RetryLater(
-                "timeout",
-                detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s, "
-                f"the page too busy to judge (it took {answered_s:.1f} s to answer)",
-            ) from None
-        raise PermanentFailure(
-            SELECTOR_REMOVED,
-            detail=f"{spec.wait_for!r} not on {visit.final_url} within {wait_s:g} s",
-        ) from None
+        await _after_the_wait_ran_out(ctx, context, page, spec.wait_for, visit, wait_s, whole)
     except PlaywrightError as exc:
         _bad_selector(page, exc)
 
 
-async def _attached_now(page: Page, selector: str) -> bool:
-    """Whether ``selector`` is on the page now: asked once more after its wait ran out."""
+async def _after_the_wait_ran_out(
+    ctx: HandlerContext,
+    context: BrowserContext,
+    page: Page,
+    selector: str,
+    visit: _Visit,
+    wait_s: float,
+    whole: bool,
+) -> None:
+    """Return if ``selector`` is on the page after all (the wait was starved: the page's
+    scripts or a loaded machine held its thread past it); else raise what its absence
+    says. ``selector-removed`` is permanent, so it is said only of a page that answered
+    within ``STARVED_S``, whose scripts had their turn."""
     try:
-        return await page.query_selector(selector) is not None
+        sent = time.time()
+        challenged, page_ms = await page.evaluate(_CHALLENGE_AND_CLOCK, CHALLENGE_ID)
+        # How long the question waited for the page, by the page's clock (this machine's
+        # wall clock, as ours): not the worker's own lag in reading the answer. At most
+        # what this side saw, should the page's clock differ.
+        busy_s = min(time.time() - sent, max(0.0, page_ms / 1000 - sent))
+        found = not challenged and await page.query_selector(selector) is not None
     except PlaywrightError as exc:
-        if _NAVIGATED in str(exc):
-            # The page navigated under the question (a script's): asked again later.
-            raise RetryLater("timeout", detail=_first_line(exc)) from None
-        _bad_selector(page, exc)
+        _asked_again_failed(page, exc)
+    if challenged:
+        # A challenge served as 200: still a block signal, never solved.
+        await _blocked(ctx, context, "challenged", visit, f"HTTP {visit.status}, challenge page")
+    if found:
+        return
+    if not whole:
+        raise RetryLater("timeout", detail=f"the attempt's budget ran out waiting for {selector!r}")
+    if busy_s > STARVED_S:
+        raise RetryLater(
+            PAGE_BUSY,
+            detail=f"{selector!r} not on {visit.final_url} within {wait_s:g} s, and the page "
+            f"too busy to judge (it took {busy_s:.1f} s to answer)",
+        )
+    raise PermanentFailure(
+        SELECTOR_REMOVED, detail=f"{selector!r} not on {visit.final_url} within {wait_s:g} s"
+    )
+
+
+def _asked_again_failed(page: Page, exc: PlaywrightError) -> NoReturn:
+    """What an error of the question asked after a wait ran out says: the wait took the
+    selector, so its syntax is to blame only when the browser says so (a starved page
+    may not have parsed it yet); a page gone or crashed is retried in a new one, and
+    anything else (a navigation under the question) is retried."""
+    text = str(exc)
+    if page.is_closed() or _CLOSED in text or _CRASHED in text:
+        raise RetryLater(BROWSER_UNAVAILABLE, detail=_first_line(exc)) from None
+    if any(word in text for word in _SELECTOR_REFUSED):
+        raise PermanentFailure("bad-selector", detail=_first_line(exc)) from None
+    raise RetryLater("timeout", detail=_first_line(exc)) from None
 
 
 def _bad_selector(page: Page, exc: PlaywrightError) -> NoReturn:
