@@ -102,7 +102,6 @@ _CRASHED = "crashed"
 """What Playwright's errors say when the page's renderer crashed under a call."""
 _SELECTOR_REFUSED = ("not a valid selector", "SyntaxError", "Unexpected token", "Unknown engine")
 """What Playwright's errors say of a selector the browser cannot parse."""
-_CHALLENGE_AND_CLOCK = "(id) => [document.getElementById(id) !== null, Date.now()]"
 STARVED_S = 0.5
 """A page that takes longer than this to answer once a wait for its selector ran out
 was too busy to judge: the job is tried again (``page-busy``), not dead-lettered
@@ -434,12 +433,11 @@ async def _after_the_wait_ran_out(
     says. ``selector-removed`` is permanent, so it is said only of a page that answered
     within ``STARVED_S``, whose scripts had their turn."""
     try:
-        sent = time.time()
-        challenged, page_ms = await page.evaluate(_CHALLENGE_AND_CLOCK, CHALLENGE_ID)
-        # How long the question waited for the page, by the page's clock (this machine's
-        # wall clock, as ours): not the worker's own lag in reading the answer. At most
-        # what this side saw, should the page's clock differ.
-        busy_s = min(time.time() - sent, max(0.0, page_ms / 1000 - sent))
+        asked = time.monotonic()
+        challenged = await _shows_challenge(page)
+        # The worker's own event-loop lag counts too (not the page's clock: the worker
+        # never reads the wall clock, I9): a worker that slow cannot judge either.
+        busy_s = time.monotonic() - asked
         found = not challenged and await page.query_selector(selector) is not None
     except PlaywrightError as exc:
         _asked_again_failed(page, exc)
