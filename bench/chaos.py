@@ -27,9 +27,11 @@ simulator's own counts, and exits 1 if any check fails:
 - ``lost``: every submitted job is committed, dead-lettered or rejected (by job id), and
   the fleet's status is conserved with nothing unfinished;
 - ``over-apply (records)``: one committed record per committed job (ratio 1.00);
-- ``over-apply (site)``: pages the site served for the committed jobs over the jobs,
-  rounded to 2 places, is 1.00 (a page served again after its worker died between the
-  site's answer and the commit is counted here: only the commit is fenced);
+- ``over-apply (site)``: pages the site served for the committed jobs over the jobs; a
+  page is served again when its worker died between the site's answer and the commit
+  (only the commit is fenced), so at most one page per worker SIGKILL may be served
+  twice (measured 0.3 to 0.4 per kill; "rounded to 1.00" allowed 9 of 2,000 and failed
+  a CI run at 10, with 24 kills);
 - ``stale commits accepted``: every committed record's fence is the job's sealed fence
   and its highest fence ever granted, and no lease the stalled worker held when it was
   stopped has a record stored after that lease ran out;
@@ -825,9 +827,9 @@ class Soak:
         checks.append(
             Check(
                 "over-apply (site)",
-                round(ratio_site, 2) == 1.0,
+                len(served_again) <= len(self.kills),
                 f"ratio {ratio_site:.4f}; pages served more than once: {len(served_again)} "
-                f"{served_again[:5]}",
+                f"(at most one per worker SIGKILL, {len(self.kills)}) {served_again[:5]}",
             )
         )
         stale = await self._stale_commits(js, stored)
