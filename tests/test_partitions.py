@@ -31,7 +31,7 @@ from jetfleet.errors import ConfigError
 from jetfleet.inflight_caps import COUNT_BATCH, POOL_SIZE, InFlightCaps
 from jetfleet.lease_store import LeaseStore
 from jetfleet.rate_cells import RateCells
-from jetfleet.redis_topology import close_redis
+from jetfleet.redis_topology import MAX_POOL_SIZE, close_redis, pool_size_for
 from jetfleet.settings import Settings, validate
 from jetfleet.simulator import SimulatorConfig, TargetSimulator
 from jetfleet.topology import declare
@@ -692,3 +692,10 @@ async def test_a_running_jobs_place_lost_with_redis_comes_back_with_its_next_ren
     finally:
         await leaser.drain(5.0)
         await nc.close()
+
+
+def test_a_services_redis_pool_follows_its_concurrency_between_128_and_2048() -> None:
+    assert pool_size_for(POOL_SIZE, 0) == POOL_SIZE
+    assert pool_size_for(POOL_SIZE, 512) == 512
+    # fleet.service_concurrency may be 100,000: each connection is a file descriptor.
+    assert pool_size_for(POOL_SIZE, 100_000) == MAX_POOL_SIZE == 2048
