@@ -20,7 +20,7 @@ from jetfleet.ops.status import fleet_status
 from jetfleet.settings import Settings
 from jetfleet.simulator import TargetSimulator
 from jetfleet.topology import declare
-from tests.conftest import make_settings, sim_target
+from tests.conftest import make_settings, sim_target, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 WINDOW_S = 1.0
@@ -112,3 +112,41 @@ async def test_a_redelivered_submission_whose_job_was_granted_is_acked_not_route
     assert await _work_messages(nc) == 0, "a granted job was routed again"
     info = await nc.jetstream().consumer_info(subjects.STREAM_SUBMIT, "routed-once-probe")
     assert info.num_ack_pending == 0, "the submission was not acked"
+
+
+async def test_a_submission_whose_admission_failed_is_asked_again_well_before_the_ack_wait(
+    fleet: tuple[Settings, NatsClient],
+) -> None:
+    """A submission the scheduler could not admit (here its id ledger's stream is gone,
+    as during an election) is handed back with a short delay, not left to the
+    consumer's 30 s ack wait, and is routed once the ledger answers again."""
+    settings, nc = fleet
+    js = nc.jetstream()
+    own = await connect_nats(settings.nats, "scheduler")
+    scheduler = Scheduler(settings, own)
+    await scheduler.start()
+    try:
+        [first, second] = jobs_for("demo", settings, ["/page/1", "/page/2"])
+        await submit_jobs(js, settings, "demo", [first])
+
+        async def routed(n: int) -> bool:
+            return await _work_messages(nc) == n
+
+        await wait_for(lambda: routed(1), 10, "the first job routed")
+        await js.delete_stream(f"KV_{subjects.BUCKET_FENCES}")
+        await submit_jobs(js, settings, "demo", [second])
+
+        async def asked_again() -> bool:
+            info = await js.consumer_info(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER)
+            return bool(info.num_redelivered >= 1)
+
+        # Well within the 30 s ack wait that brought it back before.
+        await wait_for(asked_again, 8, "the failed submission delivered again")
+        assert await _work_messages(nc) == 1
+        await declare(js, settings)  # the ledger is back (empty: the first id is forgotten)
+        await wait_for(lambda: routed(2), 10, "the failed submission routed")
+        info = await js.consumer_info(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER)
+        assert info.num_ack_pending == 0
+    finally:
+        await scheduler.drain(5.0)
+        await own.close()

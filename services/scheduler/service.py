@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
 BATCH = 200
+RETRY_FIRST_S = 0.5
+"""A submission whose admission failed comes back after this, doubled with each
+delivery up to the consumer's ack wait (``RETRY_MAX_S``)."""
+RETRY_MAX_S = 30.0
 
 
 class Scheduler:
@@ -79,6 +83,20 @@ class Scheduler:
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
 
     async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
+        try:
+            await self._admit_in_span(store, msg)
+        except Exception:
+            # A stream leader's election, a lost connection: asked again soon rather
+            # than after the consumer's 30 s ack wait. Safe to repeat: each step of the
+            # admission is put-if-absent or deduplicated (services/scheduler/job_ids.py).
+            # Backing off, so a submission that fails every time is not a hot loop.
+            delivered = msg.metadata.num_delivered or 1
+            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** (delivered - 1))
+            with contextlib.suppress(Exception):  # unreachable too: the ack wait brings it
+                await msg.nak(delay=delay)
+            raise
+
+    async def _admit_in_span(self, store: LeaseStore, msg: Msg) -> None:
         # A sibling of the job's attempts: the work order carries the submit span's
         # context on (``_passthrough``), not this one's (unless there is none: then this
         # is the job's root).
