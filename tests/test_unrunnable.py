@@ -11,14 +11,16 @@ import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import msgspec
 import pytest
-from jetfleet.schemas import CommittedResult, Duplicate, NoopOutput, WorkOrder
+from jetfleet.schemas import CommittedResult, Duplicate, Job, NoopOutput, WorkOrder
 from jetfleet.schemas.lease import SealedCommit
 from nats.aio.client import Client as NatsClient
 from nats.js import api as js_api
+from nats.js.api import RawStreamMsg
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
@@ -103,6 +105,17 @@ async def wait_queued(nc: NatsClient, n: int, what: str) -> None:
         return (await js.stream_info(subjects.STREAM_WORK)).state.messages == n
 
     await wait_for(queued, 30, what)
+
+
+async def queue_one(stack: InProcessStack) -> tuple[Job, int, RawStreamMsg]:
+    """One job submitted and admitted: the job, its work order's sequence and message."""
+    nc = stack.connections[0]
+    js = nc.jetstream()
+    [job] = jobs_for("demo", stack.settings, pages(1))
+    await submit_jobs(js, stack.settings, "demo", [job])
+    await wait_queued(nc, 1, "the job's work order")
+    seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
+    return job, seq, await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
 
 
 async def conserved_status(stack: InProcessStack) -> FleetStatus:
@@ -226,13 +239,17 @@ async def test_item3_an_exhausted_job_whose_key_is_committed_ends_a_duplicate_no
         assert (status.totals.submitted, status.totals.committed, status.totals.dead) == (2, 2, 0)
 
 
-async def publish_advisory(nc: NatsClient, seq: int, deliveries: int = 24) -> None:
-    """A max-deliveries advisory for ``JF_WORK`` message ``seq``, as nats-server sends it."""
+async def publish_advisory(
+    nc: NatsClient, seq: int, deliveries: int = 24, at: datetime | None = None
+) -> None:
+    """A max-deliveries advisory for ``JF_WORK`` message ``seq``, as nats-server sends it
+    (at ``at`` by the server's clock; by default a time before any message's)."""
     consumer = subjects.work_consumer("demo")
+    stamp = at.strftime("%Y-%m-%dT%H:%M:%S.%f000Z") if at else "2026-01-01T00:00:00.000000000Z"
     body = {
         "type": "io.nats.jetstream.advisory.v1.max_deliver",
         "id": f"test-{seq}",
-        "timestamp": "2026-01-01T00:00:00.000000000Z",
+        "timestamp": stamp,
         "stream": subjects.STREAM_WORK,
         "consumer": consumer,
         "stream_seq": seq,
@@ -240,6 +257,30 @@ async def publish_advisory(nc: NatsClient, seq: int, deliveries: int = 24) -> No
     }
     subject = subjects.max_deliveries_advisories(subjects.STREAM_WORK).replace(">", consumer)
     await nc.jetstream().publish(subject, json.dumps(body).encode())
+
+
+async def test_item3_the_backstop_names_a_job_whose_deliveries_ran_out_past_its_max_age_expired(
+    nats_url: str, redis_url: str, simulator: TargetSimulator
+) -> None:
+    """The backstop's own judgement of age, by the server's clocks (the advisory's time
+    against the work order's): deliveries that ran out past the max age end the job
+    ``expired``, naming its age. (Workers end an old job at its next delivery, so the
+    kept-out test below ends there, not here.)"""
+    settings = unrunnable_settings(nats_url, redis_url, simulator, max_age_s=20.0)
+    async with running(settings, workers=0) as stack:
+        nc = stack.connections[0]
+        js = nc.jetstream()
+        job, seq, stored = await queue_one(stack)
+        assert stored.time is not None
+        await publish_advisory(nc, seq, at=stored.time + timedelta(seconds=25))
+
+        reasons = await wait_dead(nc, [job.id], 30, "the job's letter")
+        assert reasons == {job.id: "expired"}
+        [entry] = await list_dead_letters(js)
+        assert entry.letter.detail == "queued 25 s, more than the 20 s max age"
+        await wait_queued(nc, 0, "the exhausted work order to be removed")
+        status = await conserved_status(stack)
+        assert (status.totals.dead, status.totals.queued) == (1, 0)
 
 
 async def test_item3_a_job_handed_back_with_a_delay_still_holds_its_place_in_the_window(
@@ -443,19 +484,37 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
     fleet = msgspec.structs.replace(settings.fleet, handlers=("test.slow",), max_deliver=1000)
     worker = msgspec.structs.replace(settings.worker, concurrency=2)
     settings = msgspec.structs.replace(settings, fleet=fleet, worker=worker)
-    async with running(settings, workers=1) as stack:
+    async with running(settings, workers=0) as stack:
         await stack.add_worker("w-alice", identity="alice")
         js = stack.connections[0].jetstream()
-        # Three rounds of the owner's two slots: the last jobs wait about 2 x BUSY_S.
-        busy = jobs_for(
+        # Two jobs take the owner's two slots for BUSY_S; then a worker without the
+        # identity starts, and two more jobs, submitted once both run, wait about
+        # BUSY_S for the owner.
+        blockers = jobs_for(
             "demo",
             settings,
-            pages(6),
+            pages(2),
             pin_identity="alice",
             handler="test.slow",
             args={"sleep_s": str(BUSY_S)},
         )
-        await submit_jobs(js, settings, "demo", busy)
+        await submit_jobs(js, settings, "demo", blockers)
+
+        async def owner_busy() -> bool:
+            return bool(simulator.counts()["total"] == len(blockers))  # only alice runs them
+
+        await wait_for(owner_busy, 30, "the owner to run the first two jobs")
+        other = await stack.add_worker("w-other")
+        waiting = jobs_for(
+            "demo",
+            settings,
+            pages(2),
+            pin_identity="alice",
+            handler="test.slow",
+            args={"sleep_s": "0"},
+        )
+        await submit_jobs(js, settings, "demo", waiting)
+        busy = blockers + waiting
 
         async def all_ended() -> bool:
             done = await count_messages(js, subjects.STREAM_RESULTS, "jf.results.>")
@@ -465,9 +524,15 @@ async def test_item3_jobs_pinned_to_a_busy_owner_wait_for_it_and_are_not_dead_le
         assert await dead_reasons(stack.connections[0]) == {}
         results = [r async for r in iter_results(js, "demo")]
         assert {(r.job_id, r.identity) for r in results} == {(j.id, "alice") for j in busy}
+        # Some job did wait past its patience for the busy owner (handed back
+        # identity-busy, not sent to the backstop): the case this test is about.
+        values = other.hand_backs.values.items()
+        assert sum(n for labels, n in values if dict(labels)["reason"] == "identity-busy") > 0
 
 
-BUSY_S = 8.0  # longer than the pinned patience (about 10 s over two rounds)
+# Longer than a waiting job's patience: eight hand-backs of growing waits that add up
+# to at most 11.75 s (runtime.PINNED_PATIENCE, HAND_BACK_MAX_S).
+BUSY_S = 15.0
 
 
 async def test_item3_an_identity_is_owned_while_a_worker_claims_it_and_only_then(
@@ -503,11 +568,7 @@ async def test_item3_the_backstop_leaves_a_job_whose_lease_is_live_until_the_lea
     async with running(settings, workers=0) as stack:
         nc = stack.connections[0]
         js = nc.jetstream()
-        [job] = jobs_for("demo", settings, pages(1))
-        await submit_jobs(js, settings, "demo", [job])
-        await wait_queued(nc, 1, "the work order")
-        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
-        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        job, seq, stored = await queue_one(stack)
         order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
         leases = LeaseClient(nc)
         fence = await grant_fence(leases, order, "w-holder")
@@ -538,7 +599,13 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_waits_out_its_max_age_the
     waits paced against their deliveries (review finding 2): the backstop cannot end
     a job that could still run before its max age, so it ends ``expired``, not
     ``deliveries-exhausted`` within a minute (its deliveries would have run out in about
-    24 x 2 s before the pacing)."""
+    24 x 2 s before the pacing).
+
+    The holder keeps the target's one place a little past the kept-out job's max age,
+    then frees it: a job whose deliveries ran out first would have been dead-lettered
+    ``deliveries-exhausted`` before that; one that lasted is leased at its next delivery
+    and ended ``expired`` unrun. (Held for ever, the job ended only at its 24th delivery,
+    about 50 s in: the paced waits last more than twice its 20 s max age.)"""
     settings = unrunnable_settings(
         nats_url, redis_url, simulator, max_in_flight=1, timeout_s=4 * HOLD_S, max_age_s=20.0
     )
@@ -567,9 +634,16 @@ async def test_item3_a_job_kept_out_by_its_targets_cap_waits_out_its_max_age_the
         [entry] = await list_dead_letters(js)
         assert entry.letter.detail.endswith("more than the 20 s max age"), entry.letter.detail
         assert simulator.counts()["total"] == 1  # only the holder's request
+        [worker] = stack.workers
+        kept_out_back = sum(
+            n
+            for labels, n in worker.hand_backs.values.items()
+            if dict(labels)["reason"] == "target-busy"
+        )
+        assert kept_out_back >= 2  # it was kept out by the cap, delivery after delivery
 
 
-HOLD_S = 150.0  # far longer than the kept-out job's 24 paced deliveries (about a minute)
+HOLD_S = 24.0  # past the kept-out job's 20 s max age (submitted just after the hold began)
 
 
 async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_letter(
@@ -581,11 +655,7 @@ async def test_item3_the_backstop_lands_a_decision_sealed_before_and_writes_no_l
     async with running(settings, workers=0) as stack:
         nc = stack.connections[0]
         js = nc.jetstream()
-        [job] = jobs_for("demo", settings, pages(1))
-        await submit_jobs(js, settings, "demo", [job])
-        await wait_queued(nc, 1, "the work order")
-        seq = (await js.stream_info(subjects.STREAM_WORK)).state.last_seq
-        stored = await js.get_msg(subjects.STREAM_WORK, seq=seq, direct=False)
+        _, seq, stored = await queue_one(stack)
         order = msgspec.json.decode(stored.data or b"", type=WorkOrder)
         result = CommittedResult(
             job_id=order.job.id,
