@@ -93,11 +93,11 @@ async def test_finding2_many_jobs_answered_retry_after_zero_see_a_backing_off_ta
 async def test_finding2_a_job_blocked_for_ever_ends_expired_at_its_max_age_not_by_the_backstop(
     nats_url: str, redis_url: str
 ) -> None:
-    # max_deliver at its minimum (24) and a 20 s max age: the paced hand-backs spread the
+    # max_deliver at its minimum (24) and a 10 s max age: the paced hand-backs spread the
     # deliveries over the max age, so the job ends `expired`, as a job nobody could run
     # for that long should. Before the fix: `deliveries-exhausted` within a second.
     async with TargetSimulator(SimulatorConfig()) as sim:
-        targets = {"slow": target(sim.base_url, max_attempts=1, max_age_s=20.0)}
+        targets = {"slow": target(sim.base_url, max_attempts=1, max_age_s=MAX_AGE_S)}
         settings = smallest_backstop(queue_settings(nats_url, redis_url, targets, concurrency=2))
         stack = InProcessStack(settings)
         await stack.start(workers=1)
@@ -111,8 +111,15 @@ async def test_finding2_a_job_blocked_for_ever_ends_expired_at_its_max_age_not_b
             await wait_for(is_dead, 60, "the job's dead letter")
             [entry] = await list_dead_letters(js)
             assert entry.letter.reason == "expired", entry.letter.detail
+            # Under half its deliveries spent by its max age, so they would last it
+            # twice over. With the 20 s max age this test had, the bound was all 24 not
+            # spent in 20 s; half of them in half the time bounds the same rate.
+            assert await delivered(js, "slow") < settings.fleet.max_deliver // 2
         finally:
             await stack.stop()
+
+
+MAX_AGE_S = 10.0
 
 
 def pace_for(max_deliver: int, max_age_s: float, max_attempts: int = 1) -> HandBackPace:

@@ -172,9 +172,9 @@ def hand_backs(worker: Worker, reason: str) -> int:
 async def test_a_job_pinned_to_a_busy_region_waits_for_it_and_runs_there(
     nats_url: str, redis_url: str, simulator: TargetSimulator
 ) -> None:
-    # A max age of a minute: the hand-backs are paced to last it (a few seconds each),
+    # A max age of MAX_AGE_S: the hand-backs are paced to last it (a few seconds each),
     # where they were 2 s at most and used up the backstop in about half a minute.
-    settings = placement_settings(nats_url, redis_url, simulator, max_age_s=60.0)
+    settings = placement_settings(nats_url, redis_url, simulator, max_age_s=MAX_AGE_S)
     async with running_stack(settings) as stack:
         nc = stack.connections[0]
         eu = await add_worker(stack, "w-eu", region="eu")
@@ -207,6 +207,13 @@ async def test_a_job_pinned_to_a_busy_region_waits_for_it_and_runs_there(
         assert (result.job_id, result.worker, result.attempt) == (job.id, "w-ap", 1)
         assert await list_dead_letters(nc.jetstream()) == []
         await conserved(stack)
+
+
+# Half a minute: a 2.5 s cap (hand_back_pace.py), so past its patience the job asks
+# again every 2.5-3.1 s, and its 24 deliveries last over 40 s; the test's job
+# runs in region ap well before its max age. (At a minute the cap was 6.25 s, each of
+# those waits that much longer.)
+MAX_AGE_S = 30.0
 
 
 # --- one worker per subnet and target ---------------------------------------------------
@@ -272,8 +279,10 @@ async def test_a_worker_refused_for_its_subnet_holds_off_longer_each_time_in_a_r
         nc = stack.connections[0]
         await add_worker(stack, "w-a1", subnet=SUBNET_A, concurrency=2)
         await add_worker(stack, "w-a2", subnet=SUBNET_A, concurrency=2)
-        # Slow jobs: one worker of the subnet holds the target for several seconds.
-        jobs = jobs_for("demo", settings, [f"{p}?delay=6" for p in pages(6, "slow")])
+        # Slow jobs: one worker of the subnet holds the target for several seconds (a
+        # first round of its two slots, 5 s, outlasts the other's first two refusals,
+        # 2 s apart); the other's two jobs, refused, run in a second round.
+        jobs = jobs_for("demo", settings, [f"{p}?delay=5" for p in pages(4, "slow")])
         await submit_jobs(nc.jetstream(), settings, "demo", jobs)
 
         def refused_twice_in_a_row() -> Worker | None:
