@@ -52,8 +52,13 @@ from tests.stack import InProcessStack
 
 TARGET = "demo"
 LEASE_TTL_S = 2.0
-ACK_WAIT_S = 4.0
-STALL_S = ACK_WAIT_S + 2.0  # past the TTL and ack_wait: redelivered while still stalled
+# The least the settings allow with this TTL (a whole second past it, settings.validate):
+# every lost ack, SIGKILLed job and stall waits it out, so each second here is paid many
+# times over.
+ACK_WAIT_S = 3.0
+# Past the TTL and ack_wait: redelivered while still stalled, with 2 s left for the next
+# holder to commit before the frozen one thaws and reports late.
+STALL_S = ACK_WAIT_S + 2.0
 REJECTED = ("rejected:fenced-out", "rejected:lease-expired")
 
 
@@ -309,8 +314,14 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
     redis_client: aioredis.Redis,  # flushed: no places left from earlier tests
     lanes: str,
 ) -> None:
-    jobs_n, workers_n, kills_n = 2000, 3, 8
-    plan = FaultPlan(stall_per_mille=20, drop_ack_per_mille=25, stall_s=STALL_S)
+    # The run lasts as long as its jobs take, so it has as many as the faults need: 8
+    # kills 80 commits apart, then a tail of two gaps more. The fault rates keep about
+    # as many stalled (~40) and ack-dropping (~50) jobs as 2000 jobs at 2 % and 2.5 %
+    # had. The freezes are not fewer: a process freezes at most once per FREEZE_GAP_S
+    # (tests/faults/worker.py), so they come from the processes (the first three and
+    # the eight replacements), not from the job count: 6 with 2000 jobs and with 800.
+    jobs_n, workers_n, kills_n, kill_every = 800, 3, 8, 80
+    plan = FaultPlan(stall_per_mille=50, drop_ack_per_mille=60, stall_s=STALL_S)
     began = time.monotonic()
     partitioned = lanes == "partitioned"
     async with fault_env(tmp_path, plan, redis_url, partitioned) as env:
@@ -328,10 +339,13 @@ async def test_I1_over_apply_ratio_is_one_under_kills_lost_acks_and_stalls(
         # sink and then the leaser are redeployed in between.
         killer = asyncio.create_task(
             fleet.kill_on_progress(
-                env.committed_count, [150 * (k + 1) for k in range(kills_n)], seed=1
+                env.committed_count, [kill_every * (k + 1) for k in range(kills_n)], seed=1
             )
         )
-        restarter = asyncio.create_task(_restart_services(env))
+        # The sink between the 3rd and 4th kill, the leaser between the 6th and 7th.
+        restarter = asyncio.create_task(
+            _restart_services(env, (kill_every * 7 // 2, kill_every * 13 // 2))
+        )
         helpers = (killer, restarter)
         try:
 
@@ -507,9 +521,9 @@ def _check_requests_at_target(
     return sum(asked[_path(j.id)] for j in jobs) - len(jobs)
 
 
-async def _restart_services(env: FaultEnv) -> None:
-    """Redeploy the sink, then the leaser, at set points of progress."""
-    for threshold, restart in ((500, env.restart_sink), (1000, env.restart_leaser)):
+async def _restart_services(env: FaultEnv, at: tuple[int, int]) -> None:
+    """Redeploy the sink, then the leaser, at set points of progress (commits)."""
+    for threshold, restart in zip(at, (env.restart_sink, env.restart_leaser), strict=True):
 
         async def reached(threshold: int = threshold) -> bool:
             return await env.committed_count() >= threshold
@@ -602,7 +616,9 @@ async def test_I1_sigkilled_worker_process_leaves_its_jobs_to_be_committed_once(
         for _ in range(2):
             fleet.spawn()
         await wait_for(lambda: _ready(fleet, 2), 60, "2 workers ready")
-        jobs = env.jobs(300, "kill")
+        # Enough jobs that the kill at 60 commits finds both workers busy; the jobs it
+        # cuts wait out ack_wait, which the rest of the run easily covers.
+        jobs = env.jobs(150, "kill")
         await env.submit(jobs)
         await fleet.kill_on_progress(env.committed_count, [60], seed=7)
         await env.wait_settled(jobs, 90)

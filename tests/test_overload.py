@@ -3,7 +3,7 @@
 A few hundred ``http.get`` jobs with one attempt each flow from the simulator through real
 processes: the leaser and the sink run as ``jetfleet serve`` (tests/faults/services.py),
 the workers as ``tests.faults.worker_main``. Under that load the leaser is SIGSTOPped for
-10 s, then the sink for 25 s: frozen with their connections open, so requests to them time
+7 s, then the sink for 20 s: frozen with their connections open, so requests to them time
 out and pile up, and on SIGCONT they meet a burst of asks, many of which the workers gave
 up on long ago (``fleet.service_concurrency`` is small, so the burst is answered busy).
 
@@ -52,8 +52,13 @@ CONCURRENCY = 16
 SERVICE_CONCURRENCY = 8
 SUBMIT_EVERY_S = 0.5  # the load: JOBS spread over the whole run, 6 per half second
 PER_SUBMIT = 6
-LEASER_STALL_S = 10.0
-SINK_STALL_S = 25.0
+# Each stall outlasts the point where a worker used to give up on the frozen service
+# (the defect this test was written for, commit f54bf21): a lease ask twice for
+# lease_client.TIMEOUT_S (3 s) before the job was given back, and a report 3 tries of
+# SINK_TIMEOUT_S (5 s) with 0.5 + 1 + 2 s between them, 18.5 s, before it was. Shorter
+# stalls would no longer catch that give-up; longer ones add only wall time.
+LEASER_STALL_S = 7.0
+SINK_STALL_S = 20.0
 FLOWING = 30  # jobs committed since the last step before the next fault starts
 
 
@@ -125,9 +130,8 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
     submitter: asyncio.Task[None] | None = None
     try:
         await scheduler.start()
-        await ratelimit.start()
-        await leaser.start()
-        await sink.start()
+        # Each waits for its own process to say it answers; they need not wait in turn.
+        await asyncio.gather(ratelimit.start(), leaser.start(), sink.start())
         for _ in range(WORKERS):
             fleet.spawn()
 
@@ -212,9 +216,8 @@ async def test_item7_a_stalled_leaser_then_sink_under_load_cost_no_attempt_and_n
             submitter.cancel()
             await asyncio.gather(submitter, return_exceptions=True)
         await fleet.stop(timeout_s=30.0)
-        await leaser.stop()
-        await sink.stop()
-        await ratelimit.stop()
+        # The workers have drained (and reported); the services may drain side by side.
+        await asyncio.gather(leaser.stop(), sink.stop(), ratelimit.stop())
         await scheduler.drain(5.0)
         await scheduler.nc.close()
         await control.close()
