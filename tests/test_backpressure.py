@@ -43,6 +43,14 @@ HELD, OPEN = "held", "open"
 CONCURRENCY = 4
 RETRY_AFTER_S = 2
 MAX_ATTEMPTS = 2  # small, so a job blocked more often than this proves the refund
+# After each block in a row the worker holds the target, and the job stays away, for what
+# Retry-After said and at least a paced wait doubling from 0.25 s up to a cap set by the
+# target's max age (jetfleet/worker/hand_back_pace.py): 17 min with the tests' 7-day
+# default, so the 5 retries watched below came 2, 2, 5 and 10 s apart (over 20 s). A
+# 120 s max age caps the paced wait at 2 s (jittered up to 2.5 s), so every retry comes
+# about Retry-After apart. The cap changes no wait below 2 s: a worker ignoring
+# Retry-After would still ask again about 1 s after a block here, and fail the test.
+HELD_MAX_AGE_S = 120.0
 
 
 @dataclass
@@ -72,7 +80,7 @@ async def env(nats_url: str, redis_url: str) -> AsyncIterator[BackpressureEnv]:
         TargetSimulator(SimulatorConfig(latency_s=0.02)) as open_,
     ):
         targets = {
-            HELD: target(held.base_url, max_attempts=MAX_ATTEMPTS),
+            HELD: target(held.base_url, max_attempts=MAX_ATTEMPTS, max_age_s=HELD_MAX_AGE_S),
             OPEN: target(open_.base_url),
         }
         settings = queue_settings(nats_url, redis_url, targets, concurrency=CONCURRENCY)
@@ -227,6 +235,9 @@ async def test_a_rate_bound_target_is_taken_one_job_per_permit_not_dequeued_in_b
     # A target at its rate cap is left in its queue: the worker fetches its jobs one at a
     # time, about one delivery per permit, while its other target runs at full speed.
     rate = 4.0
+    # Watched for at least this long (the other target's 300 jobs take about 2.5 s): the
+    # checks below allow a stall of the permit stream of up to 20 % of it (1.2 s).
+    watch_s = 6.0
     async with (
         TargetSimulator(SimulatorConfig()) as capped,
         TargetSimulator(SimulatorConfig(latency_s=0.02)) as open_,
@@ -255,9 +266,9 @@ async def test_a_rate_bound_target_is_taken_one_job_per_permit_not_dequeued_in_b
             began = loop.time()
 
             async def open_done() -> bool:
-                return await committed(js, OPEN) == 300 and loop.time() - began >= 8
+                return await committed(js, OPEN) == 300 and loop.time() - began >= watch_s
 
-            await wait_for(open_done, 60, "the other target's 300 jobs, and 8 s")
+            await wait_for(open_done, 60, f"the other target's 300 jobs, and {watch_s:g} s")
             seconds = loop.time() - began
             deliveries = await delivered(js, HELD) - deliveries_before
             commits = await committed(js, HELD) - commits_before
