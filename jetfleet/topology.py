@@ -96,6 +96,11 @@ def stream_configs(settings: Settings) -> list[js_api.StreamConfig]:
     ]
 
 
+SCHEDULER_ACK_WAIT_S = 30.0
+"""The ``scheduler`` consumer's ack wait: a submission not acked (or nakked) by then is
+delivered again, to any replica."""
+
+
 def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfig]]:
     """Every durable consumer, as (stream, config)."""
     configs = [
@@ -104,7 +109,7 @@ def consumer_configs(settings: Settings) -> list[tuple[str, js_api.ConsumerConfi
             js_api.ConsumerConfig(
                 durable_name=subjects.CONSUMER_SCHEDULER,
                 ack_policy=js_api.AckPolicy.EXPLICIT,
-                ack_wait=30.0,
+                ack_wait=SCHEDULER_ACK_WAIT_S,
                 max_ack_pending=2000,
                 deliver_policy=js_api.DeliverPolicy.ALL,
             ),

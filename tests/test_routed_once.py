@@ -4,6 +4,7 @@ job id's claim is marked routed once the work order is stored (docs/leases.md#jo
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -11,6 +12,8 @@ from jetfleet.schemas import Job
 from jetfleet.services.scheduler.service import Scheduler
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
 
 from jetfleet import subjects
 from jetfleet.client import jobs_for, submit_jobs
@@ -41,14 +44,22 @@ async def fleet(
 
 async def _one_submission(settings: Settings, nc: NatsClient) -> tuple[Job, Msg]:
     """Submit one job and take its submission as the scheduler's consumer would."""
+    job, _, msg = await _probed_submission(settings, nc, "routed-once-probe")
+    return job, msg
+
+
+async def _probed_submission(
+    settings: Settings, nc: NatsClient, durable: str
+) -> tuple[Job, JetStreamContext.PullSubscription, Msg]:
+    """One job submitted, and its submission's first delivery to consumer ``durable``."""
     js = nc.jetstream()
     [job] = jobs_for("demo", settings, ["/page/1"])
     await submit_jobs(js, settings, "demo", [job])
     sub = await js.pull_subscribe(
-        subjects.submit(">"), durable="routed-once-probe", stream=subjects.STREAM_SUBMIT
+        subjects.submit(">"), durable=durable, stream=subjects.STREAM_SUBMIT
     )
     [msg] = await sub.fetch(1, timeout=5)
-    return job, msg
+    return job, sub, msg
 
 
 async def _shorten_duplicate_window(nc: NatsClient) -> None:
@@ -132,7 +143,13 @@ async def test_a_submission_whose_admission_failed_is_asked_again_well_before_th
         async def routed(n: int) -> bool:
             return await _work_messages(nc) == n
 
+        async def none_pending() -> bool:
+            info = await js.consumer_info(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER)
+            return bool(info.num_ack_pending == 0)
+
         await wait_for(lambda: routed(1), 10, "the first job routed")
+        # Marked routed and acked: only the second submission meets the missing ledger.
+        await wait_for(none_pending, 10, "the first submission acked")
         await js.delete_stream(f"KV_{subjects.BUCKET_FENCES}")
         await submit_jobs(js, settings, "demo", [second])
 
@@ -145,8 +162,32 @@ async def test_a_submission_whose_admission_failed_is_asked_again_well_before_th
         assert await _work_messages(nc) == 1
         await declare(js, settings)  # the ledger is back (empty: the first id is forgotten)
         await wait_for(lambda: routed(2), 10, "the failed submission routed")
-        info = await js.consumer_info(subjects.STREAM_SUBMIT, subjects.CONSUMER_SCHEDULER)
-        assert info.num_ack_pending == 0
+        await wait_for(none_pending, 10, "the failed submission acked")
+        assert await _work_messages(nc) == 2  # routed once
     finally:
         await scheduler.drain(5.0)
         await own.close()
+
+
+@pytest.mark.parametrize("failed_after_s", [0.0, 26.0], ids=["soon", "near-the-ack-wait"])
+async def test_a_failed_admission_is_handed_back_only_while_its_delivery_is_surely_ours(
+    fleet: tuple[Settings, NatsClient], failed_after_s: float
+) -> None:
+    """Handed back (nak, 0.5 s) when it failed soon after its fetch; left alone when it
+    failed near the ack wait's end, when the server may have delivered it again already
+    and a late nak would cut short that delivery's wait (review of 255d467)."""
+    settings, nc = fleet
+    js = nc.jetstream()
+    _, sub, msg = await _probed_submission(settings, nc, "hand-back-probe")
+    store = await LeaseStore.open(js)
+    await js.delete_stream(f"KV_{subjects.BUCKET_FENCES}")
+    scheduler = Scheduler(settings, nc)  # not started: only its admission step runs
+    with pytest.raises(Exception):  # noqa: B017 (whatever the missing stream raises)
+        await scheduler._admit_or_hand_back(store, msg, time.monotonic() - failed_after_s)
+    if failed_after_s:
+        # Left to the probe's 30 s ack wait: not back within 3 s (a nak brings it in 0.5).
+        with pytest.raises(NatsTimeoutError):
+            await sub.fetch(1, timeout=3)
+    else:
+        [again] = await sub.fetch(1, timeout=3)
+        assert again.metadata.num_delivered == 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import msgspec
 from jetfleet.schemas import Rejection
@@ -21,6 +22,7 @@ from jetfleet.lease_store import LeaseStore
 from jetfleet.metrics import CounterFamily
 from jetfleet.publish import publish_durably
 from jetfleet.settings import Settings
+from jetfleet.topology import SCHEDULER_ACK_WAIT_S
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,11 @@ _encoder = msgspec.json.Encoder()
 BATCH = 200
 RETRY_FIRST_S = 0.5
 """A submission whose admission failed comes back after this, doubled with each
-delivery up to the consumer's ack wait (``RETRY_MAX_S``)."""
-RETRY_MAX_S = 30.0
+delivery up to the consumer's ack wait."""
+HAND_BACK_MARGIN_S = 5.0
+"""A failed admission is handed back only if it failed this long before the ack wait
+ran out: past that, the server may have delivered it again already, and a late nak
+would cut short the wait of the delivery another admission is working on."""
 
 
 class Scheduler:
@@ -75,28 +80,32 @@ class Scheduler:
                 # Queued late answers first: a refused pull then loses none of them
                 # to the ack wait (jetfleet/bounded_fetch.py).
                 msgs = await fetch_at_most(sub, BATCH, self.settings.fleet.long_poll_s)
-                await asyncio.gather(*(self._admit_one(self._store, m) for m in msgs))
+                fetched_at = time.monotonic()
+                await asyncio.gather(
+                    *(self._admit_or_hand_back(self._store, m, fetched_at) for m in msgs)
+                )
             except Exception:  # keep admitting through reconnects and leader changes
                 log.exception("admission loop failed; rebinding")
                 sub = None
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
 
-    async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
+    async def _admit_or_hand_back(self, store: LeaseStore, msg: Msg, fetched_at: float) -> None:
         try:
-            await self._admit_in_span(store, msg)
+            await self._admit_one(store, msg)
         except Exception:
             # A stream leader's election, a lost connection: asked again soon rather
-            # than after the consumer's 30 s ack wait. Safe to repeat: each step of the
+            # than after the consumer's ack wait. Safe to repeat: each step of the
             # admission is put-if-absent or deduplicated (services/scheduler/job_ids.py).
             # Backing off, so a submission that fails every time is not a hot loop.
-            delivered = msg.metadata.num_delivered or 1
-            delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2.0 ** (delivered - 1))
-            with contextlib.suppress(Exception):  # unreachable too: the ack wait brings it
-                await msg.nak(delay=delay)
+            if time.monotonic() - fetched_at < SCHEDULER_ACK_WAIT_S - HAND_BACK_MARGIN_S:
+                delivered = msg.metadata.num_delivered or 1
+                delay = RETRY_FIRST_S * 2.0 ** min(delivered - 1, 6)
+                with contextlib.suppress(Exception):  # unreachable: the ack wait brings it
+                    await msg.nak(delay=min(delay, SCHEDULER_ACK_WAIT_S))
             raise
 
-    async def _admit_in_span(self, store: LeaseStore, msg: Msg) -> None:
+    async def _admit_one(self, store: LeaseStore, msg: Msg) -> None:
         # A sibling of the job's attempts: the work order carries the submit span's
         # context on (``_passthrough``), not this one's (unless there is none: then this
         # is the job's root).
