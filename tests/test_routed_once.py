@@ -150,6 +150,7 @@ async def test_a_submission_whose_admission_failed_is_asked_again_well_before_th
         await wait_for(lambda: routed(1), 10, "the first job routed")
         # Marked routed and acked: only the second submission meets the missing ledger.
         await wait_for(none_pending, 10, "the first submission acked")
+        subscriptions = len(own._subs)  # nats-py's own count of the connection's
         await js.delete_stream(f"KV_{subjects.BUCKET_FENCES}")
         await submit_jobs(js, settings, "demo", [second])
 
@@ -164,6 +165,8 @@ async def test_a_submission_whose_admission_failed_is_asked_again_well_before_th
         await wait_for(lambda: routed(2), 10, "the failed submission routed")
         await wait_for(none_pending, 10, "the failed submission acked")
         assert await _work_messages(nc) == 2  # routed once
+        # Each failure rebinds the pull subscription; the old ones are let go.
+        assert len(own._subs) <= subscriptions
     finally:
         await scheduler.drain(5.0)
         await own.close()

@@ -86,6 +86,11 @@ class Scheduler:
                 )
             except Exception:  # keep admitting through reconnects and leader changes
                 log.exception("admission loop failed; rebinding")
+                if sub is not None:
+                    # Its inbox only (the durable consumer stays): one per failure
+                    # would otherwise pile up on the connection for its whole life.
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
                 sub = None
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), 1.0)
